@@ -1,0 +1,31 @@
+"""Agent backends: one async protocol, three implementations.
+
+- `ServedAgent`: an OpenAI-compatible endpoint (what `vllm serve` of a trained checkpoint provides); text only.
+- `TransformersAgent`: a local `transformers` model; batches concurrent episodes; token ids and logprobs.
+- `VLLMAgent`: an in-process vLLM engine (the `vllm` extra); token ids and logprobs.
+
+`load_agent(config)` picks one from an `AgentConfig`.
+"""
+
+from __future__ import annotations
+
+from prompt_r1.agents.base import AgentBackend, AgentOutput, AgentRequest
+from prompt_r1.config import AgentConfig
+
+__all__ = ["AgentBackend", "AgentOutput", "AgentRequest", "load_agent"]
+
+
+def load_agent(config: AgentConfig) -> AgentBackend:
+    """Build the backend the config asks for. Heavy imports happen only for the chosen backend."""
+    backend = config.resolved_backend
+    if backend == "served":
+        from prompt_r1.agents.served import ServedAgent
+
+        return ServedAgent(config)
+    if backend == "vllm":
+        from prompt_r1.agents.vllm_engine import VLLMAgent
+
+        return VLLMAgent(config)
+    from prompt_r1.agents.local import TransformersAgent
+
+    return TransformersAgent(config)

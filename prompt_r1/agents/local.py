@@ -1,0 +1,180 @@
+"""A local agent: a `transformers` causal LM loaded by path or hub id, generating from token ids.
+
+Concurrent episodes each await `generate`; their requests are collected while the event loop runs the other
+episodes' environment calls and are answered by one batched `model.generate` in a worker thread, so the loop
+never blocks on the GPU/CPU and the model sees full batches. Each row stops on its own at a stop string or EOS;
+its sampled ids and their log-probabilities under the sampling distribution are returned as they were sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria, StopStringCriteria
+
+from prompt_r1.agents.base import AgentOutput, AgentRequest
+from prompt_r1.config import AgentConfig
+from prompt_r1.errors import AgentError, ConfigError, ContextOverflow
+from prompt_r1.tokens import initial_prompt_ids
+
+__all__ = ["TransformersAgent", "load_transformers_model"]
+
+
+def load_transformers_model(name_or_path: str, *, device: str | None = None, dtype: str = "auto"):
+    """(model, tokenizer) through the real `from_pretrained` path; a clear ConfigError when it cannot load."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype, None)
+    if torch_dtype is None:
+        raise ConfigError(f"agent dtype must be auto, bfloat16, float16 or float32, got {dtype!r}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot load agent model {name_or_path!r} (not a local model folder, and not downloadable from the "
+            "hub here); pass --agent-model /path/to/model, or --agent-base-url URL for a served agent"
+        ) from exc
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"agent tokenizer of {name_or_path!r} has no chat template; use a chat/instruct model")
+    model.to(device).eval()
+    return model, tokenizer
+
+
+class _StopRecorder(StoppingCriteria):
+    """Stops each row at a stop string or EOS and records how many tokens that row generated."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...], eos_ids: set[int], prompt_len: int, rows: int):
+        self.strings = StopStringCriteria(tokenizer=tokenizer, stop_strings=list(stops)) if stops else None
+        self.eos = torch.tensor(sorted(eos_ids)) if eos_ids else None
+        self.prompt_len = prompt_len
+        self.lengths: list[int | None] = [None] * rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if self.strings is not None:
+            done |= self.strings(input_ids, scores)
+        if self.eos is not None:
+            done |= torch.isin(input_ids[:, -1], self.eos.to(input_ids.device))
+        generated = input_ids.shape[1] - self.prompt_len
+        for row in torch.nonzero(done).flatten().tolist():
+            if self.lengths[row] is None:
+                self.lengths[row] = generated
+        return done
+
+
+@dataclass
+class _Pending:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    future: asyncio.Future
+
+
+class TransformersAgent:
+    """Local agent backend. `model`/`tokenizer` may be given directly (e.g. the trainer's policy)."""
+
+    def __init__(
+        self,
+        config: AgentConfig | None = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        max_batch_size: int = 64,
+        max_context: int | None = None,
+    ) -> None:
+        self.config = config = config or AgentConfig()
+        if model is None:
+            model, tokenizer = load_transformers_model(config.model, device=config.device, dtype=config.dtype)
+        if tokenizer is None:
+            raise ConfigError("a TransformersAgent given a model also needs its tokenizer")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
+        self._pending: list[_Pending] = []
+        self._drainer: asyncio.Task | None = None
+        self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
+        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+        self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
+
+    async def generate(self, request: AgentRequest) -> AgentOutput:
+        prompt_ids = request.prompt_ids if request.prompt_ids is not None else initial_prompt_ids(self.tokenizer, request.messages)
+        max_new = request.max_new_tokens or self.config.max_new_tokens
+        if self.max_context is not None and len(prompt_ids) >= self.max_context:
+            raise ContextOverflow(f"agent prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_context}")
+        if self.max_context is not None:
+            max_new = min(max_new, self.max_context - len(prompt_ids))
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(list(prompt_ids), max_new, tuple(request.stop), future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            # Let every episode that is ready to generate enqueue first: one pass of the loop per step.
+            await asyncio.sleep(0)
+            batch = self._pending[: self.max_batch_size]
+            del self._pending[: len(batch)]
+            try:
+                outputs = await asyncio.to_thread(self._generate_batch, batch)
+            except Exception as exc:  # a failed batch fails its requests, not the drainer
+                error = exc if isinstance(exc, AgentError | ContextOverflow) else AgentError(f"local generation failed: {exc!r}")
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(error)
+                continue
+            for item, output in zip(batch, outputs, strict=True):
+                if not item.future.done():
+                    item.future.set_result(output)
+
+    @torch.no_grad()
+    def _generate_batch(self, batch: list[_Pending]) -> list[AgentOutput]:
+        self.batches.append(len(batch))
+        cfg = self.config
+        device = self.model.device
+        width = max(len(item.prompt_ids) for item in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, item in enumerate(batch):  # left padding: every row's next token sits in the last column
+            input_ids[row, width - len(item.prompt_ids) :] = torch.tensor(item.prompt_ids)
+            attention[row, width - len(item.prompt_ids) :] = 1
+        stops = tuple(sorted({s for item in batch for s in item.stop}))
+        recorder = _StopRecorder(self.tokenizer, stops, self.eos_ids, width, len(batch))
+        if cfg.seed is not None:
+            torch.manual_seed(cfg.seed)
+        sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p) if cfg.temperature > 0 else dict(do_sample=False)
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max(item.max_new_tokens for item in batch),
+            stopping_criteria=[recorder],
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **sampling,
+        )
+        logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        results = []
+        for row, item in enumerate(batch):
+            stopped_at = recorder.lengths[row]
+            n = min(stopped_at if stopped_at is not None else logprobs.shape[1], item.max_new_tokens)
+            ids = out.sequences[row, width : width + n].tolist()
+            lp = logprobs[row, :n].float().tolist()
+            finish = "stop" if stopped_at is not None and stopped_at <= item.max_new_tokens else "length"
+            results.append(
+                AgentOutput(
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    token_ids=ids,
+                    logprobs=lp,
+                    finish_reason=finish,
+                    prompt_tokens=len(item.prompt_ids),
+                    completion_tokens=n,
+                )
+            )
+        return results

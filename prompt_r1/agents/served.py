@@ -1,0 +1,84 @@
+"""A served agent behind an OpenAI-compatible endpoint, e.g. `vllm serve ./merged-checkpoint`.
+
+The server applies the stop sequences, so one generation ends at `</interaction_prompt>` or `</answer>`;
+OpenAI-compatible servers drop the matched stop string from the text, and it is put back here so the turn
+parses the same way whatever served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+import openai
+
+from prompt_r1.agents.base import AgentOutput, AgentRequest
+from prompt_r1.config import AgentConfig, resolve_api_key
+from prompt_r1.errors import AgentError, ContextOverflow
+from prompt_r1.protocol import repair_stopped_text
+
+__all__ = ["ServedAgent"]
+
+
+class ServedAgent:
+    tokenizer = None  # text-only: the server owns the tokenizer
+
+    def __init__(self, config: AgentConfig, *, api_key: str | None = None, max_in_flight: int = 64, timeout: float = 300.0):
+        if not config.base_url:
+            raise AgentError("a served agent needs a base URL (--agent-base-url)")
+        self.config = config
+        self._api_key = api_key or resolve_api_key(config.api_key_env, config.base_url, what="agent")
+        self._timeout = timeout
+        self._in_flight = max_in_flight
+        # Async HTTP connections and semaphores belong to one event loop: one client and cap per loop.
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if loop not in self._per_loop:
+            client = openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self._api_key, max_retries=3, timeout=self._timeout)
+            self._per_loop[loop] = (client, asyncio.Semaphore(self._in_flight))
+        return self._per_loop[loop]
+
+    async def generate(self, request: AgentRequest) -> AgentOutput:
+        cfg = self.config
+        kwargs = dict(
+            model=cfg.model,
+            messages=request.messages,
+            stop=list(request.stop),
+            max_tokens=request.max_new_tokens or cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+        )
+        if cfg.seed is not None:
+            kwargs["seed"] = cfg.seed
+        client, in_flight = self._client()
+        async with in_flight:
+            try:
+                response = await client.chat.completions.create(**kwargs)
+            except openai.BadRequestError as exc:
+                if "context" in str(exc).lower() and ("length" in str(exc).lower() or "maximum" in str(exc).lower()):
+                    raise ContextOverflow(f"agent context overflow: {exc.message}") from exc
+                raise AgentError(f"served agent rejected the request: {exc.message}") from exc
+            except openai.APIConnectionError as exc:
+                raise AgentError(f"cannot reach the served agent at {cfg.base_url}: {exc}") from exc
+            except openai.APIError as exc:
+                raise AgentError(f"served agent failed: {exc}") from exc
+        if not response.choices:
+            raise AgentError("served agent returned no choices")
+        choice = response.choices[0]
+        text = choice.message.content or ""
+        finish = "length" if choice.finish_reason == "length" else "stop"
+        if finish == "stop":
+            # vLLM reports the matched stop string as `stop_reason`; other servers do not.
+            matched = (choice.model_extra or {}).get("stop_reason")
+            text = repair_stopped_text(text, matched if isinstance(matched, str) else None)
+        usage = response.usage
+        return AgentOutput(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        )

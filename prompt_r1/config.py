@@ -1,0 +1,186 @@
+"""Settings for the agent, the environment and the loop, and the one place that reads environment variables.
+
+Every config is a frozen dataclass whose fields carry their meaning in `metadata["help"]`; the CLI builds its
+flags from the same fields, so the help text cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from prompt_r1.errors import ConfigError, MissingCredentials
+
+__all__ = [
+    "DEFAULT_AGENT_MODEL",
+    "DEFAULT_ENV_MODEL",
+    "AgentConfig",
+    "EnvironmentConfig",
+    "LoopConfig",
+    "load_config_file",
+    "resolve_api_key",
+]
+
+# What a user with a model hub and an OpenAI key gets without flags: the paper's agent base model (Qwen3-4B,
+# loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
+DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
+DEFAULT_ENV_MODEL = "gpt-4o-mini"
+NO_KEY = "EMPTY"  # what local OpenAI-compatible servers (vLLM, llama.cpp) accept when they need no key
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """The large LLM that answers the agent's prompts: any OpenAI-compatible chat endpoint."""
+
+    model: str = _help("Environment model name as the endpoint knows it.", default=DEFAULT_ENV_MODEL)
+    base_url: str | None = _help(
+        "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 for a local vLLM server; unset: OpenAI's API.",
+        default=None,
+    )
+    api_key_env: str = _help(
+        "Name of the environment variable that holds the API key (the key itself is never printed).",
+        default="OPENAI_API_KEY",
+    )
+    rate_limit: int = _help("Requests allowed per rate period, shared by every episode in the process.", default=500)
+    rate_period: float = _help("Length of the rate-limit window in seconds.", default=60.0)
+    max_in_flight: int = _help("Requests allowed in flight at once to this endpoint.", default=32)
+    timeout: float = _help("Seconds allowed for one call before it counts as a timeout.", default=60.0)
+    max_retries: int = _help("Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5)
+    backoff_initial: float = _help("First retry wait in seconds; doubles per retry, with full jitter.", default=1.0)
+    backoff_max: float = _help("Longest wait between retries in seconds (a longer Retry-After is honoured).", default=30.0)
+    temperature: float | None = _help("Sampling temperature; unset: the endpoint's default.", default=None)
+    max_tokens: int | None = _help("Most tokens per environment response; unset: the endpoint's default.", default=None)
+
+    def __post_init__(self) -> None:
+        if self.rate_limit < 1:
+            raise ConfigError(f"env rate_limit must be >= 1 request per period, got {self.rate_limit}")
+        if self.rate_period <= 0:
+            raise ConfigError(f"env rate_period must be > 0 seconds, got {self.rate_period}")
+        if self.max_in_flight < 1:
+            raise ConfigError(f"env max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.timeout <= 0:
+            raise ConfigError(f"env timeout must be > 0 seconds, got {self.timeout}")
+        if self.max_retries < 0:
+            raise ConfigError(f"env max_retries must be >= 0, got {self.max_retries}")
+        if self.base_url is not None:
+            _check_url(self.base_url, "--env-base-url")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The small LLM that thinks and writes prompts: a served endpoint or a local model."""
+
+    model: str = _help(
+        "Agent model: a local path or hub id (loaded with transformers), or the served model's name with --agent-base-url.",
+        default=DEFAULT_AGENT_MODEL,
+    )
+    base_url: str | None = _help(
+        "OpenAI-compatible base URL of a served agent (e.g. `vllm serve` of a trained checkpoint).", default=None
+    )
+    api_key_env: str = _help("Environment variable holding the served agent's API key, if it needs one.", default="PROMPT_R1_AGENT_API_KEY")
+    backend: str = _help("auto (served if base_url is set, else transformers), served, transformers or vllm.", default="auto")
+    temperature: float = _help("Agent sampling temperature (0: greedy).", default=0.7)
+    top_p: float = _help("Agent nucleus sampling threshold.", default=1.0)
+    max_new_tokens: int = _help("Most tokens the agent may write in one turn (paper: 1,024).", default=1024)
+    device: str | None = _help("Device for a local agent (cuda, cpu); unset: cuda when available.", default=None)
+    dtype: str = _help("Weights dtype for a local agent: auto, bfloat16, float16 or float32.", default="auto")
+    seed: int | None = _help("Seed for the agent's sampling, for reproducible runs.", default=None)
+
+    def __post_init__(self) -> None:
+        if self.backend not in {"auto", "served", "transformers", "vllm"}:
+            raise ConfigError(f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}")
+        if self.backend == "served" and not self.base_url:
+            raise ConfigError("the served agent backend needs --agent-base-url")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"agent max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"agent temperature must be >= 0, got {self.temperature}")
+        if self.base_url is not None:
+            _check_url(self.base_url, "--agent-base-url")
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "served" if self.base_url else "transformers"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How one episode runs."""
+
+    max_turns: int = _help("Most environment calls per episode (paper: 5).", default=5)
+    force_final_answer: bool = _help(
+        "When the agent prompts again after its last allowed call, ask it once for a final answer.", default=True
+    )
+    max_total_tokens: int = _help("Token budget of one agent trajectory (paper: 8,192); token-exact backends only.", default=8192)
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 0:
+            raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
+        if self.max_total_tokens < 1:
+            raise ConfigError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+
+def _check_url(url: str, flag: str) -> None:
+    parsed = urlparse(url)
+    if parsed.scheme not in {"http", "https"} or not parsed.netloc:
+        raise ConfigError(f"{flag} must be an http(s) URL such as http://127.0.0.1:8000/v1, got {url!r}")
+
+
+def resolve_api_key(api_key_env: str, base_url: str | None, *, what: str = "environment") -> str:
+    """Read the API key from the named variable.
+
+    OpenAI's own API (no base_url) needs a key: its absence raises `MissingCredentials` naming the variable.
+    A custom endpoint may need none (a local vLLM server), so there the placeholder "EMPTY" is used and the
+    server itself answers 401 if it did want a key.
+    """
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    if key:
+        return key
+    if base_url is None:
+        hint = "--env-api-key-env" if what == "environment" else "--agent-api-key-env"
+        raise MissingCredentials(
+            f"the {what} API key is missing: set {api_key_env or 'OPENAI_API_KEY'}, name another variable with "
+            f"{hint}, or point --{'env' if what == 'environment' else 'agent'}-base-url at a local "
+            "OpenAI-compatible server"
+        )
+    return NO_KEY
+
+
+def load_config_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a YAML/JSON config with optional `agent`, `environment` and `loop` sections.
+
+    Unknown sections or keys are errors that list the valid names, so a typo never passes silently.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML/JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping with agent/environment/loop sections")
+    sections = {"agent": AgentConfig, "environment": EnvironmentConfig, "loop": LoopConfig}
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in data.items():
+        if name not in sections:
+            raise ConfigError(f"config file {path}: unknown section {name!r}; expected one of {sorted(sections)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path}: section {name!r} must be a mapping")
+        valid = {f.name for f in fields(sections[name])}
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown {name} keys {unknown}; valid keys: {sorted(valid)}")
+        out[name] = dict(values)
+    return out

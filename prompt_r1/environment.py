@@ -1,0 +1,249 @@
+"""The environment: a large LLM behind any OpenAI-compatible chat endpoint, called politely and robustly.
+
+One `EnvironmentClient.respond(prompt, history)` call:
+  1. builds the messages: the environment system prompt, every earlier (prompt, response) pair as
+     user/assistant messages, then the new prompt;
+  2. takes an in-flight slot and a rate-window slot from the endpoint's process-wide limiter;
+  3. calls `ChatOpenAI` (its own retries off, so this module is the only retry layer) under a per-call timeout;
+  4. on 429, 5xx, timeouts, dropped connections and malformed bodies retries with `tenacity`: full-jitter
+     exponential backoff, or exactly the server's Retry-After when it sent one, for a bounded number of attempts;
+  5. returns the text with the token usage of the call and how many attempts it took.
+
+    client = EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini"))
+    reply = await client.respond("Explain the question ...", history=[])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import openai
+from langchain_core.exceptions import (
+    ContextOverflowError,
+    ModelAPIError,
+    ModelAuthenticationError,
+    ModelConnectionError,
+    ModelRateLimitError,
+    ModelTimeoutError,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
+from pydantic import SecretStr
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from prompt_r1.config import EnvironmentConfig, resolve_api_key
+from prompt_r1.errors import (
+    ContextOverflow,
+    EnvironmentCallError,
+    EnvironmentRejected,
+    EnvironmentServerError,
+    EnvironmentTimeout,
+    EnvironmentUnreachable,
+    RateLimited,
+    is_retryable,
+)
+from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
+from prompt_r1.ratelimit import EndpointLimiter, get_limiter
+
+__all__ = ["EnvironmentClient", "EnvironmentReply", "environment_messages"]
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+@dataclass(frozen=True)
+class EnvironmentReply:
+    """One successful environment call."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    attempts: int  # 1 when the first try succeeded
+    latency_s: float  # from the first try to the answer, retries and waits included
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def environment_messages(
+    prompt: str, history: Sequence[tuple[str, str]] = (), system_prompt: str = ENVIRONMENT_SYSTEM_PROMPT
+) -> list[BaseMessage]:
+    """The environment's context: system prompt, earlier prompt/response pairs, then the new prompt.
+
+    >>> [m.type for m in environment_messages("p2", [("p1", "r1")])]
+    ['system', 'human', 'ai', 'human']
+    """
+    messages: list[BaseMessage] = [SystemMessage(system_prompt)]
+    for earlier_prompt, earlier_response in history:
+        messages += [HumanMessage(earlier_prompt), AIMessage(earlier_response)]
+    messages.append(HumanMessage(prompt))
+    return messages
+
+
+def _retry_after_seconds(headers) -> float | None:
+    """Seconds from Retry-After (seconds form) or the retry-after-ms header some providers send."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            continue  # the HTTP-date form: fall back to backoff
+    return None
+
+
+def classify_error(exc: BaseException) -> BaseException:
+    """Map an OpenAI/LangChain/asyncio failure to this package's error hierarchy (see errors.py)."""
+    if isinstance(exc, EnvironmentCallError | ContextOverflow):
+        return exc
+    if isinstance(exc, ContextOverflowError):
+        return ContextOverflow(f"environment context overflow: {exc}")
+    if isinstance(exc, openai.RateLimitError | ModelRateLimitError):
+        response = getattr(exc, "response", None)
+        return RateLimited(f"rate limited (429): {exc}", retry_after=_retry_after_seconds(getattr(response, "headers", None)))
+    if isinstance(exc, TimeoutError | openai.APITimeoutError | ModelTimeoutError):
+        return EnvironmentTimeout("environment call timed out")
+    if isinstance(exc, openai.APIConnectionError | ModelConnectionError):
+        return EnvironmentUnreachable(f"connection to the environment failed: {exc}")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status >= 500:
+            return EnvironmentServerError(f"environment server error ({status}): {exc.message}", status_code=status)
+        return EnvironmentRejected(f"environment rejected the request ({status}): {exc.message}", status_code=status)
+    if isinstance(exc, ModelAuthenticationError):
+        return EnvironmentRejected(f"environment rejected the credentials: {exc}", status_code=401)
+    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | ModelAPIError):
+        # A body that is not a chat completion is a server fault that a retry usually clears.
+        return EnvironmentServerError(f"malformed environment response: {exc}")
+    if isinstance(exc, openai.APIError):
+        return EnvironmentServerError(f"environment API error: {exc}")
+    return exc
+
+
+class _BackoffOrRetryAfter:
+    """tenacity wait: the server's Retry-After when it sent one (with up to 10% jitter so that many waiting
+    episodes do not return in one burst), else full-jitter exponential backoff."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum = initial, maximum
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return exc.retry_after * (1.0 + 0.1 * random.random())
+        ceiling = min(self.maximum, self.initial * 2 ** (state.attempt_number - 1))
+        return random.uniform(0.0, ceiling)
+
+
+class EnvironmentClient:
+    """A rate-limited, retrying client for the large LLM. Safe to share between any number of episodes.
+
+    Pass `chat_model` to use any LangChain chat model instead of building a `ChatOpenAI` from `config`;
+    it should have its own retries off. `limiter_key` overrides which endpoints share one rate limit.
+    """
+
+    def __init__(
+        self,
+        config: EnvironmentConfig | None = None,
+        *,
+        chat_model: BaseChatModel | None = None,
+        api_key: str | None = None,
+        limiter_key: str | None = None,
+        system_prompt: str = ENVIRONMENT_SYSTEM_PROMPT,
+    ) -> None:
+        self.config = config = config or EnvironmentConfig()
+        self.system_prompt = system_prompt
+        self.chat_model = chat_model
+        if chat_model is None:
+            key = api_key or resolve_api_key(config.api_key_env, config.base_url)
+            optional = {k: v for k, v in (("temperature", config.temperature), ("max_tokens", config.max_tokens)) if v is not None}
+            self._openai_kwargs = dict(
+                model=config.model,
+                base_url=config.base_url,
+                api_key=SecretStr(key),
+                max_retries=0,  # one retry layer: ours, which also honours Retry-After and the shared limiter
+                timeout=config.timeout,
+                **optional,
+            )
+        # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own ChatOpenAI.
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BaseChatModel] = weakref.WeakKeyDictionary()
+        key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
+        self.limiter: EndpointLimiter = get_limiter(
+            key, rate_limit=config.rate_limit, period=config.rate_period, max_in_flight=config.max_in_flight
+        )
+        self.retries = 0  # retries made by this client, for logs and progress bars
+
+    def messages(self, prompt: str, history: Sequence[tuple[str, str]] = ()) -> list[BaseMessage]:
+        return environment_messages(prompt, history, self.system_prompt)
+
+    def _model(self) -> BaseChatModel:
+        if self.chat_model is not None:
+            return self.chat_model
+        loop = asyncio.get_running_loop()
+        model = self._per_loop.get(loop)
+        if model is None:
+            import httpx
+            from langchain_openai import ChatOpenAI
+
+            client = httpx.AsyncClient(timeout=self.config.timeout, limits=httpx.Limits(max_connections=None))
+            model = self._per_loop[loop] = ChatOpenAI(**self._openai_kwargs, http_async_client=client)
+        return model
+
+    async def _call_once(self, messages: list[BaseMessage], run_config: RunnableConfig | None) -> AIMessage:
+        model = self._model()
+        async with self.limiter.slot():
+            try:
+                async with asyncio.timeout(self.config.timeout):
+                    return await model.ainvoke(messages, config=run_config)
+            except Exception as exc:
+                mapped = classify_error(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+
+    async def respond(
+        self,
+        prompt: str,
+        history: Sequence[tuple[str, str]] = (),
+        *,
+        run_config: RunnableConfig | None = None,
+    ) -> EnvironmentReply:
+        """Answer `prompt` in the context of the earlier (prompt, response) pairs.
+
+        Raises `EnvironmentCallError` (after the retries) or `ContextOverflow`.
+        """
+        messages = self.messages(prompt, history)
+        run_config = {"run_name": "environment", **(run_config or {})}
+        started = time.monotonic()
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.max_retries + 1),
+            wait=_BackoffOrRetryAfter(self.config.backoff_initial, self.config.backoff_max),
+            retry=retry_if_exception(is_retryable),
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+        attempts = 0
+        async for attempt in retrying:
+            with attempt:
+                attempts = attempt.retry_state.attempt_number
+                message = await self._call_once(messages, run_config)
+        usage = message.usage_metadata or {}
+        return EnvironmentReply(
+            text=message.text if isinstance(message.text, str) else str(message.content),
+            input_tokens=int(usage.get("input_tokens", 0)),
+            output_tokens=int(usage.get("output_tokens", 0)),
+            attempts=attempts,
+            latency_s=time.monotonic() - started,
+        )
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        self.retries += 1

@@ -1,0 +1,106 @@
+"""The project's error hierarchy and the one predicate that decides what is retried.
+
+    PromptR1Error
+    ├── ConfigError (also a ValueError)          bad settings; the message says how to fix them
+    │   └── MissingCredentials                   an API key variable is unset
+    ├── BackendUnavailable (also ImportError)    an optional extra (vllm, trl, ...) is not installed
+    ├── AgentError                               the agent backend failed
+    ├── ContextOverflow                          a prompt no longer fits a model's context or token budget
+    └── EnvironmentCallError                     a call to the large LLM failed
+        ├── RateLimited         (retryable)     HTTP 429; carries the server's Retry-After
+        ├── EnvironmentTimeout  (retryable)     no answer within the per-call timeout
+        ├── EnvironmentUnreachable (retryable)  connection refused, reset or dropped
+        ├── EnvironmentServerError (retryable)  HTTP 5xx, or a body that is not a chat completion
+        └── EnvironmentRejected (final)         any other 4xx: bad request, auth, unknown model
+
+Only `is_retryable` decides what the retry layer retries, so the rule lives in one place.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "BackendUnavailable",
+    "ConfigError",
+    "ContextOverflow",
+    "EnvironmentCallError",
+    "EnvironmentRejected",
+    "EnvironmentServerError",
+    "EnvironmentTimeout",
+    "EnvironmentUnreachable",
+    "MissingCredentials",
+    "PromptR1Error",
+    "RateLimited",
+    "is_retryable",
+]
+
+
+class PromptR1Error(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(PromptR1Error, ValueError):
+    """Settings that cannot work; the message names the setting and the fix."""
+
+
+class MissingCredentials(ConfigError):
+    """An API key is needed and the environment variable that should hold it is unset."""
+
+
+class BackendUnavailable(PromptR1Error, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+class AgentError(PromptR1Error):
+    """The agent backend failed to produce a generation."""
+
+
+class ContextOverflow(PromptR1Error):
+    """The conversation no longer fits the model's context window or the episode's token budget."""
+
+
+class EnvironmentCallError(PromptR1Error):
+    """A call to the environment (the large LLM) failed."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class RateLimited(EnvironmentCallError):
+    """HTTP 429. `retry_after` is the server's Retry-After in seconds, when it sent one."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, status_code=429)
+        self.retry_after = retry_after
+
+
+class EnvironmentTimeout(EnvironmentCallError):
+    retryable = True
+
+
+class EnvironmentUnreachable(EnvironmentCallError):
+    retryable = True
+
+
+class EnvironmentServerError(EnvironmentCallError):
+    retryable = True
+
+
+class EnvironmentRejected(EnvironmentCallError):
+    """A 4xx other than 429: retrying the same request cannot succeed."""
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True for failures a later identical request may not repeat (429, 5xx, timeouts, dropped connections).
+
+    >>> is_retryable(RateLimited("slow down", retry_after=1.0))
+    True
+    >>> is_retryable(EnvironmentRejected("bad request", status_code=400))
+    False
+    """
+    return isinstance(exc, EnvironmentCallError) and exc.retryable

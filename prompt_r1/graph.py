@@ -1,0 +1,268 @@
+"""The Prompt-R1 loop as a LangGraph state machine, shared by inference, batch runs and GRPO rollouts.
+
+    START ─▶ agent ──route_after_agent──▶ environment ──route_after_environment──▶ agent …
+                 │                     ├─▶ final_answer ─▶ agent          (turns used up, ask once for an answer)
+                 └─────────────────────┴─▶ finalize ─▶ END                (answer, malformed, overflow, error)
+
+Nodes do the work and return only the keys they change; the two routers alone decide where to go, and
+`max_turns` lives in the router. The state is plain JSON (question, turn records, usage, and for backends with a
+tokenizer the token-exact trajectory), so it checkpoints, streams and crosses process boundaries as it is.
+Clients and models come in through the closure, never through the state.
+
+    graph = build_graph(agent, EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini")), max_turns=5)
+    result = await graph.ainvoke({"question": "Who wrote Hamlet?"})
+    result["answer"], result["status"], result["turns"], result["usage"]
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.graph import END, START, StateGraph
+
+from prompt_r1.agents.base import AgentBackend, AgentRequest
+from prompt_r1.aio import run_sync
+from prompt_r1.environment import EnvironmentClient
+from prompt_r1.errors import ContextOverflow, EnvironmentCallError
+from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
+from prompt_r1.protocol import parse_agent_output
+from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+
+__all__ = [
+    "STATUSES",
+    "EpisodeInput",
+    "EpisodeState",
+    "agent_messages",
+    "build_graph",
+]
+
+Status = Literal["answered", "max_turns", "format_error", "environment_error", "context_overflow"]
+STATUSES: tuple[str, ...] = ("answered", "max_turns", "format_error", "environment_error", "context_overflow")
+
+
+def merge_turns(left: list[dict] | None, right: list[dict] | None) -> list[dict]:
+    """Reducer for `turns`: a record whose `index` exists updates that turn, any other is appended."""
+    merged = [dict(t) for t in (left or [])]
+    for update in right or []:
+        index = update["index"]
+        if index < len(merged):
+            merged[index] = {**merged[index], **update}
+        else:
+            merged.append(dict(update))
+    return merged
+
+
+def add_usage(left: dict | None, right: dict | None) -> dict:
+    """Reducer for `usage`: counters add up key by key."""
+    total = dict(left or {})
+    for key, value in (right or {}).items():
+        total[key] = total.get(key, 0) + value
+    return total
+
+
+class EpisodeInput(TypedDict):
+    question: str
+    golden_answers: NotRequired[list[str]]
+
+
+class EpisodeState(TypedDict, total=False):
+    question: str
+    golden_answers: list[str]
+    # One record per agent turn: think, prompt or answer, defects, then the response it got (see protocol.py).
+    turns: Annotated[list[dict], merge_turns]
+    usage: Annotated[dict, add_usage]
+    final_request_sent: bool
+    # Set by a node that ends the episode early (environment_error, context_overflow); finalize fills in the rest.
+    status: Status | None
+    answer: str | None
+    error: str | None
+    # Token-exact trajectory, kept when the agent backend has a tokenizer. completion_ids holds the agent's
+    # sampled ids (env_mask 1, with their logprobs) and the rendered environment turns (env_mask 0, logprob 0).
+    prompt_ids: list[int]
+    completion_ids: Annotated[list[int], operator.add]
+    logprobs: Annotated[list[float], operator.add]
+    env_mask: Annotated[list[int], operator.add]
+
+
+def agent_messages(state: EpisodeState) -> list[dict[str, str]]:
+    """The agent's chat, derived from the turn records: question, then its turns and the replies to them."""
+    messages = [{"role": "user", "content": question_message(state["question"])}]
+    for turn in state.get("turns", []):
+        messages.append({"role": "assistant", "content": turn["text"]})
+        response = turn.get("response")
+        if response is not None:
+            body = interaction_response(response) if turn.get("response_source") == "environment" else response
+            messages.append({"role": "user", "content": body})
+    return messages
+
+
+def environment_history(turns: Sequence[dict]) -> list[tuple[str, str]]:
+    """The (prompt, response) pairs the environment has answered, oldest first."""
+    return [(t["prompt"], t["response"]) for t in turns if t.get("response_source") == "environment"]
+
+
+def _sync_and_async(afunc, name: str) -> RunnableLambda:
+    """A node usable from `invoke` as well as `ainvoke`: the sync path runs the coroutine on the process-wide
+    background loop (prompt_r1.aio), so clients and batchers stay on one loop."""
+
+    def func(state: EpisodeState, config: RunnableConfig) -> dict:
+        return run_sync(afunc(state, config))
+
+    return RunnableLambda(func, afunc=afunc, name=name)
+
+
+def build_graph(
+    agent: AgentBackend,
+    environment: EnvironmentClient | BaseChatModel,
+    *,
+    max_turns: int = 5,
+    force_final_answer: bool = True,
+    max_new_tokens: int | None = None,
+    max_total_tokens: int = 8192,
+    token_exact: bool | None = None,
+    checkpointer: Any = None,
+    name: str = "prompt_r1",
+):
+    """Compile the loop. The result is a LangChain Runnable (`invoke`, `ainvoke`, `abatch`, `astream`) and can be
+    added as a node of a parent graph whose state has `question` (and optionally `golden_answers`).
+
+    max_turns: most environment calls per episode (paper: 5).
+    force_final_answer: when the agent prompts after its last allowed call, ask it once for a final answer
+        (inference default); off, the episode ends with status `max_turns` (the training setting).
+    max_new_tokens: per-turn generation budget (None: the backend's own; paper: 1,024).
+    max_total_tokens: budget of the whole trajectory after the first prompt (paper: 8,192); token-exact only.
+    token_exact: keep token ids (default: whenever the backend has a tokenizer).
+    """
+    if max_turns < 0:
+        raise ValueError(f"max_turns must be >= 0, got {max_turns}")
+    if isinstance(environment, BaseChatModel):
+        environment = EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
+    tokenizer = getattr(agent, "tokenizer", None)
+    token_exact = tokenizer is not None if token_exact is None else token_exact
+    if token_exact and tokenizer is None:
+        raise ValueError("token_exact=True needs an agent backend with a tokenizer (local or vLLM)")
+
+    async def agent_node(state: EpisodeState, config: RunnableConfig) -> dict:
+        turns = state.get("turns", [])
+        index = len(turns)
+        update: dict[str, Any] = {}
+        prompt_ids = None
+        budget = max_new_tokens
+        if token_exact:
+            prompt_ids = state.get("prompt_ids") or initial_prompt_ids(tokenizer, agent_messages(state)[:1])
+            if not state.get("prompt_ids"):
+                update["prompt_ids"] = prompt_ids
+            used = len(state.get("completion_ids", []))
+            remaining = max_total_tokens - used
+            if remaining <= 0:
+                return {**update, "status": "context_overflow", "error": f"trajectory reached {used} of {max_total_tokens} tokens"}
+            budget = min(budget, remaining) if budget else remaining
+            prompt_ids = prompt_ids + state.get("completion_ids", [])
+        request = AgentRequest(messages=agent_messages(state), prompt_ids=prompt_ids, max_new_tokens=budget)
+        try:
+            output = await agent.generate(request)
+        except ContextOverflow as exc:
+            return {**update, "status": "context_overflow", "error": str(exc)}
+        turn = parse_agent_output(output.text)
+        record = turn.to_record()
+        record.pop("extra", None)
+        record.update(index=index, finish_reason=output.finish_reason, agent_tokens=output.completion_tokens)
+        if state.get("final_request_sent"):
+            record["after_final_request"] = True
+        update["turns"] = [record]
+        update["usage"] = {
+            "agent_calls": 1,
+            "agent_prompt_tokens": output.prompt_tokens,
+            "agent_completion_tokens": output.completion_tokens,
+        }
+        if token_exact:
+            ids = output.token_ids or []
+            update["completion_ids"] = ids
+            update["logprobs"] = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+            update["env_mask"] = [1] * len(ids)
+            # Cut off by the trajectory budget rather than by the per-turn budget: the context is full.
+            if output.finish_reason == "length" and turn.kind == "malformed" and budget != max_new_tokens:
+                update["status"] = "context_overflow"
+                update["error"] = f"trajectory budget of {max_total_tokens} tokens reached mid-turn"
+        return update
+
+    async def environment_node(state: EpisodeState, config: RunnableConfig) -> dict:
+        turns = state["turns"]
+        last = turns[-1]
+        try:
+            reply = await environment.respond(last["prompt"], environment_history(turns[:-1]), run_config=config)
+        except ContextOverflow as exc:
+            return {"status": "context_overflow", "error": str(exc), "turns": [{"index": last["index"], "error": str(exc)}]}
+        except EnvironmentCallError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            return {"status": "environment_error", "error": error, "turns": [{"index": last["index"], "error": error}]}
+        update: dict[str, Any] = {
+            "turns": [{"index": last["index"], "response": reply.text, "response_source": "environment", "environment_call": reply.to_dict()}],
+            "usage": {
+                "env_calls": 1,
+                "env_input_tokens": reply.input_tokens,
+                "env_output_tokens": reply.output_tokens,
+                "env_retries": reply.attempts - 1,
+            },
+        }
+        if token_exact:
+            update.update(_append_user_turn(state, interaction_response(reply.text)))
+        return update
+
+    def final_answer_node(state: EpisodeState) -> dict:
+        last = state["turns"][-1]
+        update: dict[str, Any] = {
+            "final_request_sent": True,
+            "turns": [{"index": last["index"], "response": FINAL_ANSWER_REQUEST, "response_source": "final_request"}],
+        }
+        if token_exact:
+            update.update(_append_user_turn(state, FINAL_ANSWER_REQUEST))
+        return update
+
+    def _append_user_turn(state: EpisodeState, content: str) -> dict:
+        ids = user_turn_ids(tokenizer, content, state.get("completion_ids", [])[-3:])
+        return {"completion_ids": ids, "logprobs": [0.0] * len(ids), "env_mask": [0] * len(ids)}
+
+    def finalize_node(state: EpisodeState) -> dict:
+        turns = state.get("turns", [])
+        last = turns[-1] if turns else None
+        if state.get("status"):
+            return {"answer": None}
+        if last is not None and last["kind"] == "answer":
+            if last["answer"]:
+                return {"status": "answered", "answer": last["answer"], "error": None}
+            return {"status": "format_error", "answer": None, "error": "; ".join(last["defects"])}
+        if last is not None and last["kind"] == "malformed":
+            return {"status": "format_error", "answer": None, "error": "; ".join(last["defects"])}
+        return {"status": "max_turns", "answer": None, "error": None}
+
+    def route_after_agent(state: EpisodeState) -> Literal["environment", "final_answer", "finalize"]:
+        if state.get("status"):
+            return "finalize"
+        last = state["turns"][-1]
+        if last["kind"] != "prompt":
+            return "finalize"
+        if state.get("final_request_sent"):
+            return "finalize"
+        if len(environment_history(state["turns"])) < max_turns:
+            return "environment"
+        return "final_answer" if force_final_answer else "finalize"
+
+    def route_after_environment(state: EpisodeState) -> Literal["agent", "finalize"]:
+        return "finalize" if state.get("status") else "agent"
+
+    builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
+    builder.add_node("agent", _sync_and_async(agent_node, "agent"))
+    builder.add_node("environment", _sync_and_async(environment_node, "environment"))
+    builder.add_node("final_answer", final_answer_node)
+    builder.add_node("finalize", finalize_node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route_after_agent)
+    builder.add_conditional_edges("environment", route_after_environment)
+    builder.add_edge("final_answer", "agent")
+    builder.add_edge("finalize", END)
+    return builder.compile(checkpointer=checkpointer, name=name)

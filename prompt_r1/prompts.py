@@ -1,0 +1,84 @@
+"""The fixed texts of the Prompt-R1 protocol (paper Fig. 7 and Appendix A).
+
+The instruction template is byte-identical to the text that ends every `prompt` of the paper's released
+datasets, so a model trained on those rows sees at inference exactly what it saw in training.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ENVIRONMENT_SYSTEM_PROMPT",
+    "FINAL_ANSWER_REQUEST",
+    "INSTRUCTION_TEMPLATE",
+    "QUESTION_PREFIX",
+    "extract_question",
+    "interaction_response",
+    "question_message",
+]
+
+QUESTION_PREFIX = "Question: "
+
+INSTRUCTION_TEMPLATE = (
+    "First, provide a simple explanation of the question and give it to the large language model for a more "
+    "accurate answer. Focus on explaining the question without deep reasoning in the first step. After receiving "
+    "the response, think about the large language model's response, and by interacting with the large language "
+    "model again and again, arrive at the final answer. Proceed step by step with the following rules:\n"
+    "1. Only in the first step, provide a brief explanation of the question and give it to the large language "
+    "model:\n"
+    "   <think>(Brief thinking must not be over 80 words)</think>\n"
+    "   <interaction_prompt>(give the question and its explanation to the large language model)"
+    "</interaction_prompt>\n"
+    "2. After the first step, in each interaction with the large language model, write:\n"
+    "   <think>(your reasoning for the receiving response and question)</think>\n"
+    "   <interaction_prompt>(new request to refine or validate the answer)</interaction_prompt>\n"
+    "3. Each <interaction_prompt> must build on what came before. Do not just repeat the same content. Let the "
+    "content of the <interaction_prompt>...</interaction_prompt> evolve naturally (for example: outline → add "
+    "details → refine → check). \n"
+    "4. Continue producing think within <think></think> and call tool within "
+    "<interaction_prompt></interaction_prompt> until the answer is ready.\n"
+    "5. Once the answer is complete, write:\n"
+    "   <think>(final reasoning with the <interaction_response> and question)</think>\n"
+    "   <answer>(final answer for the question)</answer>"
+)
+
+# What the large LLM is told before the conversation of prompts (ARCHITECTURE.md, "The protocol").
+ENVIRONMENT_SYSTEM_PROMPT = (
+    "You are a helpful assistant. Please read the provided content (including previous conversations and the "
+    "current task) and help the user complete the task or answer the question."
+)
+
+# Sent in place of an environment response when the agent asks again after its last allowed call,
+# so that an inference run ends with an answer rather than with nothing (graph flag `force_final_answer`).
+FINAL_ANSWER_REQUEST = (
+    "The interaction limit has been reached: no further <interaction_prompt> will be answered. "
+    "Using the responses you already have, write your final reasoning in <think></think> and your final "
+    "answer in <answer></answer> now."
+)
+
+
+def question_message(question: str) -> str:
+    """The agent's first user message: the question, then the paper's instruction template.
+
+    >>> question_message("Who wrote Hamlet?").startswith("Question: Who wrote Hamlet?\\nFirst, provide")
+    True
+    """
+    return f"{QUESTION_PREFIX}{question}\n{INSTRUCTION_TEMPLATE}"
+
+
+def extract_question(prompt_text: str) -> str | None:
+    """The bare question inside a released dataset `prompt`, or None when the text is not of that form.
+
+    >>> extract_question(question_message("2+2?"))
+    '2+2?'
+    """
+    if not prompt_text.startswith(QUESTION_PREFIX):
+        return None
+    end = prompt_text.rfind("\n" + INSTRUCTION_TEMPLATE)
+    if end < 0:
+        return None
+    return prompt_text[len(QUESTION_PREFIX) : end]
+
+
+def interaction_response(text: str) -> str:
+    """How an environment response reaches the agent: the body of a user message."""
+    return f"<interaction_response>{text}</interaction_response>"

@@ -1,0 +1,193 @@
+"""Parse one agent generation into a turn: think, then either an interaction prompt or an answer.
+
+Malformed output is data, not an exception: `parse_agent_output` always returns an `AgentTurn`, whose
+`defects` say what is missing or wrong, so the graph can end the episode and the reward can score it.
+
+    >>> turn = parse_agent_output("<think>short</think><interaction_prompt>Explain X</interaction_prompt> junk")
+    >>> turn.kind, turn.prompt, turn.truncated
+    ('prompt', 'Explain X', ' junk')
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+__all__ = [
+    "ANSWER_CLOSE",
+    "PROMPT_CLOSE",
+    "STOP_SEQUENCES",
+    "AgentTurn",
+    "cut_at_stop",
+    "parse_agent_output",
+    "repair_stopped_text",
+]
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+PROMPT_OPEN, PROMPT_CLOSE = "<interaction_prompt>", "</interaction_prompt>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+
+# One agent generation ends at the first of these, like a stop sequence on a served model.
+STOP_SEQUENCES: tuple[str, ...] = (PROMPT_CLOSE, ANSWER_CLOSE)
+
+TurnKind = Literal["prompt", "answer", "malformed"]
+
+
+@dataclass(frozen=True)
+class AgentTurn:
+    """One parsed agent generation.
+
+    kind: "prompt" (send `prompt` to the environment), "answer" (episode ends), or "malformed".
+    defects: human-readable problems; empty means the turn is well formed.
+    text: the generation up to and including the first stop sequence; truncated: what came after it.
+    """
+
+    kind: TurnKind
+    text: str
+    think: str | None = None
+    prompt: str | None = None
+    answer: str | None = None
+    defects: tuple[str, ...] = ()
+    truncated: str = ""
+    prompt_format: Literal["tags", "tool_call"] | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def format_ok(self) -> bool:
+        return not self.defects
+
+    def to_record(self) -> dict:
+        """A JSON-serialisable dict, the form turns take in the graph state."""
+        record = asdict(self)
+        record["defects"] = list(self.defects)
+        record["format_ok"] = self.format_ok
+        return record
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...] = STOP_SEQUENCES) -> tuple[str, str]:
+    """Split `text` after the earliest stop sequence: (kept, cut). No stop: (text, "").
+
+    >>> cut_at_stop("<answer>a</answer> and more")
+    ('<answer>a</answer>', ' and more')
+    """
+    best = -1
+    for stop in stops:
+        i = text.find(stop)
+        if i >= 0 and (best < 0 or i + len(stop) < best):
+            best = i + len(stop)
+    if best < 0:
+        return text, ""
+    return text[:best], text[best:]
+
+
+def repair_stopped_text(text: str, matched_stop: str | None = None) -> str:
+    """Re-append the stop sequence that an OpenAI-compatible server removed from a completion.
+
+    Servers drop the matched stop string from the text; `matched_stop` is vLLM's `stop_reason` when the server
+    reports it. Otherwise the open tag that was left unclosed tells which stop matched.
+
+    >>> repair_stopped_text("<think>t</think><interaction_prompt>p")
+    '<think>t</think><interaction_prompt>p</interaction_prompt>'
+    """
+    if matched_stop in STOP_SEQUENCES:
+        return text + matched_stop
+    for open_tag, close_tag in ((PROMPT_OPEN, PROMPT_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
+        last_open = text.rfind(open_tag)
+        if last_open >= 0 and text.find(close_tag, last_open) < 0:
+            return text + close_tag
+    return text
+
+
+def _between(text: str, open_tag: str, close_tag: str) -> tuple[str | None, list[str]]:
+    """Content of the first open…close pair and the defects found around it."""
+    defects: list[str] = []
+    start = text.find(open_tag)
+    if start < 0:
+        return None, defects
+    end = text.find(close_tag, start + len(open_tag))
+    if end < 0:
+        return None, [f"unclosed {open_tag}"]
+    content = text[start + len(open_tag) : end]
+    if open_tag in content:
+        defects.append(f"nested {open_tag}")
+    if text.count(open_tag) > 1 or text.count(close_tag) > 1:
+        defects.append(f"repeated {open_tag}")
+    return content, defects
+
+
+_TOOL_CALL = re.compile(r"^\s*(?:<tool_call>)?\s*(\{.*\})\s*(?:</tool_call>)?\s*$", re.DOTALL)
+
+
+def _tool_call_prompt(content: str) -> str | None:
+    """The prompt inside the reference release's JSON form {"name": "prompt", "arguments": {"prompt": P}}."""
+    match = _TOOL_CALL.match(content)
+    if not match:
+        return None
+    try:
+        call = json.loads(match.group(1))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or call.get("name") != "prompt":
+        return None
+    arguments = call.get("arguments")
+    if isinstance(arguments, str):  # some servers double-encode tool arguments
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    prompt = arguments.get("prompt") if isinstance(arguments, dict) else None
+    return prompt if isinstance(prompt, str) else None
+
+
+def parse_agent_output(text: str) -> AgentTurn:
+    """Parse one agent generation. Never raises.
+
+    >>> parse_agent_output("<think>done</think><answer>Paris</answer>").answer
+    'Paris'
+    >>> parse_agent_output("no tags at all").defects
+    ('missing <think>…</think>', 'neither <interaction_prompt> nor <answer>')
+    """
+    kept, truncated = cut_at_stop(text)
+    defects: list[str] = []
+
+    think, think_defects = _between(kept, THINK_OPEN, THINK_CLOSE)
+    defects += think_defects
+    if think is None and not think_defects:
+        defects.append("missing <think>…</think>")
+    elif think is not None and not think.strip():
+        defects.append("empty <think>")
+
+    # Only one action can close first, because the text was cut after the earliest stop sequence.
+    answer, answer_defects = _between(kept, ANSWER_OPEN, ANSWER_CLOSE)
+    prompt, prompt_defects = _between(kept, PROMPT_OPEN, PROMPT_CLOSE)
+    common = dict(text=kept, think=think, truncated=truncated)
+
+    if answer is not None:
+        defects += answer_defects
+        answer = answer.strip()
+        if not answer:
+            defects.append("empty <answer>")
+        if think is not None and kept.find(THINK_CLOSE) > kept.find(ANSWER_OPEN):
+            defects.append("<answer> before </think>")
+        return AgentTurn(kind="answer", answer=answer, defects=tuple(defects), **common)
+
+    if prompt is not None:
+        defects += prompt_defects
+        prompt_format: Literal["tags", "tool_call"] = "tags"
+        from_json = _tool_call_prompt(prompt)
+        if from_json is not None:
+            prompt, prompt_format = from_json, "tool_call"
+        prompt = prompt.strip()
+        if not prompt:
+            # An empty prompt cannot be sent: the turn is malformed, not merely imperfect.
+            return AgentTurn(kind="malformed", defects=(*defects, "empty <interaction_prompt>"), **common)
+        if think is not None and kept.find(THINK_CLOSE) > kept.find(PROMPT_OPEN):
+            defects.append("<interaction_prompt> before </think>")
+        return AgentTurn(kind="prompt", prompt=prompt, defects=tuple(defects), prompt_format=prompt_format, **common)
+
+    defects += answer_defects + prompt_defects
+    if not answer_defects and not prompt_defects:
+        defects.append("neither <interaction_prompt> nor <answer>")
+    return AgentTurn(kind="malformed", defects=tuple(defects), **common)

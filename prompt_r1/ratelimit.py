@@ -1,0 +1,102 @@
+"""Process-wide rate limits per endpoint: requests per period plus a cap on requests in flight.
+
+Every `EnvironmentClient` for the same endpoint key shares one `EndpointLimiter`, so a thousand concurrent
+episodes together stay inside the provider's limit. The period limit is an `asyncio_throttle.Throttler` (a
+sliding window of send times, independent of any event loop); the in-flight cap is a semaphore per event loop,
+because asyncio primitives belong to the loop that first waits on them.
+
+Order matters: a request first takes an in-flight slot and only then a slot in the rate window, and is sent at
+once. Taking the rate slot first would let requests that waited for an in-flight slot go out in a burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from asyncio_throttle import Throttler
+
+from prompt_r1.errors import ConfigError
+
+__all__ = ["EndpointLimiter", "LimiterStats", "get_limiter", "reset_limiters"]
+
+
+@dataclass
+class LimiterStats:
+    """Counters for progress bars and logs."""
+
+    acquired: int = 0
+    waiting: int = 0
+    in_flight: int = 0
+
+
+class EndpointLimiter:
+    def __init__(self, rate_limit: int, period: float, max_in_flight: int) -> None:
+        self.rate_limit = rate_limit
+        self.period = period
+        self.max_in_flight = max_in_flight
+        # 5 ms polling: fine-grained enough to keep sends close to the window edge without spinning.
+        self._throttler = Throttler(rate_limit=rate_limit, period=period, retry_interval=0.005)
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.stats = LimiterStats()
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._semaphores.get(loop)
+        if sem is None:
+            sem = self._semaphores[loop] = asyncio.Semaphore(self.max_in_flight)
+        return sem
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one in-flight slot and one rate-window slot for the duration of a request."""
+        async with self._semaphore():
+            self.stats.waiting += 1
+            try:
+                await self._throttler.acquire()
+            finally:  # also when cancelled while waiting
+                self.stats.waiting -= 1
+            self.stats.acquired += 1
+            self.stats.in_flight += 1
+            try:
+                yield
+            finally:
+                self.stats.in_flight -= 1
+
+    def same_limits(self, rate_limit: int, period: float, max_in_flight: int) -> bool:
+        return (self.rate_limit, self.period, self.max_in_flight) == (rate_limit, period, max_in_flight)
+
+
+_LIMITERS: dict[str, EndpointLimiter] = {}
+_LOCK = threading.Lock()
+
+
+def get_limiter(key: str, *, rate_limit: int, period: float, max_in_flight: int) -> EndpointLimiter:
+    """The process-wide limiter for `key` (normally base URL + model), created on first use.
+
+    Two clients that name the same endpoint with different limits would silently undercut each other, so that
+    is an error naming both settings.
+    """
+    with _LOCK:
+        limiter = _LIMITERS.get(key)
+        if limiter is None:
+            limiter = _LIMITERS[key] = EndpointLimiter(rate_limit, period, max_in_flight)
+        elif not limiter.same_limits(rate_limit, period, max_in_flight):
+            raise ConfigError(
+                f"endpoint {key} already has limits {limiter.rate_limit} requests/{limiter.period}s with "
+                f"{limiter.max_in_flight} in flight; got {rate_limit}/{period}s with {max_in_flight} in flight. "
+                "Use the same limits for every client of one endpoint, or give the client its own limiter_key."
+            )
+        return limiter
+
+
+def reset_limiters() -> None:
+    """Forget every limiter (tests, or a long-lived process that changes its limits)."""
+    with _LOCK:
+        _LIMITERS.clear()

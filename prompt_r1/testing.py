@@ -1,0 +1,297 @@
+"""Offline stand-ins for the outside world: a scripted OpenAI-compatible HTTP server and a tiny local model.
+
+`ScriptedServer` is a real HTTP server on 127.0.0.1 (aiohttp, in a background thread) that answers
+`/v1/chat/completions` and `/v1/models` from Python functions, one per model name, so one server can play both
+the environment and a served agent. It records every request, applies `stop` like a real server, and injects
+faults (429 with Retry-After, 500, slow replies past the client's timeout, dropped connections, malformed bodies)
+for testing the retry layer. `build_tiny_model` writes a tiny Qwen2-style model with a tokenizer trained
+in-process to a folder that `from_pretrained` loads. Needs the `dev` extra (aiohttp, tokenizers).
+
+    with ScriptedServer({"env": echo_environment(), "agent": scripted_agent([...])}) as server:
+        EnvironmentConfig(model="env", base_url=server.base_url)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Fault",
+    "RecordedRequest",
+    "ScriptedServer",
+    "build_tiny_model",
+    "echo_environment",
+    "max_in_window",
+    "scripted_agent",
+]
+
+Responder = Callable[[dict], str]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure. kind: "429", "500", "timeout" (reply after `delay` s), "drop", "malformed"."""
+
+    kind: str
+    retry_after: float | None = None
+    delay: float = 5.0
+
+
+@dataclass
+class RecordedRequest:
+    received_at: float  # time.monotonic() on arrival
+    model: str
+    body: dict
+    fault: str | None = None
+
+
+@dataclass
+class _Route:
+    responder: Responder
+    latency: float | Callable[[], float] = 0.0
+
+
+def echo_environment(prefix: str = "Response") -> Responder:
+    """An environment that answers `{prefix} {n}: {prompt}`, n counting the prompts of this conversation."""
+
+    def respond(body: dict) -> str:
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        return f"{prefix} {len(users)}: {users[-1]['content']}"
+
+    return respond
+
+
+def scripted_agent(turns: Sequence[str]) -> Responder:
+    """A served agent that writes `turns[k]` as its k-th turn (k = assistant messages already in the chat).
+
+    Past the end of the script it repeats the last entry.
+    """
+
+    def respond(body: dict) -> str:
+        k = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        return turns[min(k, len(turns) - 1)]
+
+    return respond
+
+
+def max_in_window(times: Sequence[float], window: float) -> int:
+    """Largest number of timestamps inside any half-open window of `window` seconds."""
+    ordered = sorted(times)
+    best, start = 0, 0
+    for end, t in enumerate(ordered):
+        while t - ordered[start] >= window:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+class ScriptedServer:
+    """A real OpenAI-compatible server on 127.0.0.1 backed by Python functions. Use as a context manager."""
+
+    def __init__(
+        self,
+        responders: dict[str, Responder] | Responder,
+        *,
+        latency: float | Callable[[], float] = 0.0,
+        port: int = 0,
+    ) -> None:
+        if callable(responders):
+            responders = {"*": responders}
+        self.routes = {model: _Route(fn, latency) for model, fn in responders.items()}
+        self.requests: list[RecordedRequest] = []
+        self._faults: deque[Fault] = deque()
+        self._fault_lock = threading.Lock()
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner = None
+        self.port: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def inject(self, *faults: Fault) -> None:
+        """Queue faults; each of the next requests takes one, in order, before being served normally."""
+        with self._fault_lock:
+            self._faults.extend(faults)
+
+    def requests_for(self, model: str) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.model == model]
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> ScriptedServer:
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._serve())
+            except BaseException as exc:  # surfaced to start()
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="scripted-openai-server", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if errors:
+            raise errors[0]
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop = None
+
+    def __enter__(self) -> ScriptedServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self._port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    # ---- handlers --------------------------------------------------------------------------------------------
+    async def _models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.routes if m != "*"]})
+
+    async def _chat(self, request):
+        from aiohttp import web
+
+        arrived = time.monotonic()
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return web.json_response({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}, status=400)
+        model = body.get("model", "")
+        route = self.routes.get(model) or self.routes.get("*")
+        with self._fault_lock:
+            fault = self._faults.popleft() if self._faults else None
+        self.requests.append(RecordedRequest(arrived, model, body, fault.kind if fault else None))
+        if route is None:
+            return web.json_response({"error": {"message": f"model {model!r} not found", "type": "not_found"}}, status=404)
+        if fault is not None:
+            if fault.kind == "429":
+                headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
+                return web.json_response({"error": {"message": "rate limited", "type": "rate_limit"}}, status=429, headers=headers)
+            if fault.kind == "500":
+                return web.json_response({"error": {"message": "injected server error", "type": "server_error"}}, status=500)
+            if fault.kind == "timeout":
+                await asyncio.sleep(fault.delay)
+            if fault.kind == "drop":
+                request.transport.close()
+                raise asyncio.CancelledError  # aiohttp drops the connection without a response
+            if fault.kind == "malformed":
+                return web.Response(text="{not json", content_type="application/json")
+        latency = route.latency() if callable(route.latency) else route.latency
+        if latency:
+            await asyncio.sleep(latency)
+        text = route.responder(body)
+        finish = "stop"
+        for stop in body.get("stop") or []:
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]  # like OpenAI and vLLM: the matched stop string is not returned
+        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+        completion_tokens = len(text.split())
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        if max_tokens is not None and completion_tokens > max_tokens:
+            text, completion_tokens, finish = " ".join(text.split()[:max_tokens]), max_tokens, "length"
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+            }
+        )
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_TINY_CORPUS = [
+    "<think>The question asks about a person.</think><interaction_prompt>Who is the person in the question?</interaction_prompt>",
+    "<interaction_response>The person is Ada Lovelace.</interaction_response>",
+    "<think>The response names her.</think><answer>Ada Lovelace</answer>",
+    "Question: Who wrote the first program? First, provide a simple explanation of the question.",
+]
+
+
+def build_tiny_model(path: str | Path, *, hidden_size: int = 32, layers: int = 2, vocab_size: int = 512, seed: int = 0) -> Path:
+    """Save a tiny random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
+
+    Everything is built in-process; loading it back uses the ordinary `from_pretrained` path.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_TINY_CORPUS * 20, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(path)
+    return path
