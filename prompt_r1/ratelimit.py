@@ -5,6 +5,12 @@ episodes together stay inside the provider's limit. The period limit is an `asyn
 sliding window of send times, independent of any event loop); the in-flight cap is a semaphore per event loop,
 because asyncio primitives belong to the loop that first waits on them.
 
+The provider counts requests when they arrive, which is some unknown time after they are sent (a cold TCP/TLS
+connection alone can take longer than the gap between two windows). So the window here counts every request in
+flight, and stamps a request with the time it *completed*: a request's arrival always lies between its send and
+its completion, so the count this side never falls below what the server counts in the same window. The price
+is one request latency per window (a few percent at provider-scale periods of a minute).
+
 Order matters: a request first takes an in-flight slot and only then a slot in the rate window, and is sent at
 once. Taking the rate slot first would let requests that waited for an in-flight slot go out in a burst.
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,13 +41,33 @@ class LimiterStats:
     in_flight: int = 0
 
 
+class CompletionStampedThrottler(Throttler):
+    """asyncio_throttle's sliding window, counting requests in flight and stamping each at completion."""
+
+    def __init__(self, rate_limit: int, period: float = 1.0, retry_interval: float = 0.005) -> None:
+        super().__init__(rate_limit=rate_limit, period=period, retry_interval=retry_interval)
+        self.in_flight = 0
+
+    async def acquire(self) -> None:
+        while True:
+            self.flush()
+            if len(self._task_logs) + self.in_flight < self.rate_limit:
+                break
+            await asyncio.sleep(self.retry_interval)
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._task_logs.append(time.monotonic())  # monotonic, so the deque stays ordered for flush()
+
+
 class EndpointLimiter:
     def __init__(self, rate_limit: int, period: float, max_in_flight: int) -> None:
         self.rate_limit = rate_limit
         self.period = period
         self.max_in_flight = max_in_flight
         # 5 ms polling: fine-grained enough to keep sends close to the window edge without spinning.
-        self._throttler = Throttler(rate_limit=rate_limit, period=period, retry_interval=0.005)
+        self._throttler = CompletionStampedThrottler(rate_limit=rate_limit, period=period, retry_interval=0.005)
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -68,6 +95,7 @@ class EndpointLimiter:
                 yield
             finally:
                 self.stats.in_flight -= 1
+                self._throttler.release()
 
     def same_limits(self, rate_limit: int, period: float, max_in_flight: int) -> bool:
         return (self.rate_limit, self.period, self.max_in_flight) == (rate_limit, period, max_in_flight)

@@ -51,6 +51,7 @@ class RecordedRequest:
     model: str
     body: dict
     fault: str | None = None
+    headers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +108,8 @@ class ScriptedServer:
             responders = {"*": responders}
         self.routes = {model: _Route(fn, latency) for model, fn in responders.items()}
         self.requests: list[RecordedRequest] = []
+        self.in_flight = 0
+        self.max_in_flight = 0  # most requests the server was handling at once
         self._faults: deque[Fault] = deque()
         self._fault_lock = threading.Lock()
         self._port = port
@@ -196,9 +199,19 @@ class ScriptedServer:
         route = self.routes.get(model) or self.routes.get("*")
         with self._fault_lock:
             fault = self._faults.popleft() if self._faults else None
-        self.requests.append(RecordedRequest(arrived, model, body, fault.kind if fault else None))
+        self.requests.append(RecordedRequest(arrived, model, body, fault.kind if fault else None, dict(request.headers)))
         if route is None:
             return web.json_response({"error": {"message": f"model {model!r} not found", "type": "not_found"}}, status=404)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._reply(request, body, model, route, fault)
+        finally:
+            self.in_flight -= 1
+
+    async def _reply(self, request, body: dict, model: str, route: _Route, fault: Fault | None):
+        from aiohttp import web
+
         if fault is not None:
             if fault.kind == "429":
                 headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
@@ -212,6 +225,12 @@ class ScriptedServer:
                 raise asyncio.CancelledError  # aiohttp drops the connection without a response
             if fault.kind == "malformed":
                 return web.Response(text="{not json", content_type="application/json")
+            if fault.kind == "context":
+                message = "This model's maximum context length is 128 tokens. (context_length_exceeded)"
+                error = {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}
+                return web.json_response({"error": error}, status=400)
+            if fault.kind == "400":
+                return web.json_response({"error": {"message": "injected bad request", "type": "invalid_request_error"}}, status=400)
         latency = route.latency() if callable(route.latency) else route.latency
         if latency:
             await asyncio.sleep(latency)

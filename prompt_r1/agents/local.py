@@ -27,6 +27,7 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
     """(model, tokenizer) through the real `from_pretrained` path; a clear ConfigError when it cannot load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _check_loadable(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype, None)
     if torch_dtype is None:
@@ -43,6 +44,35 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
         raise ConfigError(f"agent tokenizer of {name_or_path!r} has no chat template; use a chat/instruct model")
     model.to(device).eval()
     return model, tokenizer
+
+
+def _check_loadable(name_or_path: str) -> None:
+    """Fail in seconds, not after the hub client's minute of retries, when a hub id is neither cached nor reachable."""
+    import os
+    import socket
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    if Path(name_or_path).exists():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+        return  # cached: from_pretrained loads it offline
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    reachable = False
+    if not offline:
+        try:
+            with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=5):
+                reachable = True
+        except OSError:
+            pass
+    if not reachable:
+        raise ConfigError(
+            f"cannot load agent model {name_or_path!r}: it is not a local folder, not in the Hugging Face cache, and "
+            "the hub cannot be reached; pass --agent-model /path/to/model, or --agent-base-url URL for a served agent"
+        )
 
 
 class _StopRecorder(StoppingCriteria):

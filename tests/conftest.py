@@ -1,0 +1,87 @@
+"""Shared fixtures: scripted OpenAI-compatible servers on 127.0.0.1 and tiny local models built in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prompt_r1.ratelimit import reset_limiters
+from prompt_r1.testing import ScriptedServer, build_tiny_model, echo_environment, scripted_agent
+
+DATA = Path(__file__).parent / "data"
+
+# A two-turn episode the trained tiny model reproduces under greedy decoding.
+TINY_QUESTION = "Who wrote the first program?"
+TINY_TURN_1 = "<think>a person</think><interaction_prompt>Who is it?</interaction_prompt>"
+TINY_RESPONSE_1 = "Response 1: Who is it?"  # what echo_environment() answers to TINY_TURN_1
+TINY_TURN_2 = "<think>named</think><answer>Ada Lovelace</answer>"
+
+PROMPT = "<think>t{k}</think><interaction_prompt>p{k}</interaction_prompt>"
+ANSWER = "<think>final</think><answer>{a}</answer>"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_limiters():
+    """Each test gets its own process-wide limiters, so limits set by one test never leak into the next."""
+    reset_limiters()
+    yield
+    reset_limiters()
+
+
+@pytest.fixture
+def release_row() -> dict:
+    """One row of the paper's released hotpot evaluation set (copied into tests/data)."""
+    return json.loads((DATA / "release_row.json").read_text())
+
+
+@pytest.fixture
+def server():
+    """A server playing environment ("env") and a served agent ("agent") that prompts twice, then answers."""
+    agent = scripted_agent([PROMPT.format(k=1), PROMPT.format(k=2), ANSWER.format(a="Paris")])
+    with ScriptedServer({"env": echo_environment(), "agent": agent}) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 model with an in-process tokenizer, saved for `from_pretrained`."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def trained_tiny_model_path(tmp_path_factory) -> Path:
+    """The tiny model fine-tuned (a few seconds) to play TINY_TURN_1 then, after the response, TINY_TURN_2.
+
+    Trained on the token-exact trajectory the graph builds, so greedy decoding through the graph reproduces it:
+    the first turn must end on the stop string, the second on EOS.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prompt_r1.prompts import interaction_response, question_message
+    from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-trained") / "model", hidden_size=64)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(TINY_QUESTION)}])
+    turn1 = tok.encode(TINY_TURN_1, add_special_tokens=False)
+    env = user_turn_ids(tok, interaction_response(TINY_RESPONSE_1), turn1)
+    turn2 = tok.encode(TINY_TURN_2, add_special_tokens=False) + [tok.eos_token_id]
+    ids = torch.tensor([prompt + turn1 + env + turn2])
+    labels = torch.tensor([[-100] * len(prompt) + turn1 + [-100] * len(env) + turn2])
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(400):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.005:
+            break
+    assert loss.item() < 0.05, f"tiny model did not learn its script (loss {loss.item():.3f})"
+    model.save_pretrained(path)
+    return path
