@@ -1,10 +1,10 @@
 """Prompt-R1: a small agent LLM thinks and writes prompts to a large LLM over several turns, then answers.
 
-    from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
+from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
 
-    graph = build_graph(load_agent(AgentConfig(model="Qwen/Qwen3-4B")),
-                        EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini")), max_turns=5)
-    result = graph.invoke({"question": "Which magazine was started first, Arthur's Magazine or First for Women?"})
+graph = build_graph(load_agent(AgentConfig(model="Qwen/Qwen3-4B")),
+                    EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini")), max_turns=5)
+result = graph.invoke({"question": "Which magazine was started first, Arthur's Magazine or First for Women?"})
 """
 
 from prompt_r1.agents import AgentBackend, AgentOutput, AgentRequest, load_agent

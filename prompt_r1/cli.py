@@ -30,7 +30,11 @@ from prompt_r1.errors import AgentError, ConfigError, PromptR1Error
 __all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-_SECTIONS = (("agent", AgentConfig, "agent-"), ("environment", EnvironmentConfig, "env-"), ("loop", LoopConfig, ""))
+_SECTIONS = (
+    ("agent", AgentConfig, "agent-"),
+    ("environment", EnvironmentConfig, "env-"),
+    ("loop", LoopConfig, ""),
+)
 
 
 class _Failure(Exception):
@@ -51,7 +55,9 @@ def _flag_type(type_name: str):
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """The agent, environment and loop flags shared by every command that runs episodes."""
-    parser.add_argument("--config", help="YAML/JSON file with agent/environment/loop sections (flags override it).")
+    parser.add_argument(
+        "--config", help="YAML/JSON file with agent/environment/loop sections (flags override it)."
+    )
     for section, cls, prefix in _SECTIONS:
         group = parser.add_argument_group(f"{section} settings")
         for f in fields(cls):
@@ -60,9 +66,15 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
             help_text = f"{f.metadata.get('help', '')} (default: {default})"
             dest = f"{section}__{f.name}"
             kind = _flag_type(str(f.type))
-            metavar = {int: "N", float: "X", str: "URL" if f.name == "base_url" else f.name.split("_")[-1].upper()}.get(kind)
+            metavar = {
+                int: "N",
+                float: "X",
+                str: "URL" if f.name == "base_url" else f.name.split("_")[-1].upper(),
+            }.get(kind)
             if kind is None:
-                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+                group.add_argument(
+                    flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                )
             else:
                 group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
 
@@ -106,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="answer one question with the agent ⇄ environment loop")
     run.add_argument("question", help="the question to answer")
-    run.add_argument("--json", action="store_true", help="print one JSON object instead of the readable turns")
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the readable turns"
+    )
     add_run_flags(run)
     return parser
 

@@ -50,15 +50,25 @@ class EnvironmentConfig:
         "Name of the environment variable that holds the API key (the key itself is never printed).",
         default="OPENAI_API_KEY",
     )
-    rate_limit: int = _help("Requests allowed per rate period, shared by every episode in the process.", default=500)
+    rate_limit: int = _help(
+        "Requests allowed per rate period, shared by every episode in the process.", default=500
+    )
     rate_period: float = _help("Length of the rate-limit window in seconds.", default=60.0)
     max_in_flight: int = _help("Requests allowed in flight at once to this endpoint.", default=32)
     timeout: float = _help("Seconds allowed for one call before it counts as a timeout.", default=60.0)
-    max_retries: int = _help("Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5)
-    backoff_initial: float = _help("First retry wait in seconds; doubles per retry, with full jitter.", default=1.0)
-    backoff_max: float = _help("Longest wait between retries in seconds (a longer Retry-After is honoured).", default=30.0)
+    max_retries: int = _help(
+        "Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5
+    )
+    backoff_initial: float = _help(
+        "First retry wait in seconds; doubles per retry, with full jitter.", default=1.0
+    )
+    backoff_max: float = _help(
+        "Longest wait between retries in seconds (a longer Retry-After is honoured).", default=30.0
+    )
     temperature: float | None = _help("Sampling temperature; unset: the endpoint's default.", default=None)
-    max_tokens: int | None = _help("Most tokens per environment response; unset: the endpoint's default.", default=None)
+    max_tokens: int | None = _help(
+        "Most tokens per environment response; unset: the endpoint's default.", default=None
+    )
 
     def __post_init__(self) -> None:
         if self.rate_limit < 1:
@@ -84,20 +94,30 @@ class AgentConfig:
         default=DEFAULT_AGENT_MODEL,
     )
     base_url: str | None = _help(
-        "OpenAI-compatible base URL of a served agent (e.g. `vllm serve` of a trained checkpoint).", default=None
+        "OpenAI-compatible base URL of a served agent (e.g. `vllm serve` of a trained checkpoint).",
+        default=None,
     )
-    api_key_env: str = _help("Environment variable holding the served agent's API key, if it needs one.", default="PROMPT_R1_AGENT_API_KEY")
-    backend: str = _help("auto (served if base_url is set, else transformers), served, transformers or vllm.", default="auto")
+    api_key_env: str = _help(
+        "Environment variable holding the served agent's API key, if it needs one.",
+        default="PROMPT_R1_AGENT_API_KEY",
+    )
+    backend: str = _help(
+        "auto (served if base_url is set, else transformers), served, transformers or vllm.", default="auto"
+    )
     temperature: float = _help("Agent sampling temperature (0: greedy).", default=0.7)
     top_p: float = _help("Agent nucleus sampling threshold.", default=1.0)
     max_new_tokens: int = _help("Most tokens the agent may write in one turn (paper: 1,024).", default=1024)
-    device: str | None = _help("Device for a local agent (cuda, cpu); unset: cuda when available.", default=None)
+    device: str | None = _help(
+        "Device for a local agent (cuda, cpu); unset: cuda when available.", default=None
+    )
     dtype: str = _help("Weights dtype for a local agent: auto, bfloat16, float16 or float32.", default="auto")
     seed: int | None = _help("Seed for the agent's sampling, for reproducible runs.", default=None)
 
     def __post_init__(self) -> None:
         if self.backend not in {"auto", "served", "transformers", "vllm"}:
-            raise ConfigError(f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}")
+            raise ConfigError(
+                f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}"
+            )
         if self.backend == "served" and not self.base_url:
             raise ConfigError("the served agent backend needs --agent-base-url")
         if self.max_new_tokens < 1:
@@ -120,9 +140,12 @@ class LoopConfig:
 
     max_turns: int = _help("Most environment calls per episode (paper: 5).", default=5)
     force_final_answer: bool = _help(
-        "When the agent prompts again after its last allowed call, ask it once for a final answer.", default=True
+        "When the agent prompts again after its last allowed call, ask it once for a final answer.",
+        default=True,
     )
-    max_total_tokens: int = _help("Token budget of one agent trajectory (paper: 8,192); token-exact backends only.", default=8192)
+    max_total_tokens: int = _help(
+        "Token budget of one agent trajectory (paper: 8,192); token-exact backends only.", default=8192
+    )
 
     def __post_init__(self) -> None:
         if self.max_turns < 0:
@@ -175,12 +198,16 @@ def load_config_file(path: str | Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, values in data.items():
         if name not in sections:
-            raise ConfigError(f"config file {path}: unknown section {name!r}; expected one of {sorted(sections)}")
+            raise ConfigError(
+                f"config file {path}: unknown section {name!r}; expected one of {sorted(sections)}"
+            )
         if not isinstance(values, dict):
             raise ConfigError(f"config file {path}: section {name!r} must be a mapping")
         valid = {f.name for f in fields(sections[name])}
         unknown = sorted(set(values) - valid)
         if unknown:
-            raise ConfigError(f"config file {path}: unknown {name} keys {unknown}; valid keys: {sorted(valid)}")
+            raise ConfigError(
+                f"config file {path}: unknown {name} keys {unknown}; valid keys: {sorted(valid)}"
+            )
         out[name] = dict(values)
     return out

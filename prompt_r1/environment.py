@@ -109,7 +109,9 @@ def classify_error(exc: BaseException) -> BaseException:
         return ContextOverflow(f"environment context overflow: {exc}")
     if isinstance(exc, openai.RateLimitError | ModelRateLimitError):
         response = getattr(exc, "response", None)
-        return RateLimited(f"rate limited (429): {exc}", retry_after=_retry_after_seconds(getattr(response, "headers", None)))
+        return RateLimited(
+            f"rate limited (429): {exc}", retry_after=_retry_after_seconds(getattr(response, "headers", None))
+        )
     if isinstance(exc, TimeoutError | openai.APITimeoutError | ModelTimeoutError):
         return EnvironmentTimeout("environment call timed out")
     if isinstance(exc, openai.APIConnectionError | ModelConnectionError):
@@ -117,8 +119,12 @@ def classify_error(exc: BaseException) -> BaseException:
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status >= 500:
-            return EnvironmentServerError(f"environment server error ({status}): {exc.message}", status_code=status)
-        return EnvironmentRejected(f"environment rejected the request ({status}): {exc.message}", status_code=status)
+            return EnvironmentServerError(
+                f"environment server error ({status}): {exc.message}", status_code=status
+            )
+        return EnvironmentRejected(
+            f"environment rejected the request ({status}): {exc.message}", status_code=status
+        )
     if isinstance(exc, ModelAuthenticationError):
         return EnvironmentRejected(f"environment rejected the credentials: {exc}", status_code=401)
     if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | ModelAPIError):
@@ -165,7 +171,11 @@ class EnvironmentClient:
         self.chat_model = chat_model
         if chat_model is None:
             key = api_key or resolve_api_key(config.api_key_env, config.base_url)
-            optional = {k: v for k, v in (("temperature", config.temperature), ("max_tokens", config.max_tokens)) if v is not None}
+            optional = {
+                k: v
+                for k, v in (("temperature", config.temperature), ("max_tokens", config.max_tokens))
+                if v is not None
+            }
             self._openai_kwargs = dict(
                 model=config.model,
                 base_url=config.base_url,
@@ -175,7 +185,9 @@ class EnvironmentClient:
                 **optional,
             )
         # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own ChatOpenAI.
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BaseChatModel] = weakref.WeakKeyDictionary()
+        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BaseChatModel] = (
+            weakref.WeakKeyDictionary()
+        )
         key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter = get_limiter(
             key, rate_limit=config.rate_limit, period=config.rate_period, max_in_flight=config.max_in_flight

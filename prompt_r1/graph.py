@@ -95,7 +95,9 @@ def agent_messages(state: EpisodeState) -> list[dict[str, str]]:
         messages.append({"role": "assistant", "content": turn["text"]})
         response = turn.get("response")
         if response is not None:
-            body = interaction_response(response) if turn.get("response_source") == "environment" else response
+            body = (
+                interaction_response(response) if turn.get("response_source") == "environment" else response
+            )
             messages.append({"role": "user", "content": body})
     return messages
 
@@ -159,7 +161,11 @@ def build_graph(
             used = len(state.get("completion_ids", []))
             remaining = max_total_tokens - used
             if remaining <= 0:
-                return {**update, "status": "context_overflow", "error": f"trajectory reached {used} of {max_total_tokens} tokens"}
+                return {
+                    **update,
+                    "status": "context_overflow",
+                    "error": f"trajectory reached {used} of {max_total_tokens} tokens",
+                }
             budget = min(budget, remaining) if budget else remaining
             prompt_ids = prompt_ids + state.get("completion_ids", [])
         request = AgentRequest(messages=agent_messages(state), prompt_ids=prompt_ids, max_new_tokens=budget)
@@ -194,14 +200,31 @@ def build_graph(
         turns = state["turns"]
         last = turns[-1]
         try:
-            reply = await environment.respond(last["prompt"], environment_history(turns[:-1]), run_config=config)
+            reply = await environment.respond(
+                last["prompt"], environment_history(turns[:-1]), run_config=config
+            )
         except ContextOverflow as exc:
-            return {"status": "context_overflow", "error": str(exc), "turns": [{"index": last["index"], "error": str(exc)}]}
+            return {
+                "status": "context_overflow",
+                "error": str(exc),
+                "turns": [{"index": last["index"], "error": str(exc)}],
+            }
         except EnvironmentCallError as exc:
             error = f"{type(exc).__name__}: {exc}"
-            return {"status": "environment_error", "error": error, "turns": [{"index": last["index"], "error": error}]}
+            return {
+                "status": "environment_error",
+                "error": error,
+                "turns": [{"index": last["index"], "error": error}],
+            }
         update: dict[str, Any] = {
-            "turns": [{"index": last["index"], "response": reply.text, "response_source": "environment", "environment_call": reply.to_dict()}],
+            "turns": [
+                {
+                    "index": last["index"],
+                    "response": reply.text,
+                    "response_source": "environment",
+                    "environment_call": reply.to_dict(),
+                }
+            ],
             "usage": {
                 "env_calls": 1,
                 "env_input_tokens": reply.input_tokens,
@@ -217,7 +240,9 @@ def build_graph(
         last = state["turns"][-1]
         update: dict[str, Any] = {
             "final_request_sent": True,
-            "turns": [{"index": last["index"], "response": FINAL_ANSWER_REQUEST, "response_source": "final_request"}],
+            "turns": [
+                {"index": last["index"], "response": FINAL_ANSWER_REQUEST, "response_source": "final_request"}
+            ],
         }
         if token_exact:
             update.update(_append_user_turn(state, FINAL_ANSWER_REQUEST))

@@ -185,7 +185,9 @@ def parse_agent_output(text: str) -> AgentTurn:
             return AgentTurn(kind="malformed", defects=(*defects, "empty <interaction_prompt>"), **common)
         if think is not None and kept.find(THINK_CLOSE) > kept.find(PROMPT_OPEN):
             defects.append("<interaction_prompt> before </think>")
-        return AgentTurn(kind="prompt", prompt=prompt, defects=tuple(defects), prompt_format=prompt_format, **common)
+        return AgentTurn(
+            kind="prompt", prompt=prompt, defects=tuple(defects), prompt_format=prompt_format, **common
+        )
 
     defects += answer_defects + prompt_defects
     if not answer_defects and not prompt_defects:

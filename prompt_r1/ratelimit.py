@@ -67,7 +67,9 @@ class EndpointLimiter:
         self.period = period
         self.max_in_flight = max_in_flight
         # 5 ms polling: fine-grained enough to keep sends close to the window edge without spinning.
-        self._throttler = CompletionStampedThrottler(rate_limit=rate_limit, period=period, retry_interval=0.005)
+        self._throttler = CompletionStampedThrottler(
+            rate_limit=rate_limit, period=period, retry_interval=0.005
+        )
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )

@@ -110,7 +110,7 @@ class ScriptedServer:
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests the server was handling at once
-        self._faults: deque[Fault] = deque()
+        self._faults: dict[str | None, deque[Fault]] = {}
         self._fault_lock = threading.Lock()
         self._port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -122,10 +122,18 @@ class ScriptedServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def inject(self, *faults: Fault) -> None:
-        """Queue faults; each of the next requests takes one, in order, before being served normally."""
+    def inject(self, *faults: Fault, model: str | None = None) -> None:
+        """Queue faults; each of the next requests (for `model`, or for any model) takes one, in order."""
         with self._fault_lock:
-            self._faults.extend(faults)
+            self._faults.setdefault(model, deque()).extend(faults)
+
+    def _next_fault(self, model: str) -> Fault | None:
+        with self._fault_lock:
+            for key in (model, None):
+                queue = self._faults.get(key)
+                if queue:
+                    return queue.popleft()
+        return None
 
     def requests_for(self, model: str) -> list[RecordedRequest]:
         return [r for r in self.requests if r.model == model]
@@ -185,7 +193,9 @@ class ScriptedServer:
     async def _models(self, request):
         from aiohttp import web
 
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.routes if m != "*"]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": m, "object": "model"} for m in self.routes if m != "*"]}
+        )
 
     async def _chat(self, request):
         from aiohttp import web
@@ -194,14 +204,19 @@ class ScriptedServer:
         try:
             body = await request.json()
         except json.JSONDecodeError:
-            return web.json_response({"error": {"message": "body is not JSON", "type": "invalid_request_error"}}, status=400)
+            return web.json_response(
+                {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}, status=400
+            )
         model = body.get("model", "")
         route = self.routes.get(model) or self.routes.get("*")
-        with self._fault_lock:
-            fault = self._faults.popleft() if self._faults else None
-        self.requests.append(RecordedRequest(arrived, model, body, fault.kind if fault else None, dict(request.headers)))
+        fault = self._next_fault(model)
+        self.requests.append(
+            RecordedRequest(arrived, model, body, fault.kind if fault else None, dict(request.headers))
+        )
         if route is None:
-            return web.json_response({"error": {"message": f"model {model!r} not found", "type": "not_found"}}, status=404)
+            return web.json_response(
+                {"error": {"message": f"model {model!r} not found", "type": "not_found"}}, status=404
+            )
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -215,9 +230,13 @@ class ScriptedServer:
         if fault is not None:
             if fault.kind == "429":
                 headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
-                return web.json_response({"error": {"message": "rate limited", "type": "rate_limit"}}, status=429, headers=headers)
+                return web.json_response(
+                    {"error": {"message": "rate limited", "type": "rate_limit"}}, status=429, headers=headers
+                )
             if fault.kind == "500":
-                return web.json_response({"error": {"message": "injected server error", "type": "server_error"}}, status=500)
+                return web.json_response(
+                    {"error": {"message": "injected server error", "type": "server_error"}}, status=500
+                )
             if fault.kind == "timeout":
                 await asyncio.sleep(fault.delay)
             if fault.kind == "drop":
@@ -227,10 +246,17 @@ class ScriptedServer:
                 return web.Response(text="{not json", content_type="application/json")
             if fault.kind == "context":
                 message = "This model's maximum context length is 128 tokens. (context_length_exceeded)"
-                error = {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}
+                error = {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
                 return web.json_response({"error": error}, status=400)
             if fault.kind == "400":
-                return web.json_response({"error": {"message": "injected bad request", "type": "invalid_request_error"}}, status=400)
+                return web.json_response(
+                    {"error": {"message": "injected bad request", "type": "invalid_request_error"}},
+                    status=400,
+                )
         latency = route.latency() if callable(route.latency) else route.latency
         if latency:
             await asyncio.sleep(latency)
@@ -251,8 +277,14 @@ class ScriptedServer:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
             }
         )
 
@@ -270,7 +302,9 @@ _TINY_CORPUS = [
 ]
 
 
-def build_tiny_model(path: str | Path, *, hidden_size: int = 32, layers: int = 2, vocab_size: int = 512, seed: int = 0) -> Path:
+def build_tiny_model(
+    path: str | Path, *, hidden_size: int = 32, layers: int = 2, vocab_size: int = 512, seed: int = 0
+) -> Path:
     """Save a tiny random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
 
     Everything is built in-process; loading it back uses the ordinary `from_pretrained` path.

@@ -21,7 +21,9 @@ from prompt_r1.testing import Fault, ScriptedServer, echo_environment, max_in_wi
 
 
 def client_for(server, **overrides) -> EnvironmentClient:
-    settings = dict(model="env", base_url=server.base_url, backoff_initial=0.01, backoff_max=0.05, timeout=5.0)
+    settings = dict(
+        model="env", base_url=server.base_url, backoff_initial=0.01, backoff_max=0.05, timeout=5.0
+    )
     settings.update(overrides)
     return EnvironmentClient(EnvironmentConfig(**settings), api_key="sk-test-secret-123")
 
@@ -55,7 +57,9 @@ async def test_retry_after_is_honoured(server):
     assert second.received_at - first.received_at >= 0.4
 
 
-@pytest.mark.parametrize("fault", [Fault("500"), Fault("timeout", delay=1.5), Fault("drop"), Fault("malformed"), Fault("429")])
+@pytest.mark.parametrize(
+    "fault", [Fault("500"), Fault("timeout", delay=1.5), Fault("drop"), Fault("malformed"), Fault("429")]
+)
 async def test_transient_faults_are_retried(server, fault):
     client = client_for(server, timeout=0.5)
     server.inject(fault, fault)
@@ -105,7 +109,9 @@ async def test_rate_limit_holds_at_the_server():
         times = [r.received_at for r in server.requests]
     assert len(times) == 40
     assert max_in_window(times, 0.5) <= 8
-    assert elapsed >= 4 * 0.5 - 0.05  # 40 requests at 8 per window need at least 4 more windows after the first
+    assert (
+        elapsed >= 4 * 0.5 - 0.05
+    )  # 40 requests at 8 per window need at least 4 more windows after the first
 
 
 async def test_in_flight_cap_holds_at_the_server():
@@ -124,7 +130,9 @@ def test_same_endpoint_different_limits_is_an_error(server):
 def test_limiter_key_separates_endpoints(server):
     a = client_for(server, rate_limit=10)
     b = EnvironmentClient(
-        EnvironmentConfig(model="env", base_url=server.base_url, rate_limit=20), api_key="k", limiter_key="other"
+        EnvironmentConfig(model="env", base_url=server.base_url, rate_limit=20),
+        api_key="k",
+        limiter_key="other",
     )
     assert a.limiter is not b.limiter
 
@@ -140,7 +148,9 @@ def test_sync_and_async_loops_share_one_client(server):
 async def test_api_key_is_sent_but_never_shown(server, monkeypatch):
     secret = "sk-super-secret-value"
     monkeypatch.setenv("MY_ENV_KEY", secret)
-    client = EnvironmentClient(EnvironmentConfig(model="env", base_url=server.base_url, api_key_env="MY_ENV_KEY", max_retries=0))
+    client = EnvironmentClient(
+        EnvironmentConfig(model="env", base_url=server.base_url, api_key_env="MY_ENV_KEY", max_retries=0)
+    )
     await client.respond("p")
     assert server.requests_for("env")[-1].headers["Authorization"] == f"Bearer {secret}"
     server.inject(Fault("400"))
@@ -160,7 +170,14 @@ def test_missing_key_names_the_variable(monkeypatch):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("rate_limit", 0), ("rate_period", 0), ("max_in_flight", 0), ("timeout", -1), ("max_retries", -1), ("base_url", "localhost:8000")],
+    [
+        ("rate_limit", 0),
+        ("rate_period", 0),
+        ("max_in_flight", 0),
+        ("timeout", -1),
+        ("max_retries", -1),
+        ("base_url", "localhost:8000"),
+    ],
 )
 def test_bad_settings_say_what_to_fix(field, value):
     with pytest.raises(ConfigError):

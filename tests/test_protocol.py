@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT, INSTRUCTION_TEMPLATE, extract_question, question_message
+from prompt_r1.prompts import (
+    ENVIRONMENT_SYSTEM_PROMPT,
+    INSTRUCTION_TEMPLATE,
+    extract_question,
+    question_message,
+)
 from prompt_r1.protocol import cut_at_stop, parse_agent_output, repair_stopped_text
 
 
@@ -22,12 +27,20 @@ def test_extract_question_rejects_other_text():
 
 
 def test_environment_system_prompt_wording():
-    assert ENVIRONMENT_SYSTEM_PROMPT.startswith("You are a helpful assistant. Please read the provided content")
+    assert ENVIRONMENT_SYSTEM_PROMPT.startswith(
+        "You are a helpful assistant. Please read the provided content"
+    )
 
 
 def test_prompt_turn():
     turn = parse_agent_output("<think>why</think>\n<interaction_prompt> Explain X </interaction_prompt>")
-    assert (turn.kind, turn.think, turn.prompt, turn.defects, turn.prompt_format) == ("prompt", "why", "Explain X", (), "tags")
+    assert (turn.kind, turn.think, turn.prompt, turn.defects, turn.prompt_format) == (
+        "prompt",
+        "why",
+        "Explain X",
+        (),
+        "tags",
+    )
     assert turn.format_ok
 
 
@@ -58,7 +71,9 @@ def test_first_closing_tag_wins():
     ],
 )
 def test_tool_call_json_form(call):
-    turn = parse_agent_output(f"<think>t</think><interaction_prompt>\n{json.dumps(call)}\n</interaction_prompt>")
+    turn = parse_agent_output(
+        f"<think>t</think><interaction_prompt>\n{json.dumps(call)}\n</interaction_prompt>"
+    )
     assert turn.kind == "prompt" and turn.prompt == "Explain X" and turn.prompt_format == "tool_call"
 
 
@@ -75,9 +90,17 @@ def test_json_that_is_not_a_prompt_call_is_sent_verbatim():
         ("<think>t</think>", "malformed", "neither <interaction_prompt> nor <answer>"),
         ("<interaction_prompt>p</interaction_prompt>", "prompt", "missing <think>…</think>"),
         ("<think></think><interaction_prompt>p</interaction_prompt>", "prompt", "empty <think>"),
-        ("<think>t</think><interaction_prompt>  </interaction_prompt>", "malformed", "empty <interaction_prompt>"),
+        (
+            "<think>t</think><interaction_prompt>  </interaction_prompt>",
+            "malformed",
+            "empty <interaction_prompt>",
+        ),
         ("<think>t</think><answer> </answer>", "answer", "empty <answer>"),
-        ("<think>t</think><interaction_prompt>cut off by the token limit", "malformed", "unclosed <interaction_prompt>"),
+        (
+            "<think>t</think><interaction_prompt>cut off by the token limit",
+            "malformed",
+            "unclosed <interaction_prompt>",
+        ),
         ("<think>t<interaction_prompt>p</interaction_prompt>", "prompt", "unclosed <think>"),
         ("<think>a</think><think>b</think><answer>x</answer>", "answer", "repeated <think>"),
         ("<think>a <think>b</think><answer>x</answer>", "answer", "nested <think>"),
@@ -100,7 +123,11 @@ def test_cut_at_stop_without_stop():
 @pytest.mark.parametrize(
     ("text", "stop", "expected"),
     [
-        ("<think>t</think><interaction_prompt>p", None, "<think>t</think><interaction_prompt>p</interaction_prompt>"),
+        (
+            "<think>t</think><interaction_prompt>p",
+            None,
+            "<think>t</think><interaction_prompt>p</interaction_prompt>",
+        ),
         ("<think>t</think><answer>a", None, "<think>t</think><answer>a</answer>"),
         ("<think>t</think><answer>a", "</answer>", "<think>t</think><answer>a</answer>"),
         ("<think>t</think><answer>a</answer>", None, "<think>t</think><answer>a</answer>"),

@@ -41,7 +41,9 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
             "hub here); pass --agent-model /path/to/model, or --agent-base-url URL for a served agent"
         ) from exc
     if tokenizer.chat_template is None:
-        raise ConfigError(f"agent tokenizer of {name_or_path!r} has no chat template; use a chat/instruct model")
+        raise ConfigError(
+            f"agent tokenizer of {name_or_path!r} has no chat template; use a chat/instruct model"
+        )
     model.to(device).eval()
     return model, tokenizer
 
@@ -130,13 +132,21 @@ class TransformersAgent:
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
+        )
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
-        prompt_ids = request.prompt_ids if request.prompt_ids is not None else initial_prompt_ids(self.tokenizer, request.messages)
+        prompt_ids = (
+            request.prompt_ids
+            if request.prompt_ids is not None
+            else initial_prompt_ids(self.tokenizer, request.messages)
+        )
         max_new = request.max_new_tokens or self.config.max_new_tokens
         if self.max_context is not None and len(prompt_ids) >= self.max_context:
-            raise ContextOverflow(f"agent prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_context}")
+            raise ContextOverflow(
+                f"agent prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_context}"
+            )
         if self.max_context is not None:
             max_new = min(max_new, self.max_context - len(prompt_ids))
         future = asyncio.get_running_loop().create_future()
@@ -154,7 +164,11 @@ class TransformersAgent:
             try:
                 outputs = await asyncio.to_thread(self._generate_batch, batch)
             except Exception as exc:  # a failed batch fails its requests, not the drainer
-                error = exc if isinstance(exc, AgentError | ContextOverflow) else AgentError(f"local generation failed: {exc!r}")
+                error = (
+                    exc
+                    if isinstance(exc, AgentError | ContextOverflow)
+                    else AgentError(f"local generation failed: {exc!r}")
+                )
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(error)
@@ -178,7 +192,11 @@ class TransformersAgent:
         recorder = _StopRecorder(self.tokenizer, stops, self.eos_ids, width, len(batch))
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
-        sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p) if cfg.temperature > 0 else dict(do_sample=False)
+        sampling = (
+            dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
+            if cfg.temperature > 0
+            else dict(do_sample=False)
+        )
         out = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),

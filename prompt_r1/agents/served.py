@@ -23,7 +23,14 @@ __all__ = ["ServedAgent"]
 class ServedAgent:
     tokenizer = None  # text-only: the server owns the tokenizer
 
-    def __init__(self, config: AgentConfig, *, api_key: str | None = None, max_in_flight: int = 64, timeout: float = 300.0):
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        api_key: str | None = None,
+        max_in_flight: int = 64,
+        timeout: float = 300.0,
+    ):
         if not config.base_url:
             raise AgentError("a served agent needs a base URL (--agent-base-url)")
         self.config = config
@@ -31,14 +38,16 @@ class ServedAgent:
         self._timeout = timeout
         self._in_flight = max_in_flight
         # Async HTTP connections and semaphores belong to one event loop: one client and cap per loop.
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._per_loop: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[openai.AsyncOpenAI, asyncio.Semaphore]
+        ] = weakref.WeakKeyDictionary()
 
     def _client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if loop not in self._per_loop:
-            client = openai.AsyncOpenAI(base_url=self.config.base_url, api_key=self._api_key, max_retries=3, timeout=self._timeout)
+            client = openai.AsyncOpenAI(
+                base_url=self.config.base_url, api_key=self._api_key, max_retries=3, timeout=self._timeout
+            )
             self._per_loop[loop] = (client, asyncio.Semaphore(self._in_flight))
         return self._per_loop[loop]
 
@@ -59,7 +68,9 @@ class ServedAgent:
             try:
                 response = await client.chat.completions.create(**kwargs)
             except openai.BadRequestError as exc:
-                if "context" in str(exc).lower() and ("length" in str(exc).lower() or "maximum" in str(exc).lower()):
+                if "context" in str(exc).lower() and (
+                    "length" in str(exc).lower() or "maximum" in str(exc).lower()
+                ):
                     raise ContextOverflow(f"agent context overflow: {exc.message}") from exc
                 raise AgentError(f"served agent rejected the request: {exc.message}") from exc
             except openai.APIConnectionError as exc:

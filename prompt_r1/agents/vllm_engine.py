@@ -29,7 +29,9 @@ def _import_vllm():
 
 
 class VLLMAgent:
-    def __init__(self, config: AgentConfig, *, engine: Any = None, tokenizer: Any = None, **engine_kwargs: Any) -> None:
+    def __init__(
+        self, config: AgentConfig, *, engine: Any = None, tokenizer: Any = None, **engine_kwargs: Any
+    ) -> None:
         vllm = _import_vllm()
         self.config = config
         if engine is None:
@@ -45,7 +47,11 @@ class VLLMAgent:
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
         cfg = self.config
-        prompt_ids = request.prompt_ids if request.prompt_ids is not None else initial_prompt_ids(self.tokenizer, request.messages)
+        prompt_ids = (
+            request.prompt_ids
+            if request.prompt_ids is not None
+            else initial_prompt_ids(self.tokenizer, request.messages)
+        )
         params = self._vllm.SamplingParams(
             max_tokens=request.max_new_tokens or cfg.max_new_tokens,
             temperature=cfg.temperature,
@@ -60,7 +66,9 @@ class VLLMAgent:
             final = output
         completion = final.outputs[0]
         ids = list(completion.token_ids)
-        logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids, strict=False)] or None
+        logprobs = [
+            step[token].logprob for step, token in zip(completion.logprobs or [], ids, strict=False)
+        ] or None
         return AgentOutput(
             text=completion.text,
             token_ids=ids,

@@ -1,0 +1,41 @@
+"""Shared argument handling for the examples: real endpoints from flags, or `--demo` for scripted local servers."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
+from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
+
+DEMO_AGENT = [
+    "<think>Compare founding years.</think><interaction_prompt>When were Arthur's Magazine and First for Women "
+    "first published?</interaction_prompt>",
+    "<think>1844 is earlier than 1989.</think><answer>Arthur's Magazine</answer>",
+]
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--demo", action="store_true", help="run against scripted servers on 127.0.0.1 (offline)")
+    p.add_argument("--agent-model", default="Qwen/Qwen3-4B")
+    p.add_argument("--agent-base-url")
+    p.add_argument("--env-model", default="gpt-4o-mini")
+    p.add_argument("--env-base-url")
+    p.add_argument("--max-turns", type=int, default=5)
+    return p
+
+
+@contextlib.contextmanager
+def loop_from_args(args: argparse.Namespace):
+    """Yield a compiled Prompt-R1 graph for the flags (or for a scripted demo server)."""
+    with contextlib.ExitStack() as stack:
+        if args.demo:
+            server = stack.enter_context(
+                ScriptedServer({"env": echo_environment(), "agent": scripted_agent(DEMO_AGENT)})
+            )
+            args.agent_model, args.agent_base_url = "agent", server.base_url
+            args.env_model, args.env_base_url = "env", server.base_url
+        agent = load_agent(AgentConfig(model=args.agent_model, base_url=args.agent_base_url))
+        environment = EnvironmentClient(EnvironmentConfig(model=args.env_model, base_url=args.env_base_url))
+        yield build_graph(agent, environment, max_turns=args.max_turns)

@@ -1,0 +1,139 @@
+"""Agent backends: the local transformers model (tiny, built and trained in-process), the served agent, vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+from conftest import TINY_QUESTION, TINY_RESPONSE_1, TINY_TURN_1, TINY_TURN_2
+
+from prompt_r1.agents import AgentRequest, load_agent
+from prompt_r1.agents.local import TransformersAgent
+from prompt_r1.agents.served import ServedAgent
+from prompt_r1.config import AgentConfig, EnvironmentConfig
+from prompt_r1.environment import EnvironmentClient
+from prompt_r1.errors import BackendUnavailable, ConfigError
+from prompt_r1.graph import build_graph
+from prompt_r1.prompts import question_message
+from prompt_r1.testing import ScriptedServer, echo_environment
+from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+
+
+def greedy(path, **kw) -> TransformersAgent:
+    return TransformersAgent(AgentConfig(model=str(path), temperature=0.0, max_new_tokens=64, **kw))
+
+
+def env_client(server) -> EnvironmentClient:
+    return EnvironmentClient(EnvironmentConfig(model="env", base_url=server.base_url), api_key="k")
+
+
+def test_local_agent_runs_the_loop_with_a_token_exact_trajectory(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    tok = agent.tokenizer
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server)).invoke({"question": TINY_QUESTION})
+
+    assert result["status"] == "answered" and result["answer"] == "Ada Lovelace"
+    assert [t["kind"] for t in result["turns"]] == ["prompt", "answer"]
+    assert result["turns"][0]["response"] == TINY_RESPONSE_1
+    # Both turns ended on their stop strings (</interaction_prompt>, then </answer>), before any EOS.
+    assert [t["finish_reason"] for t in result["turns"]] == ["stop", "stop"]
+
+    prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(TINY_QUESTION)}])
+    turn1 = tok.encode(TINY_TURN_1, add_special_tokens=False)
+    env = user_turn_ids(tok, f"<interaction_response>{TINY_RESPONSE_1}</interaction_response>", turn1)
+    turn2 = tok.encode(TINY_TURN_2, add_special_tokens=False)
+    assert result["prompt_ids"] == prompt
+    assert result["completion_ids"] == turn1 + env + turn2
+    assert result["env_mask"] == [1] * len(turn1) + [0] * len(env) + [1] * len(turn2)
+    assert len(result["logprobs"]) == len(result["completion_ids"])
+    agent_logprobs = [lp for lp, m in zip(result["logprobs"], result["env_mask"], strict=True) if m]
+    env_logprobs = [lp for lp, m in zip(result["logprobs"], result["env_mask"], strict=True) if not m]
+    assert all(lp <= 0.0 for lp in agent_logprobs) and all(lp == 0.0 for lp in env_logprobs)
+    assert sum(agent_logprobs) / len(agent_logprobs) > -0.5  # the trained model is confident in its script
+    # Decoding the trajectory gives the episode's text: nothing was re-rendered.
+    text = tok.decode(result["completion_ids"])
+    assert text.startswith(TINY_TURN_1 + "<|im_end|>\n<|im_start|>user\n<interaction_response>")
+    assert text.endswith("<|im_start|>assistant\n" + TINY_TURN_2)
+
+
+async def test_concurrent_episodes_share_one_generate_call(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    with ScriptedServer({"env": echo_environment()}) as server:
+        graph = build_graph(agent, env_client(server))
+        results = await asyncio.gather(*(graph.ainvoke({"question": TINY_QUESTION}) for _ in range(6)))
+    assert all(r["answer"] == "Ada Lovelace" for r in results)
+    assert sum(agent.batches) == 12  # 6 episodes × 2 agent turns
+    assert max(agent.batches) == 6  # the first turns of all six episodes went out as one batch
+    assert len({tuple(r["completion_ids"]) for r in results}) == 1  # batching (left padding) changed nothing
+
+
+async def test_per_turn_budget_ends_with_format_error(tiny_model_path):
+    agent = greedy(tiny_model_path)
+    out = await agent.generate(
+        AgentRequest(messages=[{"role": "user", "content": "hi"}], max_new_tokens=5, stop=())
+    )
+    assert out.finish_reason == "length" and len(out.token_ids) == 5 == len(out.logprobs)
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server), max_new_tokens=8).invoke({"question": "Q?"})
+    assert result["status"] == "format_error"
+    assert len(result["completion_ids"]) == 8
+
+
+def test_trajectory_budget_ends_with_context_overflow(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    turn1_len = len(agent.tokenizer.encode(TINY_TURN_1, add_special_tokens=False))
+    with ScriptedServer({"env": echo_environment()}) as server:
+        graph = build_graph(agent, env_client(server), max_total_tokens=turn1_len + 10)
+        result = graph.invoke({"question": TINY_QUESTION})
+    assert result["status"] == "context_overflow"
+    assert len(server.requests_for("env")) == 1  # the first turn fitted and was answered
+
+
+async def test_served_agent_restores_the_stop_sequence():
+    script = "<think>t</think><interaction_prompt>ask</interaction_prompt><interaction_response>made up"
+    with ScriptedServer({"agent": lambda body: script}) as server:
+        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="k")
+        out = await agent.generate(AgentRequest(messages=[{"role": "user", "content": "q"}]))
+        assert out.text == "<think>t</think><interaction_prompt>ask</interaction_prompt>"
+        assert out.token_ids is None and out.completion_tokens > 0
+        assert server.requests[-1].body["max_tokens"] == 1024
+
+
+def test_load_agent_picks_the_backend(tiny_model_path):
+    assert isinstance(load_agent(AgentConfig(model=str(tiny_model_path))), TransformersAgent)
+    assert isinstance(load_agent(AgentConfig(model="m", base_url="http://127.0.0.1:1/v1")), ServedAgent)
+
+
+def test_unloadable_model_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="--agent-model"):
+        load_agent(AgentConfig(model="no-org/no-such-model-anywhere"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_vllm_backend_without_the_extra_names_it():
+    with pytest.raises(BackendUnavailable, match=r"prompt-r1\[vllm\]"):
+        load_agent(AgentConfig(model="m", backend="vllm"))
+
+
+@pytest.mark.vllm
+@pytest.mark.gpu
+def test_vllm_backend_runs_the_loop(trained_tiny_model_path):
+    pytest.importorskip("vllm")
+    agent = load_agent(AgentConfig(model=str(trained_tiny_model_path), backend="vllm", temperature=0.0))
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server)).invoke({"question": TINY_QUESTION})
+    assert result["answer"] == "Ada Lovelace"
+    assert len(result["logprobs"]) == len(result["completion_ids"])
+
+
+def test_user_turn_ids_skip_an_end_of_turn_the_agent_already_sampled(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    ids = user_turn_ids(tok, "hello", [5, 6])
+    assert tok.decode(ids) == "<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert user_turn_ids(tok, "hello", [5, im_end]) == ids[1:]

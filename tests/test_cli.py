@@ -1,0 +1,130 @@
+"""`prompt-r1 run` against the scripted servers: readable and JSON output, flags, config files, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import TINY_QUESTION
+
+from prompt_r1.cli import main
+from prompt_r1.testing import Fault, ScriptedServer, echo_environment
+
+
+def served(server, *extra: str) -> list[str]:
+    return [
+        "run", "What is the capital of France?",
+        "--agent-model", "agent", "--agent-base-url", server.base_url,
+        "--env-model", "env", "--env-base-url", server.base_url,
+        "--env-backoff-initial", "0.01", *extra,
+    ]  # fmt: skip
+
+
+def test_run_readable(server, capsys):
+    assert main(served(server)) == 0
+    out = capsys.readouterr().out
+    assert "turn 1" in out and "prompt:   p1" in out and "response: Response 1: p1" in out
+    assert "answer: Paris" in out and "[answered · 2 environment calls" in out
+
+
+def test_run_json(server, capsys):
+    assert main(served(server, "--json", "--max-turns", "1")) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload) == {"question", "answer", "status", "turns", "usage", "error"}
+    assert payload["status"] == "answered" and payload["answer"] == "Paris"
+    assert payload["usage"]["env_calls"] == 1  # --max-turns 1, then the final-answer request
+    assert payload["turns"][1]["response_source"] == "final_request"
+
+
+def test_flags_override_the_config_file(server, tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("loop:\n  max_turns: 1\n  force_final_answer: false\nenvironment:\n  max_retries: 0\n")
+    assert main(served(server, "--json", "--config", str(config))) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "max_turns"
+    assert main(served(server, "--json", "--config", str(config), "--max-turns", "5")) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "answered"
+
+
+def test_environment_error_exits_1_with_one_line(server, capsys):
+    server.inject(*[Fault("500")] * 2, model="env")
+    assert main(served(server, "--env-max-retries", "1")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prompt-r1: error: EnvironmentServerError")
+
+
+def test_local_agent_from_a_path(trained_tiny_model_path, capsys):
+    with ScriptedServer({"env": echo_environment()}) as server:
+        argv = ["run", TINY_QUESTION, "--agent-model", str(trained_tiny_model_path), "--agent-temperature", "0",
+                "--env-model", "env", "--env-base-url", server.base_url, "--json"]  # fmt: skip
+        assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["answer"] == "Ada Lovelace"
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (
+            ["run", "q", "--env-base-url", "http://127.0.0.1:9/v1"],
+            3,
+            "cannot reach the environment at http://127.0.0.1:9/v1",
+        ),
+        (
+            ["run", "q", "--env-rate-limit", "0", "--env-base-url", "http://127.0.0.1:9/v1"],
+            2,
+            "rate_limit must be >= 1",
+        ),
+        (["run", "q", "--env-base-url", "localhost:8000"], 2, "--env-base-url must be an http(s) URL"),
+        (
+            ["run", "q", "--agent-backend", "served", "--env-base-url", "http://127.0.0.1:9/v1"],
+            2,
+            "needs --agent-base-url",
+        ),
+        (["run", "q", "--config", "/no/such/file.yaml"], 2, "cannot read config file"),
+    ],
+)
+def test_bad_input_is_one_line(argv, code, message, capsys):
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_unknown_config_keys_are_named(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("environment:\n  rate_limt: 3\n")
+    assert main(["run", "q", "--config", str(config)]) == 2
+    assert "unknown environment keys ['rate_limt']" in capsys.readouterr().err
+
+
+def test_missing_key_and_unreachable_agent(server, monkeypatch, capsys):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["run", "q"]) == 2
+    assert "set OPENAI_API_KEY" in capsys.readouterr().err
+    argv = [
+        "run",
+        "q",
+        "--env-model",
+        "env",
+        "--env-base-url",
+        server.base_url,
+        "--agent-base-url",
+        "http://127.0.0.1:9/v1",
+    ]
+    assert main(argv) == 3
+    assert "cannot reach the served agent" in capsys.readouterr().err
+
+
+def test_console_script_end_to_end(server):
+    """The installed `prompt-r1` entry point, as a user runs it: exit code, stdout, and no traceback on errors."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    exe = os.path.join(os.path.dirname(sys.executable), "prompt-r1")
+    ok = subprocess.run(
+        [exe, *served(server, "--json")], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["answer"] == "Paris"
+    bad = subprocess.run([exe, "run", "q"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0

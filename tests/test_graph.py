@@ -1,0 +1,207 @@
+"""The LangGraph loop: every router path, what each side sees, and the graph as a Runnable and as a node."""
+
+from __future__ import annotations
+
+import json
+import operator
+from typing import Annotated, TypedDict
+
+import pytest
+from conftest import ANSWER, PROMPT
+from langgraph.graph import END, START, StateGraph
+
+from prompt_r1.agents.served import ServedAgent
+from prompt_r1.config import AgentConfig, EnvironmentConfig
+from prompt_r1.environment import EnvironmentClient
+from prompt_r1.graph import build_graph
+from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT, FINAL_ANSWER_REQUEST, question_message
+from prompt_r1.testing import Fault, ScriptedServer, echo_environment, scripted_agent
+
+
+def loop(server, *, agent_model="agent", max_turns=5, force_final_answer=True, **env):
+    settings = dict(
+        model="env", base_url=server.base_url, backoff_initial=0.01, backoff_max=0.02, timeout=5.0
+    )
+    settings.update(env)
+    environment = EnvironmentClient(EnvironmentConfig(**settings), api_key="k")
+    agent = ServedAgent(AgentConfig(model=agent_model, base_url=server.base_url), api_key="k")
+    return build_graph(agent, environment, max_turns=max_turns, force_final_answer=force_final_answer)
+
+
+def run_script(turns, **kw):
+    with ScriptedServer({"env": echo_environment(), "agent": scripted_agent(turns)}) as server:
+        result = loop(server, **kw).invoke({"question": "Q?", "golden_answers": ["a"]})
+    return result, server
+
+
+def test_answered_after_two_prompts(server):
+    result = loop(server).invoke({"question": "What is the capital of France?", "golden_answers": ["Paris"]})
+    assert result["status"] == "answered" and result["answer"] == "Paris"
+    assert [t["kind"] for t in result["turns"]] == ["prompt", "prompt", "answer"]
+    assert [t["response"] for t in result["turns"][:2]] == ["Response 1: p1", "Response 2: p2"]
+    assert result["golden_answers"] == ["Paris"]
+    usage = result["usage"]
+    assert (usage["agent_calls"], usage["env_calls"], usage["env_retries"]) == (3, 2, 0)
+    assert usage["env_input_tokens"] > 0 and usage["env_output_tokens"] > 0
+    json.dumps(result)  # the whole state is JSON
+
+    # What the environment saw on each call: system prompt, earlier pairs, new prompt.
+    env_calls = [r.body["messages"] for r in server.requests_for("env")]
+    assert env_calls[0] == [
+        {"role": "system", "content": ENVIRONMENT_SYSTEM_PROMPT},
+        {"role": "user", "content": "p1"},
+    ]
+    assert env_calls[1][1:] == [
+        {"role": "user", "content": "p1"},
+        {"role": "assistant", "content": "Response 1: p1"},
+        {"role": "user", "content": "p2"},
+    ]
+    # What the agent saw: the question with the paper's template, its own turns, <interaction_response> messages.
+    agent_calls = [r.body["messages"] for r in server.requests_for("agent")]
+    assert agent_calls[0] == [{"role": "user", "content": question_message("What is the capital of France?")}]
+    assert agent_calls[2][1:] == [
+        {"role": "assistant", "content": PROMPT.format(k=1)},
+        {"role": "user", "content": "<interaction_response>Response 1: p1</interaction_response>"},
+        {"role": "assistant", "content": PROMPT.format(k=2)},
+        {"role": "user", "content": "<interaction_response>Response 2: p2</interaction_response>"},
+    ]
+    # One generation ends at the stop sequences.
+    assert server.requests_for("agent")[0].body["stop"] == ["</interaction_prompt>", "</answer>"]
+
+
+def test_turns_exhausted_asks_once_for_a_final_answer():
+    result, server = run_script(
+        [PROMPT.format(k=k) for k in range(1, 4)] + [ANSWER.format(a="late")], max_turns=2
+    )
+    assert result["status"] == "answered" and result["answer"] == "late"
+    assert len(server.requests_for("env")) == 2
+    assert result["turns"][2]["response_source"] == "final_request"
+    assert server.requests_for("agent")[-1].body["messages"][-1] == {
+        "role": "user",
+        "content": FINAL_ANSWER_REQUEST,
+    }
+    assert result["turns"][3]["after_final_request"] is True
+
+
+def test_turns_exhausted_and_still_prompting_is_max_turns():
+    result, server = run_script([PROMPT.format(k=k) for k in range(1, 10)], max_turns=2)
+    assert result["status"] == "max_turns" and result["answer"] is None
+    assert len(server.requests_for("env")) == 2 and len(server.requests_for("agent")) == 4
+
+
+def test_without_final_answer_request_the_episode_ends_at_max_turns():
+    result, server = run_script(
+        [PROMPT.format(k=k) for k in range(1, 10)], max_turns=3, force_final_answer=False
+    )
+    assert result["status"] == "max_turns"
+    assert len(server.requests_for("env")) == 3 and len(server.requests_for("agent")) == 4
+
+
+def test_zero_turns_goes_straight_to_the_final_request():
+    result, server = run_script([PROMPT.format(k=1), ANSWER.format(a="x")], max_turns=0)
+    assert result["status"] == "answered" and not server.requests_for("env")
+
+
+@pytest.mark.parametrize(
+    ("script", "defect"),
+    [
+        (["I will just talk."], "neither <interaction_prompt> nor <answer>"),
+        (["<think>t</think><interaction_prompt> </interaction_prompt>"], "empty <interaction_prompt>"),
+        (["<think>t</think><answer> </answer>"], "empty <answer>"),
+    ],
+)
+def test_malformed_output_ends_with_format_error(script, defect):
+    result, server = run_script(script)
+    assert result["status"] == "format_error" and result["answer"] is None
+    assert defect in result["turns"][-1]["defects"] and defect in result["error"]
+    assert not server.requests_for("env")
+
+
+def test_environment_failure_after_retries_is_environment_error(server):
+    server.inject(*[Fault("500")] * 3, model="env")
+    result = loop(server, max_retries=2).invoke({"question": "Q?"})
+    assert result["status"] == "environment_error"
+    assert "EnvironmentServerError" in result["error"] and result["turns"][0]["error"] == result["error"]
+    assert len(server.requests_for("env")) == 3
+
+
+def test_retries_recover_inside_an_episode(server):
+    server.inject(Fault("429", retry_after=0.05), Fault("500"), Fault("timeout", delay=1.0), model="env")
+    result = loop(server, timeout=0.3).invoke({"question": "Q?"})
+    assert result["status"] == "answered"
+    assert result["usage"]["env_retries"] == 3
+    assert result["turns"][0]["environment_call"]["attempts"] == 4
+
+
+def test_environment_context_overflow(server):
+    server.inject(Fault("context"), model="env")
+    result = loop(server).invoke({"question": "Q?"})
+    assert result["status"] == "context_overflow" and "context" in result["error"]
+    assert len(server.requests_for("env")) == 1  # an overflow is final: retrying cannot make it fit
+
+
+async def test_abatch_with_concurrency_cap():
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": scripted_agent([PROMPT.format(k=1), ANSWER.format(a="x")])},
+        latency=0.05,
+    ) as server:
+        graph = loop(server)
+        results = await graph.abatch(
+            [{"question": f"Q{i}?"} for i in range(12)], config={"max_concurrency": 3}
+        )
+    assert [r["status"] for r in results] == ["answered"] * 12
+    assert server.max_in_flight <= 3
+    assert [r["question"] for r in results] == [f"Q{i}?" for i in range(12)]
+
+
+async def test_astream_yields_node_updates_in_order(server):
+    graph = loop(server)
+    nodes = [next(iter(chunk)) async for chunk in graph.astream({"question": "Q?"}, stream_mode="updates")]
+    assert nodes == ["agent", "environment", "agent", "environment", "agent", "finalize"]
+
+
+def test_graph_as_a_node_of_a_parent_graph(server):
+    class Parent(TypedDict, total=False):
+        question: str
+        answer: str | None
+        status: str
+        log: Annotated[list[str], operator.add]
+
+    def before(state: Parent) -> dict:
+        return {"log": ["before"], "question": state["question"].strip()}
+
+    def after(state: Parent) -> dict:
+        return {"log": [f"after:{state['status']}"]}
+
+    builder = StateGraph(Parent)
+    builder.add_node("before", before)
+    builder.add_node("prompt_r1", loop(server))
+    builder.add_node("after", after)
+    builder.add_edge(START, "before")
+    builder.add_edge("before", "prompt_r1")
+    builder.add_edge("prompt_r1", "after")
+    builder.add_edge("after", END)
+    result = builder.compile().invoke({"question": "  Q?  "})
+    assert result["answer"] == "Paris" and result["log"] == ["before", "after:answered"]
+
+
+def test_topology_snapshot(server):
+    mermaid = loop(server).get_graph().draw_mermaid()
+    for edge in [
+        "__start__ --> agent;",
+        "agent -.-> environment;",
+        "agent -.-> final_answer;",
+        "agent -.-> finalize;",
+        "environment -.-> agent;",
+        "environment -.-> finalize;",
+        "final_answer --> agent;",
+        "finalize --> __end__;",
+    ]:
+        assert edge in mermaid, mermaid
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="max_turns"):
+        build_graph(
+            object(), EnvironmentClient(EnvironmentConfig(base_url="http://127.0.0.1:1/v1")), max_turns=-1
+        )
