@@ -1,19 +1,38 @@
 """Prompt-R1: a small agent LLM thinks and writes prompts to a large LLM over several turns, then answers.
 
-from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
+    from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
 
-graph = build_graph(load_agent(AgentConfig(model="Qwen/Qwen3-4B")),
-                    EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini")), max_turns=5)
-result = graph.invoke({"question": "Which magazine was started first, Arthur's Magazine or First for Women?"})
+    graph = build_graph(load_agent(AgentConfig(model="Qwen/Qwen3-4B")),
+                        EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini")), max_turns=5)
+    result = graph.invoke({"question": "Which magazine was started first, Arthur's Magazine or First for Women?"})
+
+Names are imported on first use (the OpenAI and LangChain clients take seconds to import), so `import prompt_r1`
+and `prompt-r1 --help` stay fast.
 """
 
-from prompt_r1.agents import AgentBackend, AgentOutput, AgentRequest, load_agent
-from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig
-from prompt_r1.environment import EnvironmentClient, EnvironmentReply
-from prompt_r1.errors import PromptR1Error
-from prompt_r1.graph import EpisodeState, build_graph
-from prompt_r1.protocol import AgentTurn, parse_agent_output
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "AgentBackend": "prompt_r1.agents",
+    "AgentOutput": "prompt_r1.agents",
+    "AgentRequest": "prompt_r1.agents",
+    "load_agent": "prompt_r1.agents",
+    "AgentConfig": "prompt_r1.config",
+    "EnvironmentConfig": "prompt_r1.config",
+    "LoopConfig": "prompt_r1.config",
+    "EnvironmentClient": "prompt_r1.environment",
+    "EnvironmentReply": "prompt_r1.environment",
+    "PromptR1Error": "prompt_r1.errors",
+    "EpisodeState": "prompt_r1.graph",
+    "build_graph": "prompt_r1.graph",
+    "AgentTurn": "prompt_r1.protocol",
+    "parse_agent_output": "prompt_r1.protocol",
+}
 __all__ = [
     "AgentBackend",
     "AgentConfig",
@@ -30,4 +49,25 @@ __all__ = [
     "load_agent",
     "parse_agent_output",
 ]
-__version__ = "0.1.0"
+assert sorted(__all__) == sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from prompt_r1.agents import AgentBackend, AgentOutput, AgentRequest, load_agent
+    from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig
+    from prompt_r1.environment import EnvironmentClient, EnvironmentReply
+    from prompt_r1.errors import PromptR1Error
+    from prompt_r1.graph import EpisodeState, build_graph
+    from prompt_r1.protocol import AgentTurn, parse_agent_output
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'prompt_r1' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -234,7 +234,7 @@ class EnvironmentClient:
         Raises `EnvironmentCallError` (after the retries) or `ContextOverflow`.
         """
         messages = self.messages(prompt, history)
-        run_config = {"run_name": "environment", **(run_config or {})}
+        run_config = {**(run_config or {}), "run_name": "environment"}
         started = time.monotonic()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.config.max_retries + 1),

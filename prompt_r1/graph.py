@@ -151,6 +151,9 @@ def build_graph(
     async def agent_node(state: EpisodeState, config: RunnableConfig) -> dict:
         turns = state.get("turns", [])
         index = len(turns)
+        question = state.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"the input needs a non-empty 'question' string, got {question!r}")
         update: dict[str, Any] = {}
         prompt_ids = None
         budget = max_new_tokens

@@ -200,6 +200,12 @@ def test_topology_snapshot(server):
         assert edge in mermaid, mermaid
 
 
+@pytest.mark.parametrize("bad", [{}, {"question": "  "}, {"question": 3}])
+def test_bad_input_is_a_clear_error(server, bad):
+    with pytest.raises(ValueError, match="non-empty 'question'"):
+        loop(server).invoke(bad)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="max_turns"):
         build_graph(

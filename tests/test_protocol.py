@@ -136,3 +136,16 @@ def test_cut_at_stop_without_stop():
 )
 def test_repair_stopped_text(text, stop, expected):
     assert repair_stopped_text(text, stop) == expected
+
+
+def test_package_import_is_lazy():
+    """`import prompt_r1` must not pull in the OpenAI/LangChain clients (seconds of import time)."""
+    import subprocess
+    import sys
+
+    code = "import sys, prompt_r1; print(sorted(m for m in ('openai', 'langchain_core', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    from prompt_r1 import build_graph
+
+    assert callable(build_graph)
