@@ -137,3 +137,41 @@ def test_user_turn_ids_skip_an_end_of_turn_the_agent_already_sampled(tiny_model_
     assert tok.decode(ids) == "<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert user_turn_ids(tok, "hello", [5, im_end]) == ids[1:]
+
+
+# Like Qwen3's template, this one drops the <think> block of assistant turns before the last user message, so a
+# re-rendered conversation no longer matches what the agent sampled.
+THINK_DROPPING_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{%- set content = m.content %}"
+    "{%- if m.role == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1] %}{%- endif %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_trajectory_keeps_what_was_sampled_where_re_rendering_drifts(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    agent.tokenizer.chat_template = THINK_DROPPING_TEMPLATE
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server)).invoke({"question": TINY_QUESTION})
+    assert result["answer"] == "Ada Lovelace"
+    kept = agent.tokenizer.decode(result["prompt_ids"] + result["completion_ids"])
+    assert "<think>a person</think>" in kept
+    conversation = [
+        {"role": "user", "content": question_message(TINY_QUESTION)},
+        {"role": "assistant", "content": TINY_TURN_1},
+        {"role": "user", "content": f"<interaction_response>{TINY_RESPONSE_1}</interaction_response>"},
+    ]
+    re_rendered = agent.tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=True
+    )
+    assert "<think>a person</think>" not in re_rendered  # what re-rendering would have trained on instead
+    assert kept.startswith(
+        re_rendered.replace(
+            "<|im_start|>assistant\n<interaction_prompt>",
+            "<|im_start|>assistant\n<think>a person</think><interaction_prompt>",
+        )
+    )

@@ -1,0 +1,34 @@
+"""Stream an episode node by node with `astream`, e.g. to show the agent/environment collaboration in a UI.
+
+python graphs/stream_turns.py --demo
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from _common import loop_from_args, parser
+
+
+async def main(graph, question: str) -> None:
+    async for update in graph.astream({"question": question}, stream_mode="updates"):
+        for node, change in update.items():
+            for turn in (change or {}).get("turns", []):
+                if node == "agent":
+                    print(f"[agent]       {turn.get('prompt') or turn.get('answer') or turn.get('defects')}")
+                elif turn.get("response") is not None:
+                    print(f"[{node}] {turn['response']}")
+            if node == "finalize":
+                print(f"[finalize]    status={change['status']} answer={change['answer']!r}")
+
+
+if __name__ == "__main__":
+    p = parser(__doc__)
+    p.add_argument(
+        "question",
+        nargs="?",
+        default="Which magazine was started first, Arthur's Magazine or First for Women?",
+    )
+    args = p.parse_args()
+    with loop_from_args(args) as graph:
+        asyncio.run(main(graph, args.question))
