@@ -15,8 +15,14 @@ DEMO_AGENT = [
 ]
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+DEFAULT_QUESTION = "Which magazine was started first, Arthur's Magazine or First for Women?"
+
+
+def parser(description: str, *, question: bool = False) -> argparse.ArgumentParser:
+    """Flags shared by the examples; `question=True` adds an optional positional question."""
     p = argparse.ArgumentParser(description=description)
+    if question:
+        p.add_argument("question", nargs="?", default=DEFAULT_QUESTION)
     p.add_argument("--demo", action="store_true", help="run against scripted servers on 127.0.0.1 (offline)")
     p.add_argument("--agent-model", default="Qwen/Qwen3-4B")
     p.add_argument("--agent-base-url")
