@@ -187,6 +187,8 @@ def _summary(result: dict) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from prompt_r1.graph import build_graph
 
+    if not args.question.strip():
+        raise ConfigError("the question is empty")
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     agent, environment = _prepare(agent_cfg, env_cfg)
     graph = build_graph(

@@ -63,7 +63,11 @@ class EnvironmentConfig:
         "First retry wait in seconds; doubles per retry, with full jitter.", default=1.0
     )
     backoff_max: float = _help(
-        "Longest wait between retries in seconds (a longer Retry-After is honoured).", default=30.0
+        "Longest backoff between retries in seconds (Retry-After is honoured up to max_retry_after).",
+        default=30.0,
+    )
+    max_retry_after: float = _help(
+        "Longest wait honoured from a server's Retry-After, in seconds.", default=120.0
     )
     temperature: float | None = _help("Sampling temperature; unset: the endpoint's default.", default=None)
     max_tokens: int | None = _help(
@@ -71,6 +75,7 @@ class EnvironmentConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.rate_limit < 1:
             raise ConfigError(f"env rate_limit must be >= 1 request per period, got {self.rate_limit}")
         if self.rate_period <= 0:
@@ -114,6 +119,7 @@ class AgentConfig:
     seed: int | None = _help("Seed for the agent's sampling, for reproducible runs.", default=None)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.backend not in {"auto", "served", "transformers", "vllm"}:
             raise ConfigError(
                 f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}"
@@ -148,10 +154,27 @@ class LoopConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
         if self.max_total_tokens < 1:
             raise ConfigError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_types(config: Any) -> None:
+    """Values from YAML or Python must have the field's type (a config file can hold `base_url: 123`)."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        parts = [p.strip() for p in str(f.type).split("|")]
+        if value is None and "None" in parts:
+            continue
+        allowed = tuple(t for p in parts for t in _TYPES.get(p, ()))
+        if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+            expected = " or ".join(parts)
+            raise ConfigError(f"{type(config).__name__}.{f.name} must be {expected}, got {value!r}")
 
 
 def _check_url(url: str, flag: str) -> None:

@@ -118,9 +118,16 @@ def classify_error(exc: BaseException) -> BaseException:
         return EnvironmentUnreachable(f"connection to the environment failed: {exc}")
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        if status >= 500:
+        retry_after = _retry_after_seconds(getattr(exc.response, "headers", None))
+        if status == 408:
+            return EnvironmentTimeout(f"environment request timeout (408): {exc.message}", status_code=408)
+        if (
+            status >= 500 or status == 409
+        ):  # 409: a conflict (e.g. a lock) that clears, as the OpenAI SDK assumes
             return EnvironmentServerError(
-                f"environment server error ({status}): {exc.message}", status_code=status
+                f"environment server error ({status}): {exc.message}",
+                status_code=status,
+                retry_after=retry_after,
             )
         return EnvironmentRejected(
             f"environment rejected the request ({status}): {exc.message}", status_code=status
@@ -132,20 +139,21 @@ def classify_error(exc: BaseException) -> BaseException:
         return EnvironmentServerError(f"malformed environment response: {exc}")
     if isinstance(exc, openai.APIError):
         return EnvironmentServerError(f"environment API error: {exc}")
-    return exc
+    # Anything else a chat model raises is a failure of the call, not of the loop: final, and reported as such.
+    return EnvironmentCallError(f"environment call failed: {type(exc).__name__}: {exc}")
 
 
 class _BackoffOrRetryAfter:
     """tenacity wait: the server's Retry-After when it sent one (with up to 10% jitter so that many waiting
-    episodes do not return in one burst), else full-jitter exponential backoff."""
+    episodes do not return in one burst; at most `max_retry_after`), else full-jitter exponential backoff."""
 
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial, self.maximum = initial, maximum
+    def __init__(self, initial: float, maximum: float, max_retry_after: float) -> None:
+        self.initial, self.maximum, self.max_retry_after = initial, maximum, max_retry_after
 
     def __call__(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, RateLimited) and exc.retry_after is not None:
-            return exc.retry_after * (1.0 + 0.1 * random.random())
+        if isinstance(exc, EnvironmentCallError) and exc.retry_after is not None:
+            return min(exc.retry_after * (1.0 + 0.1 * random.random()), self.max_retry_after)
         ceiling = min(self.maximum, self.initial * 2 ** (state.attempt_number - 1))
         return random.uniform(0.0, ceiling)
 
@@ -154,7 +162,8 @@ class EnvironmentClient:
     """A rate-limited, retrying client for the large LLM. Safe to share between any number of episodes.
 
     Pass `chat_model` to use any LangChain chat model instead of building a `ChatOpenAI` from `config`;
-    it should have its own retries off. `limiter_key` overrides which endpoints share one rate limit.
+    it should have its own retries off. Such a model is used as given, so keep it on one event loop (its async
+    HTTP connections belong to the loop that opened them); the clients built from `config` are made per loop. `limiter_key` overrides which endpoints share one rate limit.
     """
 
     def __init__(
@@ -238,16 +247,22 @@ class EnvironmentClient:
         started = time.monotonic()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.config.max_retries + 1),
-            wait=_BackoffOrRetryAfter(self.config.backoff_initial, self.config.backoff_max),
+            wait=_BackoffOrRetryAfter(
+                self.config.backoff_initial, self.config.backoff_max, self.config.max_retry_after
+            ),
             retry=retry_if_exception(is_retryable),
             before_sleep=self._count_retry,
             reraise=True,
         )
         attempts = 0
-        async for attempt in retrying:
-            with attempt:
-                attempts = attempt.retry_state.attempt_number
-                message = await self._call_once(messages, run_config)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    message = await self._call_once(messages, run_config)
+        except EnvironmentCallError as exc:
+            exc.attempts = attempts
+            raise
         usage = message.usage_metadata or {}
         return EnvironmentReply(
             text=message.text if isinstance(message.text, str) else str(message.content),

@@ -64,9 +64,13 @@ class EnvironmentCallError(PromptR1Error):
 
     retryable: bool = False
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status_code: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.retry_after = retry_after  # the server's Retry-After in seconds, when it sent one
+        self.attempts = 1  # set by the retry layer when the call finally fails
 
 
 class RateLimited(EnvironmentCallError):
@@ -75,8 +79,7 @@ class RateLimited(EnvironmentCallError):
     retryable = True
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(message, status_code=429)
-        self.retry_after = retry_after
+        super().__init__(message, status_code=429, retry_after=retry_after)
 
 
 class EnvironmentTimeout(EnvironmentCallError):

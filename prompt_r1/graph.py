@@ -1,7 +1,7 @@
 """The Prompt-R1 loop as a LangGraph state machine, shared by inference, batch runs and GRPO rollouts.
 
     START ─▶ agent ──route_after_agent──▶ environment ──route_after_environment──▶ agent …
-                 │                     ├─▶ final_answer ─▶ agent          (turns used up, ask once for an answer)
+                 │                     ├─▶ final_answer ──(same router)──▶ agent   (turns used up: ask once for an answer)
                  └─────────────────────┴─▶ finalize ─▶ END                (answer, malformed, overflow, error)
 
 Nodes do the work and return only the keys they change; the two routers alone decide where to go, and
@@ -135,7 +135,7 @@ def build_graph(
     max_turns: most environment calls per episode (paper: 5).
     force_final_answer: when the agent prompts after its last allowed call, ask it once for a final answer
         (inference default); off, the episode ends with status `max_turns` (the training setting).
-    max_new_tokens: per-turn generation budget (None: the backend's own; paper: 1,024).
+    max_new_tokens: per-turn generation budget (None: the backend config's `max_new_tokens`; paper: 1,024).
     max_total_tokens: budget of the whole trajectory after the first prompt (paper: 8,192); token-exact only.
     token_exact: keep token ids (default: whenever the backend has a tokenizer).
     """
@@ -145,6 +145,8 @@ def build_graph(
         environment = EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
     tokenizer = getattr(agent, "tokenizer", None)
     token_exact = tokenizer is not None if token_exact is None else token_exact
+    # The per-turn cap: the given one, else the backend's own configured cap (paper: 1,024).
+    per_turn = max_new_tokens or getattr(getattr(agent, "config", None), "max_new_tokens", None)
     if token_exact and tokenizer is None:
         raise ValueError("token_exact=True needs an agent backend with a tokenizer (local or vLLM)")
 
@@ -156,7 +158,8 @@ def build_graph(
             raise ValueError(f"the input needs a non-empty 'question' string, got {question!r}")
         update: dict[str, Any] = {}
         prompt_ids = None
-        budget = max_new_tokens
+        budget = per_turn
+        trajectory_bound = False  # True when the trajectory budget, not the per-turn one, caps this turn
         if token_exact:
             prompt_ids = state.get("prompt_ids") or initial_prompt_ids(tokenizer, agent_messages(state)[:1])
             if not state.get("prompt_ids"):
@@ -169,7 +172,8 @@ def build_graph(
                     "status": "context_overflow",
                     "error": f"trajectory reached {used} of {max_total_tokens} tokens",
                 }
-            budget = min(budget, remaining) if budget else remaining
+            trajectory_bound = per_turn is None or remaining < per_turn
+            budget = remaining if trajectory_bound else per_turn
             prompt_ids = prompt_ids + state.get("completion_ids", [])
         request = AgentRequest(messages=agent_messages(state), prompt_ids=prompt_ids, max_new_tokens=budget)
         try:
@@ -194,7 +198,12 @@ def build_graph(
             update["logprobs"] = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
             update["env_mask"] = [1] * len(ids)
             # Cut off by the trajectory budget rather than by the per-turn budget: the context is full.
-            if output.finish_reason == "length" and turn.kind == "malformed" and budget != max_new_tokens:
+            if (
+                output.finish_reason == "length"
+                and turn.kind == "malformed"
+                and trajectory_bound
+                and len(ids) >= budget
+            ):
                 update["status"] = "context_overflow"
                 update["error"] = f"trajectory budget of {max_total_tokens} tokens reached mid-turn"
         return update
@@ -218,6 +227,7 @@ def build_graph(
                 "status": "environment_error",
                 "error": error,
                 "turns": [{"index": last["index"], "error": error}],
+                "usage": {"env_failed_calls": 1, "env_retries": exc.attempts - 1},
             }
         update: dict[str, Any] = {
             "turns": [
@@ -252,7 +262,15 @@ def build_graph(
         return update
 
     def _append_user_turn(state: EpisodeState, content: str) -> dict:
-        ids = user_turn_ids(tokenizer, content, state.get("completion_ids", [])[-3:])
+        """The rendered message's ids, or, when they would overrun the trajectory budget, the end of the episode:
+        the trajectory then stops after the agent's last turn instead of holding a cut-off message."""
+        completion = state.get("completion_ids", [])
+        ids = user_turn_ids(tokenizer, content, completion[-3:])
+        if len(completion) + len(ids) > max_total_tokens:
+            return {
+                "status": "context_overflow",
+                "error": f"the next message ({len(ids)} tokens) does not fit the trajectory budget of {max_total_tokens}",
+            }
         return {"completion_ids": ids, "logprobs": [0.0] * len(ids), "env_mask": [0] * len(ids)}
 
     def finalize_node(state: EpisodeState) -> dict:
@@ -281,6 +299,8 @@ def build_graph(
         return "final_answer" if force_final_answer else "finalize"
 
     def route_after_environment(state: EpisodeState) -> Literal["agent", "finalize"]:
+        """After the environment's response or the final-answer request: on to the agent unless it failed or
+        no longer fits the trajectory budget."""
         return "finalize" if state.get("status") else "agent"
 
     builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
@@ -291,6 +311,6 @@ def build_graph(
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", route_after_agent)
     builder.add_conditional_edges("environment", route_after_environment)
-    builder.add_edge("final_answer", "agent")
+    builder.add_conditional_edges("final_answer", route_after_environment)
     builder.add_edge("finalize", END)
     return builder.compile(checkpointer=checkpointer, name=name)

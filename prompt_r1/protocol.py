@@ -82,22 +82,29 @@ def cut_at_stop(text: str, stops: tuple[str, ...] = STOP_SEQUENCES) -> tuple[str
     return text[:best], text[best:]
 
 
-def repair_stopped_text(text: str, matched_stop: str | None = None) -> str:
+_UNKNOWN = object()
+
+
+def repair_stopped_text(text: str, matched_stop: str | None | object = _UNKNOWN) -> str:
     """Re-append the stop sequence that an OpenAI-compatible server removed from a completion.
 
-    Servers drop the matched stop string from the text; `matched_stop` is vLLM's `stop_reason` when the server
-    reports it. Otherwise the open tag that was left unclosed tells which stop matched.
+    `matched_stop` is what the server reported (vLLM's `stop_reason`): the matched string, or None when the
+    generation ended on EOS, in which case nothing was removed and nothing is added. Servers that report nothing
+    leave it unknown; then the tag opened last and left unclosed tells which stop matched.
 
     >>> repair_stopped_text("<think>t</think><interaction_prompt>p")
     '<think>t</think><interaction_prompt>p</interaction_prompt>'
+    >>> repair_stopped_text("<think>t</think><answer>Paris", None)
+    '<think>t</think><answer>Paris'
     """
-    if matched_stop in STOP_SEQUENCES:
-        return text + matched_stop
+    if matched_stop is not _UNKNOWN:
+        return text + matched_stop if matched_stop in STOP_SEQUENCES else text
+    unclosed = []
     for open_tag, close_tag in ((PROMPT_OPEN, PROMPT_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
         last_open = text.rfind(open_tag)
         if last_open >= 0 and text.find(close_tag, last_open) < 0:
-            return text + close_tag
-    return text
+            unclosed.append((last_open, close_tag))
+    return text + max(unclosed)[1] if unclosed else text
 
 
 def _between(text: str, open_tag: str, close_tag: str) -> tuple[str | None, list[str]]:

@@ -38,7 +38,12 @@ Responder = Callable[[dict], str]
 
 @dataclass(frozen=True)
 class Fault:
-    """One injected failure. kind: "429", "500", "timeout" (reply after `delay` s), "drop", "malformed"."""
+    """One injected failure.
+
+    kind: "429", "408", "409", "500", "502", "503" (each with a Retry-After header when `retry_after` is given),
+    "timeout" (the reply comes after `delay` s), "drop" (connection closed without a reply), "malformed" (a body
+    that is not JSON), "context" (a 400 saying the context length was exceeded), "400" (a plain bad request).
+    """
 
     kind: str
     retry_after: float | None = None
@@ -228,15 +233,13 @@ class ScriptedServer:
         from aiohttp import web
 
         if fault is not None:
-            if fault.kind == "429":
+            if fault.kind in {"429", "408", "409", "500", "502", "503"}:
                 headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
-                return web.json_response(
-                    {"error": {"message": "rate limited", "type": "rate_limit"}}, status=429, headers=headers
-                )
-            if fault.kind == "500":
-                return web.json_response(
-                    {"error": {"message": "injected server error", "type": "server_error"}}, status=500
-                )
+                error = {
+                    "message": f"injected {fault.kind}",
+                    "type": "rate_limit" if fault.kind == "429" else "server_error",
+                }
+                return web.json_response({"error": error}, status=int(fault.kind), headers=headers)
             if fault.kind == "timeout":
                 await asyncio.sleep(fault.delay)
             if fault.kind == "drop":

@@ -175,3 +175,70 @@ def test_trajectory_keeps_what_was_sampled_where_re_rendering_drifts(trained_tin
             "<|im_start|>assistant\n<think>a person</think><interaction_prompt>",
         )
     )
+
+
+def test_per_turn_cap_defaults_to_the_agent_config(tiny_model_path):
+    """Without max_new_tokens, a turn is capped by AgentConfig.max_new_tokens, not by the trajectory budget."""
+    agent = TransformersAgent(AgentConfig(model=str(tiny_model_path), temperature=0.0, max_new_tokens=5))
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server), max_total_tokens=60).invoke({"question": "Q?"})
+    assert result["status"] == "format_error"  # a turn cut by its own cap is malformed, not an overflow
+    assert len(result["completion_ids"]) == 5
+
+
+@pytest.mark.parametrize("spare", [10, 3])
+def test_trajectory_never_exceeds_its_budget(trained_tiny_model_path, spare):
+    """spare=10: turn 1 fits, the environment's message does not; spare=3 likewise. Either way the trajectory
+    ends after the agent's turn and never holds more than max_total_tokens."""
+    agent = greedy(trained_tiny_model_path)
+    budget = len(agent.tokenizer.encode(TINY_TURN_1, add_special_tokens=False)) + spare
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server), max_total_tokens=budget).invoke(
+            {"question": TINY_QUESTION}
+        )
+    assert result["status"] == "context_overflow"
+    assert len(result["completion_ids"]) <= budget
+    assert set(result["env_mask"]) == {1}  # no cut-off environment message was appended
+
+
+async def test_rows_only_stop_on_their_own_stop_strings(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    messages = [{"role": "user", "content": question_message(TINY_QUESTION)}]
+    free = AgentRequest(messages=messages, max_new_tokens=30, stop=())
+    solo = await agent.generate(free)
+    stopped, unstopped = await asyncio.gather(
+        agent.generate(AgentRequest(messages=messages)), agent.generate(free)
+    )
+    assert stopped.text == TINY_TURN_1 and stopped.finish_reason == "stop"
+    assert unstopped.token_ids == solo.token_ids and unstopped.finish_reason == solo.finish_reason
+
+
+async def test_left_padding_does_not_change_what_a_row_generates(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    requests = [
+        AgentRequest(
+            messages=[{"role": "user", "content": question_message(TINY_QUESTION)}], max_new_tokens=12
+        ),
+        AgentRequest(messages=[{"role": "user", "content": "short"}], max_new_tokens=12),
+    ]
+    solo = [await agent.generate(r) for r in requests]
+    together = await asyncio.gather(*(agent.generate(r) for r in requests))
+    assert agent.batches[-1] == 2
+    for a, b in zip(solo, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_one_agent_serves_two_event_loops_at_once(trained_tiny_model_path):
+    """graph.invoke (the background loop) and asyncio.run(graph.ainvoke) (another loop) share one local agent."""
+    import threading
+
+    agent = greedy(trained_tiny_model_path)
+    with ScriptedServer({"env": echo_environment()}) as server:
+        graph = build_graph(agent, env_client(server))
+        results: dict[str, dict] = {}
+        sync = threading.Thread(target=lambda: results.update(sync=graph.invoke({"question": TINY_QUESTION})))
+        sync.start()
+        results["async"] = asyncio.run(asyncio.wait_for(graph.ainvoke({"question": TINY_QUESTION}), 60))
+        sync.join(60)
+    assert results["sync"]["answer"] == results["async"]["answer"] == "Ada Lovelace"

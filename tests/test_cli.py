@@ -128,3 +128,42 @@ def test_console_script_end_to_end(server):
     bad = subprocess.run([exe, "run", "q"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "config", "message"),
+    [
+        (["run", "   "], None, "the question is empty"),
+        (
+            ["run", "q"],
+            "environment:\n  base_url: 123\n",
+            "EnvironmentConfig.base_url must be str or None, got 123",
+        ),
+        (["run", "q"], "loop:\n  max_turns: 'five'\n", "LoopConfig.max_turns must be int, got 'five'"),
+        (
+            ["run", "q"],
+            "loop:\n  force_final_answer: 1\n",
+            "LoopConfig.force_final_answer must be bool, got 1",
+        ),
+    ],
+)
+def test_bad_values_are_one_line(argv, config, message, tmp_path, capsys):
+    if config is not None:
+        path = tmp_path / "c.yaml"
+        path.write_text(config)
+        argv = [*argv, "--config", str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_unusable_device_is_one_line(tiny_model_path, server, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    argv = ["run", "q", "--agent-model", str(tiny_model_path), "--agent-device", "cuda",
+            "--env-model", "env", "--env-base-url", server.base_url]  # fmt: skip
+    assert main(argv) == 3
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "prompt-r1" in line]
+    assert err == [err[0]] and "cannot place the agent model on device 'cuda'" in err[0], err

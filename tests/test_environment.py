@@ -12,6 +12,7 @@ from prompt_r1.environment import EnvironmentClient
 from prompt_r1.errors import (
     ConfigError,
     ContextOverflow,
+    EnvironmentCallError,
     EnvironmentRejected,
     EnvironmentServerError,
     MissingCredentials,
@@ -182,3 +183,46 @@ def test_missing_key_names_the_variable(monkeypatch):
 def test_bad_settings_say_what_to_fix(field, value):
     with pytest.raises(ConfigError):
         EnvironmentConfig(**{field: value})
+
+
+@pytest.mark.parametrize("kind", ["503", "502"])
+async def test_retry_after_is_honoured_on_server_errors_too(server, kind):
+    client = client_for(server)
+    server.inject(Fault(kind, retry_after=0.3))
+    reply = await client.respond("p")
+    first, second = server.requests_for("env")[-2:]
+    assert reply.attempts == 2 and second.received_at - first.received_at >= 0.3
+
+
+async def test_retry_after_is_capped(server):
+    client = client_for(server, max_retry_after=0.2)
+    server.inject(Fault("429", retry_after=3600))
+    started = time.monotonic()
+    await client.respond("p")
+    assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("kind", ["408", "409"])
+async def test_request_timeout_and_conflict_are_retried(server, kind):
+    server.inject(Fault(kind))
+    assert (await client_for(server).respond("p")).attempts == 2
+
+
+async def test_failed_call_reports_its_attempts(server):
+    server.inject(*[Fault("500")] * 3)
+    with pytest.raises(EnvironmentServerError) as info:
+        await client_for(server, max_retries=2).respond("p")
+    assert info.value.attempts == 3
+
+
+async def test_any_chat_model_failure_becomes_a_final_environment_error():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    class Broken(FakeListChatModel):
+        async def _agenerate(self, *args, **kwargs):
+            raise RuntimeError("Event loop is closed")
+
+    client = EnvironmentClient(chat_model=Broken(responses=["x"]), limiter_key="broken")
+    with pytest.raises(EnvironmentCallError, match="RuntimeError: Event loop is closed") as info:
+        await client.respond("p")
+    assert not info.value.retryable and info.value.attempts == 1

@@ -194,7 +194,8 @@ def test_topology_snapshot(server):
         "agent -.-> finalize;",
         "environment -.-> agent;",
         "environment -.-> finalize;",
-        "final_answer --> agent;",
+        "final_answer -.-> agent;",
+        "final_answer -.-> finalize;",
         "finalize --> __end__;",
     ]:
         assert edge in mermaid, mermaid
@@ -211,3 +212,9 @@ def test_bad_arguments():
         build_graph(
             object(), EnvironmentClient(EnvironmentConfig(base_url="http://127.0.0.1:1/v1")), max_turns=-1
         )
+
+
+def test_environment_error_counts_the_retries(server):
+    server.inject(*[Fault("500")] * 3, model="env")
+    result = loop(server, max_retries=2).invoke({"question": "Q?"})
+    assert result["usage"]["env_failed_calls"] == 1 and result["usage"]["env_retries"] == 2

@@ -125,17 +125,26 @@ def test_cut_at_stop_without_stop():
     [
         (
             "<think>t</think><interaction_prompt>p",
-            None,
+            "?",
             "<think>t</think><interaction_prompt>p</interaction_prompt>",
         ),
-        ("<think>t</think><answer>a", None, "<think>t</think><answer>a</answer>"),
+        ("<think>t</think><answer>a", "?", "<think>t</think><answer>a</answer>"),
         ("<think>t</think><answer>a", "</answer>", "<think>t</think><answer>a</answer>"),
-        ("<think>t</think><answer>a</answer>", None, "<think>t</think><answer>a</answer>"),
-        ("no tags", None, "no tags"),
+        # the server said the generation ended on EOS: nothing was stripped, nothing is added
+        ("<think>t</think><answer>a", None, "<think>t</think><answer>a"),
+        # the tag opened last is the one the stop closed, whatever tags the thinking mentions
+        (
+            "<think>use <interaction_prompt> or answer</think><answer>Paris",
+            "?",
+            "<think>use <interaction_prompt> or answer</think><answer>Paris</answer>",
+        ),
+        ("<think>t</think><answer>a</answer>", "?", "<think>t</think><answer>a</answer>"),
+        ("no tags", "?", "no tags"),
     ],
 )
 def test_repair_stopped_text(text, stop, expected):
-    assert repair_stopped_text(text, stop) == expected
+    """stop "?" stands for a server that reports no stop reason."""
+    assert (repair_stopped_text(text) if stop == "?" else repair_stopped_text(text, stop)) == expected
 
 
 def test_package_import_is_lazy():

@@ -9,8 +9,14 @@ its sampled ids and their log-probabilities under the sampling distribution are 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import os
+import socket
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from transformers import StoppingCriteria, StopStringCriteria
@@ -44,17 +50,17 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
         raise ConfigError(
             f"agent tokenizer of {name_or_path!r} has no chat template; use a chat/instruct model"
         )
-    model.to(device).eval()
+    try:
+        model.to(device).eval()
+    except (AssertionError, RuntimeError) as exc:  # e.g. "Torch not compiled with CUDA enabled"
+        raise ConfigError(
+            f"cannot place the agent model on device {device!r}: {exc}; try --agent-device cpu"
+        ) from exc
     return model, tokenizer
 
 
 def _check_loadable(name_or_path: str) -> None:
     """Fail in seconds, not after the hub client's minute of retries, when a hub id is neither cached nor reachable."""
-    import os
-    import socket
-    from pathlib import Path
-    from urllib.parse import urlparse
-
     if Path(name_or_path).exists():
         return
     from huggingface_hub import try_to_load_from_cache
@@ -100,6 +106,12 @@ class _StopRecorder(StoppingCriteria):
 
 
 @dataclass
+class _Queue:
+    pending: list = field(default_factory=list)
+    drainer: asyncio.Task | None = None
+
+
+@dataclass
 class _Pending:
     prompt_ids: list[int]
     max_new_tokens: int
@@ -127,9 +139,16 @@ class TransformersAgent:
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_size = max_batch_size
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
-        self._pending: list[_Pending] = []
-        self._drainer: asyncio.Task | None = None
+        # Requests and their drainer belong to the event loop they came from: futures must be resolved on it.
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._generate_lock = (
+            threading.Lock()
+        )  # one generate at a time, whichever loop's worker thread calls it
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
+        if config.seed is not None:
+            torch.manual_seed(config.seed)  # once: reseeding per batch would replay the same samples
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         self.pad_id = (
@@ -149,18 +168,24 @@ class TransformersAgent:
             )
         if self.max_context is not None:
             max_new = min(max_new, self.max_context - len(prompt_ids))
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(list(prompt_ids), max_new, tuple(request.stop), future))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.create_task(self._drain())
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(loop)
+        if queue is None:
+            queue = self._queues[loop] = _Queue()
+        future = loop.create_future()
+        queue.pending.append(_Pending(list(prompt_ids), max_new, tuple(request.stop), future))
+        if queue.drainer is None or queue.drainer.done():
+            queue.drainer = asyncio.create_task(self._drain(queue))
         return await future
 
-    async def _drain(self) -> None:
-        while self._pending:
+    async def _drain(self, queue: _Queue) -> None:
+        while queue.pending:
             # Let every episode that is ready to generate enqueue first: one pass of the loop per step.
             await asyncio.sleep(0)
-            batch = self._pending[: self.max_batch_size]
-            del self._pending[: len(batch)]
+            # Rows of one batch share their stop strings: a row must not stop on a string it did not ask for.
+            stop = queue.pending[0].stop
+            batch = [item for item in queue.pending if item.stop == stop][: self.max_batch_size]
+            queue.pending = [item for item in queue.pending if not any(item is taken for taken in batch)]
             try:
                 outputs = await asyncio.to_thread(self._generate_batch, batch)
             except Exception as exc:  # a failed batch fails its requests, not the drainer
@@ -177,8 +202,12 @@ class TransformersAgent:
                 if not item.future.done():
                     item.future.set_result(output)
 
-    @torch.no_grad()
     def _generate_batch(self, batch: list[_Pending]) -> list[AgentOutput]:
+        with self._generate_lock:
+            return self._generate_locked(batch)
+
+    @torch.no_grad()
+    def _generate_locked(self, batch: list[_Pending]) -> list[AgentOutput]:
         self.batches.append(len(batch))
         cfg = self.config
         device = self.model.device
@@ -188,10 +217,7 @@ class TransformersAgent:
         for row, item in enumerate(batch):  # left padding: every row's next token sits in the last column
             input_ids[row, width - len(item.prompt_ids) :] = torch.tensor(item.prompt_ids)
             attention[row, width - len(item.prompt_ids) :] = 1
-        stops = tuple(sorted({s for item in batch for s in item.stop}))
-        recorder = _StopRecorder(self.tokenizer, stops, self.eos_ids, width, len(batch))
-        if cfg.seed is not None:
-            torch.manual_seed(cfg.seed)
+        recorder = _StopRecorder(self.tokenizer, batch[0].stop, self.eos_ids, width, len(batch))
         sampling = (
             dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
             if cfg.temperature > 0

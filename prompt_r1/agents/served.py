@@ -83,9 +83,13 @@ class ServedAgent:
         text = choice.message.content or ""
         finish = "length" if choice.finish_reason == "length" else "stop"
         if finish == "stop":
-            # vLLM reports the matched stop string as `stop_reason`; other servers do not.
-            matched = (choice.model_extra or {}).get("stop_reason")
-            text = repair_stopped_text(text, matched if isinstance(matched, str) else None)
+            # vLLM reports the matched stop string as `stop_reason` (None: EOS); other servers report nothing.
+            extra = choice.model_extra or {}
+            text = (
+                repair_stopped_text(text, extra["stop_reason"])
+                if "stop_reason" in extra
+                else repair_stopped_text(text)
+            )
         usage = response.usage
         return AgentOutput(
             text=text,

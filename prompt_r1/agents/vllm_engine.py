@@ -59,7 +59,8 @@ class VLLMAgent:
             stop=list(request.stop),
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's own log-probability
-            seed=cfg.seed,
+            # No per-request seed: it would give every member of a GRPO group the same sample. The engine is
+            # seeded once, at construction.
         )
         final = None
         async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, str(uuid.uuid4())):
