@@ -45,14 +45,10 @@ def build_app(prompt_r1_graph):
 
 
 if __name__ == "__main__":
-    p = parser(__doc__)
-    p.add_argument(
-        "request",
-        nargs="?",
-        default="Which magazine was started first,   Arthur's Magazine or First for Women?",
-    )
-    args = p.parse_args()
+    args = parser(__doc__, question=True).parse_args()
     with loop_from_args(args) as loop:
-        result = build_app(loop).invoke({"request": args.request})
+        result = build_app(loop).invoke(
+            {"request": f"  {args.question}  "}
+        )  # clean_request tidies the spaces
     print(result["reply"])
     print("steps:", ", ".join(result["log"]))

@@ -23,12 +23,6 @@ async def main(graph, question: str) -> None:
 
 
 if __name__ == "__main__":
-    p = parser(__doc__)
-    p.add_argument(
-        "question",
-        nargs="?",
-        default="Which magazine was started first, Arthur's Magazine or First for Women?",
-    )
-    args = p.parse_args()
+    args = parser(__doc__, question=True).parse_args()
     with loop_from_args(args) as graph:
         asyncio.run(main(graph, args.question))
