@@ -156,12 +156,13 @@ def build_graph(
         question = state.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"the input needs a non-empty 'question' string, got {question!r}")
+        messages = agent_messages(state)
         update: dict[str, Any] = {}
         prompt_ids = None
         budget = per_turn
         trajectory_bound = False  # True when the trajectory budget, not the per-turn one, caps this turn
         if token_exact:
-            prompt_ids = state.get("prompt_ids") or initial_prompt_ids(tokenizer, agent_messages(state)[:1])
+            prompt_ids = state.get("prompt_ids") or initial_prompt_ids(tokenizer, messages[:1])
             if not state.get("prompt_ids"):
                 update["prompt_ids"] = prompt_ids
             used = len(state.get("completion_ids", []))
@@ -175,14 +176,13 @@ def build_graph(
             trajectory_bound = per_turn is None or remaining < per_turn
             budget = remaining if trajectory_bound else per_turn
             prompt_ids = prompt_ids + state.get("completion_ids", [])
-        request = AgentRequest(messages=agent_messages(state), prompt_ids=prompt_ids, max_new_tokens=budget)
+        request = AgentRequest(messages=messages, prompt_ids=prompt_ids, max_new_tokens=budget)
         try:
             output = await agent.generate(request)
         except ContextOverflow as exc:
             return {**update, "status": "context_overflow", "error": str(exc)}
         turn = parse_agent_output(output.text)
         record = turn.to_record()
-        record.pop("extra", None)
         record.update(index=index, finish_reason=output.finish_reason, agent_tokens=output.completion_tokens)
         if state.get("final_request_sent"):
             record["after_final_request"] = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 __all__ = [
@@ -52,7 +52,6 @@ class AgentTurn:
     defects: tuple[str, ...] = ()
     truncated: str = ""
     prompt_format: Literal["tags", "tool_call"] | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def format_ok(self) -> bool:
