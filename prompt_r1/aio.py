@@ -9,12 +9,35 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
-__all__ = ["background_loop", "run_sync"]
+__all__ = ["PerLoop", "background_loop", "run_sync"]
 
 T = TypeVar("T")
+
+
+class PerLoop(Generic[T]):
+    """One value per running event loop, made by `factory` on first use in that loop.
+
+    asyncio primitives and async HTTP connections belong to the loop that created them, so an object shared by
+    `graph.invoke` (the background loop) and `graph.ainvoke` (the caller's loop) keeps one of each per loop.
+    Entries go away with their loop.
+    """
+
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._values: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = weakref.WeakKeyDictionary()
+
+    def get(self) -> T:
+        loop = asyncio.get_running_loop()
+        value = self._values.get(loop)
+        if value is None:
+            value = self._values[loop] = self._factory()
+        return value
+
+
 _loop: asyncio.AbstractEventLoop | None = None
 _lock = threading.Lock()
 

@@ -19,7 +19,6 @@ import asyncio
 import json
 import random
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -38,6 +37,7 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import SecretStr
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from prompt_r1.aio import PerLoop
 from prompt_r1.config import EnvironmentConfig, resolve_api_key
 from prompt_r1.errors import (
     ContextOverflow,
@@ -194,9 +194,7 @@ class EnvironmentClient:
                 **optional,
             )
         # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own ChatOpenAI.
-        self._per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BaseChatModel] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._openai_models: PerLoop[BaseChatModel] = PerLoop(self._new_openai_model)
         key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter = get_limiter(
             key, rate_limit=config.rate_limit, period=config.rate_period, max_in_flight=config.max_in_flight
@@ -206,18 +204,15 @@ class EnvironmentClient:
     def messages(self, prompt: str, history: Sequence[tuple[str, str]] = ()) -> list[BaseMessage]:
         return environment_messages(prompt, history, self.system_prompt)
 
-    def _model(self) -> BaseChatModel:
-        if self.chat_model is not None:
-            return self.chat_model
-        loop = asyncio.get_running_loop()
-        model = self._per_loop.get(loop)
-        if model is None:
-            import httpx
-            from langchain_openai import ChatOpenAI
+    def _new_openai_model(self) -> BaseChatModel:
+        import httpx
+        from langchain_openai import ChatOpenAI
 
-            client = httpx.AsyncClient(timeout=self.config.timeout, limits=httpx.Limits(max_connections=None))
-            model = self._per_loop[loop] = ChatOpenAI(**self._openai_kwargs, http_async_client=client)
-        return model
+        client = httpx.AsyncClient(timeout=self.config.timeout, limits=httpx.Limits(max_connections=None))
+        return ChatOpenAI(**self._openai_kwargs, http_async_client=client)
+
+    def _model(self) -> BaseChatModel:
+        return self.chat_model if self.chat_model is not None else self._openai_models.get()
 
     async def _call_once(self, messages: list[BaseMessage], run_config: RunnableConfig | None) -> AIMessage:
         model = self._model()

@@ -2,8 +2,8 @@
 
 Every `EnvironmentClient` for the same endpoint key shares one `EndpointLimiter`, so a thousand concurrent
 episodes together stay inside the provider's limit. The period limit is an `asyncio_throttle.Throttler` (a
-sliding window of send times, independent of any event loop); the in-flight cap is a semaphore per event loop,
-because asyncio primitives belong to the loop that first waits on them.
+sliding window of send times, independent of any event loop); the in-flight cap is a semaphore per event loop
+(`PerLoop`), because asyncio primitives belong to the loop that first waits on them.
 
 The provider counts requests when they arrive, which is some unknown time after they are sent (a cold TCP/TLS
 connection alone can take longer than the gap between two windows). So the window here counts every request in
@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from asyncio_throttle import Throttler
 
+from prompt_r1.aio import PerLoop
 from prompt_r1.errors import ConfigError
 
 __all__ = ["EndpointLimiter", "LimiterStats", "get_limiter", "reset_limiters"]
@@ -70,22 +70,13 @@ class EndpointLimiter:
         self._throttler = CompletionStampedThrottler(
             rate_limit=rate_limit, period=period, retry_interval=0.005
         )
-        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._semaphores = PerLoop(lambda: asyncio.Semaphore(max_in_flight))
         self.stats = LimiterStats()
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        sem = self._semaphores.get(loop)
-        if sem is None:
-            sem = self._semaphores[loop] = asyncio.Semaphore(self.max_in_flight)
-        return sem
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Hold one in-flight slot and one rate-window slot for the duration of a request."""
-        async with self._semaphore():
+        async with self._semaphores.get():
             self.stats.waiting += 1
             try:
                 await self._throttler.acquire()

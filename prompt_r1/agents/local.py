@@ -12,7 +12,6 @@ import asyncio
 import os
 import socket
 import threading
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 from transformers import StoppingCriteria, StopStringCriteria
 
 from prompt_r1.agents.base import AgentOutput, AgentRequest
+from prompt_r1.aio import PerLoop
 from prompt_r1.config import AgentConfig
 from prompt_r1.errors import AgentError, ConfigError, ContextOverflow
 from prompt_r1.tokens import initial_prompt_ids
@@ -140,12 +140,9 @@ class TransformersAgent:
         self.max_batch_size = max_batch_size
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         # Requests and their drainer belong to the event loop they came from: futures must be resolved on it.
-        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._generate_lock = (
-            threading.Lock()
-        )  # one generate at a time, whichever loop's worker thread calls it
+        self._queues: PerLoop[_Queue] = PerLoop(_Queue)
+        # One generate at a time, whichever loop's worker thread calls it.
+        self._generate_lock = threading.Lock()
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
         if config.seed is not None:
             torch.manual_seed(config.seed)  # once: reseeding per batch would replay the same samples
@@ -168,11 +165,8 @@ class TransformersAgent:
             )
         if self.max_context is not None:
             max_new = min(max_new, self.max_context - len(prompt_ids))
-        loop = asyncio.get_running_loop()
-        queue = self._queues.get(loop)
-        if queue is None:
-            queue = self._queues[loop] = _Queue()
-        future = loop.create_future()
+        queue = self._queues.get()
+        future = asyncio.get_running_loop().create_future()
         queue.pending.append(_Pending(list(prompt_ids), max_new, tuple(request.stop), future))
         if queue.drainer is None or queue.drainer.done():
             queue.drainer = asyncio.create_task(self._drain(queue))

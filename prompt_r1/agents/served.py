@@ -8,11 +8,11 @@ parses the same way whatever served it.
 from __future__ import annotations
 
 import asyncio
-import weakref
 
 import openai
 
 from prompt_r1.agents.base import AgentOutput, AgentRequest
+from prompt_r1.aio import PerLoop
 from prompt_r1.config import AgentConfig, resolve_api_key
 from prompt_r1.errors import AgentError, ContextOverflow
 from prompt_r1.protocol import repair_stopped_text
@@ -38,18 +38,13 @@ class ServedAgent:
         self._timeout = timeout
         self._in_flight = max_in_flight
         # Async HTTP connections and semaphores belong to one event loop: one client and cap per loop.
-        self._per_loop: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[openai.AsyncOpenAI, asyncio.Semaphore]
-        ] = weakref.WeakKeyDictionary()
+        self._clients: PerLoop[tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = PerLoop(self._new_client)
 
-    def _client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
-        loop = asyncio.get_running_loop()
-        if loop not in self._per_loop:
-            client = openai.AsyncOpenAI(
-                base_url=self.config.base_url, api_key=self._api_key, max_retries=3, timeout=self._timeout
-            )
-            self._per_loop[loop] = (client, asyncio.Semaphore(self._in_flight))
-        return self._per_loop[loop]
+    def _new_client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+        client = openai.AsyncOpenAI(
+            base_url=self.config.base_url, api_key=self._api_key, max_retries=3, timeout=self._timeout
+        )
+        return client, asyncio.Semaphore(self._in_flight)
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
         cfg = self.config
@@ -63,7 +58,7 @@ class ServedAgent:
         )
         if cfg.seed is not None:
             kwargs["seed"] = cfg.seed
-        client, in_flight = self._client()
+        client, in_flight = self._clients.get()
         async with in_flight:
             try:
                 response = await client.chat.completions.create(**kwargs)
