@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 import textwrap
 from dataclasses import MISSING, fields
 from typing import Any
-from urllib.parse import urlparse
 
-from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file
+from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file, unreachable_reason
 from prompt_r1.errors import AgentError, ConfigError, PromptR1Error
 
 __all__ = ["build_parser", "main"]
@@ -97,17 +95,12 @@ def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, Environmen
 
 def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> None:
     """Fail fast, with one line, when nothing listens at `url` (before loading models or paying for calls)."""
-    parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parsed.hostname, port), timeout=timeout):
-            return
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+    reason = unreachable_reason(url, timeout)
+    if reason is not None:
         raise _Failure(
             f"cannot reach the {what} at {url} ({reason}); start it or point {flag} at an OpenAI-compatible server",
             EXIT_UNREACHABLE,
-        ) from exc
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ flags from the same fields, so the help text cannot drift from the code.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ __all__ = [
     "EnvironmentConfig",
     "LoopConfig",
     "load_config_file",
+    "hub_endpoint",
     "resolve_api_key",
+    "unreachable_reason",
 ]
 
 # What a user with a model hub and an OpenAI key gets without flags: the paper's agent base model (Qwen3-4B,
@@ -181,6 +184,24 @@ def _check_url(url: str, flag: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in {"http", "https"} or not parsed.netloc:
         raise ConfigError(f"{flag} must be an http(s) URL such as http://127.0.0.1:8000/v1, got {url!r}")
+
+
+def unreachable_reason(url: str, timeout: float = 5.0) -> str | None:
+    """None when something accepts a TCP connection at the URL's host and port, else why not (one phrase)."""
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+def hub_endpoint() -> str | None:
+    """The Hugging Face hub URL models would download from, or None when HF_HUB_OFFLINE forbids downloads."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}:
+        return None
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
 def resolve_api_key(api_key_env: str, base_url: str | None, *, what: str = "environment") -> str:

@@ -9,20 +9,17 @@ its sampled ids and their log-probabilities under the sampling distribution are 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 from transformers import StoppingCriteria, StopStringCriteria
 
 from prompt_r1.agents.base import AgentOutput, AgentRequest
 from prompt_r1.aio import PerLoop
-from prompt_r1.config import AgentConfig
+from prompt_r1.config import AgentConfig, hub_endpoint, unreachable_reason
 from prompt_r1.errors import AgentError, ConfigError, ContextOverflow
 from prompt_r1.tokens import initial_prompt_ids
 
@@ -67,16 +64,8 @@ def _check_loadable(name_or_path: str) -> None:
 
     if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
         return  # cached: from_pretrained loads it offline
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    reachable = False
-    if not offline:
-        try:
-            with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=5):
-                reachable = True
-        except OSError:
-            pass
-    if not reachable:
+    endpoint = hub_endpoint()
+    if endpoint is None or unreachable_reason(endpoint) is not None:
         raise ConfigError(
             f"cannot load agent model {name_or_path!r}: it is not a local folder, not in the Hugging Face cache, and "
             "the hub cannot be reached; pass --agent-model /path/to/model, or --agent-base-url URL for a served agent"
@@ -178,8 +167,10 @@ class TransformersAgent:
             await asyncio.sleep(0)
             # Rows of one batch share their stop strings: a row must not stop on a string it did not ask for.
             stop = queue.pending[0].stop
-            batch = [item for item in queue.pending if item.stop == stop][: self.max_batch_size]
-            queue.pending = [item for item in queue.pending if not any(item is taken for taken in batch)]
+            batch, rest = [], []
+            for item in queue.pending:
+                (batch if item.stop == stop and len(batch) < self.max_batch_size else rest).append(item)
+            queue.pending = rest
             try:
                 outputs = await asyncio.to_thread(self._generate_batch, batch)
             except Exception as exc:  # a failed batch fails its requests, not the drainer
