@@ -2,7 +2,8 @@
 
     PromptR1Error
     ├── ConfigError (also a ValueError)          bad settings; the message says how to fix them
-    │   └── MissingCredentials                   an API key variable is unset
+    │   ├── MissingCredentials                   an API key variable is unset
+    │   └── DataError                            a dataset file or row that cannot be used; names the row
     ├── BackendUnavailable (also ImportError)    an optional extra (vllm, trl, ...) is not installed
     ├── AgentError                               the agent backend failed
     ├── ContextOverflow                          a prompt no longer fits a model's context or token budget
@@ -23,6 +24,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "ContextOverflow",
+    "DataError",
     "EnvironmentCallError",
     "EnvironmentRejected",
     "EnvironmentServerError",
@@ -45,6 +47,10 @@ class ConfigError(PromptR1Error, ValueError):
 
 class MissingCredentials(ConfigError):
     """An API key is needed and the environment variable that should hold it is unset."""
+
+
+class DataError(ConfigError):
+    """A dataset that cannot be loaded as asked: unknown name, unreadable file, or a malformed row (named)."""
 
 
 class BackendUnavailable(PromptR1Error, ImportError):

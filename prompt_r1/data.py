@@ -1,0 +1,374 @@
+"""Datasets: the paper's 12 bundled evaluation sets, user files, and the builder of the paper's training mix.
+
+    >>> samples = load_samples("hotpot", limit=2)            # a bundled set, by name
+    >>> samples = load_samples("my_questions.jsonl")  # any parquet/JSONL/JSON file  # doctest: +SKIP
+
+A row is accepted in the release's schema (`prompt` = [{"role": "user", "content": "Question: …\\n<template>"}],
+`reward_model.ground_truth`) or flat (`question` plus `golden_answers`, `answers` or `answer`). A row that is
+neither stops the load with a `DataError` naming the file and row; nothing is silently skipped.
+
+The bundled sets live in `evals/data/` of the project checkout (128 rows each, from the paper's release); set
+`PROMPT_R1_DATA_DIR` to read them from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prompt_r1.errors import BackendUnavailable, DataError
+from prompt_r1.prompts import extract_question, question_message
+
+__all__ = [
+    "DATASETS",
+    "SOURCES",
+    "DatasetInfo",
+    "Sample",
+    "SourceSpec",
+    "build_training_mix",
+    "bundled_data_dir",
+    "dataset_info",
+    "load_samples",
+    "read_rows",
+    "release_row",
+    "write_rows",
+]
+
+Task = Literal["qa", "math", "text"]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A bundled evaluation set: file, the name the paper's tables use, its task, and its split of Table 2/3."""
+
+    name: str
+    file: str
+    title: str
+    task: Task
+    split: Literal["main", "ood"]
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The paper's metrics for this set: EM and F1 for QA and math, F1 and SSim for text generation."""
+        return ("f1", "ssim") if self.task == "text" else ("em", "f1")
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo("hotpot", "hotpot.parquet", "HotpotQA", "qa", "main"),
+        DatasetInfo("2wiki", "2WikiMultihopQA.parquet", "2WikiMQA", "qa", "main"),
+        DatasetInfo("musique", "MusiQue.parquet", "MuSiQue", "qa", "main"),
+        DatasetInfo("popqa", "PopQA.parquet", "PopQA", "qa", "main"),
+        DatasetInfo("gsm8k", "gsm8k.parquet", "GSM8K", "math", "main"),
+        DatasetInfo("dapo", "DAPO-Math.parquet", "DAPO-Math", "math", "main"),
+        DatasetInfo("booksum", "BookSum.parquet", "BookSum", "text", "main"),
+        DatasetInfo("writingprompts", "WritingPrompts.parquet", "WritingPrompts", "text", "main"),
+        DatasetInfo("mathqa", "MathQA_ood.parquet", "MathQA", "math", "ood"),
+        DatasetInfo("squad_v2", "squad_v2_ood.parquet", "SQuAD v2", "qa", "ood"),
+        DatasetInfo("triviaqa", "triviaqa_ood.parquet", "TriviaQA", "qa", "ood"),
+        DatasetInfo("xsum", "Xsum_ood.parquet", "XSum", "text", "ood"),
+    )
+}
+
+
+def dataset_info(name: str) -> DatasetInfo | None:
+    """The bundled set called `name` (case-insensitive), or None for a file path or an unknown name."""
+    return DATASETS.get(name.lower())
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One evaluation or training question. `id` is stable across runs: `<dataset>-<row index>` unless the row
+    has its own `id`."""
+
+    id: str
+    dataset: str
+    index: int
+    question: str
+    golden_answers: list[str] = field(default_factory=list)
+
+
+def bundled_data_dir() -> Path:
+    """Where the bundled evaluation sets are: `$PROMPT_R1_DATA_DIR`, else `evals/data` of the checkout."""
+    override = os.environ.get("PROMPT_R1_DATA_DIR")
+    path = Path(override) if override else Path(__file__).resolve().parents[1] / "evals" / "data"
+    if not path.is_dir():
+        raise DataError(
+            f"the bundled evaluation sets are not at {path}: run from a checkout of the project, or set "
+            "PROMPT_R1_DATA_DIR to a folder holding them"
+        )
+    return path
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a .parquet, .jsonl or .json (a list of objects) file, as plain dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no such dataset file: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise BackendUnavailable("reading parquet needs pyarrow: pip install 'prompt-r1[eval]'") from exc
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow's errors for bad files vary by version
+            raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+    if suffix == ".jsonl":
+        rows = []
+        with path.open(encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
+                if not isinstance(row, dict):
+                    raise DataError(
+                        f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}"
+                    )
+                rows.append(row)
+        return rows
+    if suffix == ".json":
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise DataError(f"{path}: expected a JSON list of objects")
+        return rows
+    raise DataError(f"{path}: unsupported file type {suffix or '(none)'}; use .parquet, .jsonl or .json")
+
+
+def _row_question(row: Mapping[str, Any]) -> str:
+    if isinstance(row.get("question"), str):
+        return row["question"]
+    prompt = row.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
+        content = prompt[-1].get("content")
+        if isinstance(content, str):
+            question = extract_question(content)
+            if question is None:
+                raise ValueError(
+                    "its prompt is not 'Question: …' followed by the Prompt-R1 instruction template"
+                )
+            return question
+    if isinstance(prompt, str):
+        return extract_question(prompt) or prompt
+    raise ValueError("it has no question (expected a 'question' string or the release's 'prompt' messages)")
+
+
+def _row_answers(row: Mapping[str, Any]) -> list[str]:
+    reward_model = row.get("reward_model")
+    for value in (
+        row.get("golden_answers"),
+        row.get("answers"),
+        reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
+        row.get("answer"),
+    ):
+        if value is None:
+            continue
+        answers = [value] if isinstance(value, str | int | float) else list(value)
+        if not answers:
+            raise ValueError("its golden answers are an empty list")
+        for answer in answers:
+            if not isinstance(answer, str | int | float) or isinstance(answer, bool):
+                raise ValueError(f"a golden answer is not text: {answer!r}")
+        return [str(a) for a in answers]
+    raise ValueError(
+        "it has no golden answers (golden_answers, answers, reward_model.ground_truth or answer)"
+    )
+
+
+def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[Sample]:
+    """Load a bundled set by name (see `DATASETS`) or any parquet/JSONL/JSON file; `limit` keeps the first rows."""
+    if limit is not None and limit < 0:
+        raise DataError(f"limit must be ≥ 0, got {limit}")
+    info = dataset_info(str(name_or_path))
+    if info is not None:
+        path, name = bundled_data_dir() / info.file, info.name
+    else:
+        path = Path(name_or_path)
+        if not path.exists() and path.suffix == "":
+            raise DataError(
+                f"unknown dataset {str(name_or_path)!r}: use one of {', '.join(DATASETS)} or a path to a "
+                ".parquet/.jsonl/.json file"
+            )
+        name = path.stem
+    rows = read_rows(path)
+    if limit is not None:
+        rows = rows[:limit]
+    samples = []
+    for index, row in enumerate(rows):
+        try:
+            question = _row_question(row)
+            if not question.strip():
+                raise ValueError("its question is empty")
+            answers = _row_answers(row)
+        except ValueError as exc:
+            raise DataError(f"{path} row {index}: {exc}") from None
+        row_id = row.get("id")
+        samples.append(
+            Sample(
+                id=str(row_id) if row_id is not None else f"{name}-{index}",
+                dataset=name,
+                index=index,
+                question=question,
+                golden_answers=answers,
+            )
+        )
+    return samples
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The paper's training mix: 8 tasks × 5,120 questions in the release's row schema.
+
+
+def release_row(question: str, golden_answers: Sequence[str], data_source: str) -> dict[str, Any]:
+    """A row in the release's schema: the question wrapped in the instruction template, the answers as the
+    reward model's ground truth."""
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": question_message(question)}],
+        "ability": "multihop_qa",  # the release's value for every row, kept for compatibility
+        "reward_model": {"style": "rule", "ground_truth": [str(a) for a in golden_answers]},
+    }
+
+
+def _flashrag(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    return row["question"], list(row["golden_answers"])
+
+
+def _gsm8k(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    # GSM8K answers are worked solutions ending in "#### 72"; the golden answer is that final number.
+    final = str(row["answer"]).rsplit("####", 1)[-1].strip().replace(",", "")
+    return row["question"], [final]
+
+
+def _dapo(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+    prompt = row["prompt"]
+    question = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+    truth = row["reward_model"]["ground_truth"]
+    return question, [truth] if isinstance(truth, str) else list(truth)
+
+
+_ARTICLE_REQUEST = "Please write a short article based on the given title: {title}"
+
+
+def _titled(title_key: str, text_key: str) -> Callable[[Mapping[str, Any]], tuple[str, list[str]]]:
+    def convert(row: Mapping[str, Any]) -> tuple[str, list[str]]:
+        return _ARTICLE_REQUEST.format(title=str(row[title_key]).strip()), [str(row[text_key])]
+
+    return convert
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where one task of the training mix comes from on the Hugging Face hub and how a row becomes
+    (question, golden answers). Local files in the same raw format go through the same `convert`."""
+
+    hub_id: str
+    config: str | None
+    split: str
+    convert: Callable[[Mapping[str, Any]], tuple[str, list[str]]]
+
+
+# The paper's eight training tasks. QA sets come from FlashRAG's preprocessed collection (question,
+# golden_answers), which is what the release's preprocessing reads; the text-generation sets become
+# "write a short article based on the given title", as in the bundled BookSum and WritingPrompts rows.
+SOURCES: dict[str, SourceSpec] = {
+    "hotpot": SourceSpec("RUC-NLPIR/FlashRAG_datasets", "hotpotqa", "train", _flashrag),
+    "2wiki": SourceSpec("RUC-NLPIR/FlashRAG_datasets", "2wikimultihopqa", "train", _flashrag),
+    "musique": SourceSpec("RUC-NLPIR/FlashRAG_datasets", "musique", "train", _flashrag),
+    "popqa": SourceSpec("RUC-NLPIR/FlashRAG_datasets", "popqa", "test", _flashrag),
+    "gsm8k": SourceSpec("openai/gsm8k", "main", "train", _gsm8k),
+    "dapo": SourceSpec("BytedTsinghua-SIA/DAPO-Math-17k", None, "train", _dapo),
+    "booksum": SourceSpec("kmfoda/booksum", None, "train", _titled("summary_name", "summary_text")),
+    "writingprompts": SourceSpec("euclaise/writingprompts", None, "train", _titled("prompt", "story")),
+}
+
+
+def _hub_rows(spec: SourceSpec) -> Iterable[Mapping[str, Any]]:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "building the training mix from the hub needs `datasets` (train extra)"
+        ) from exc
+    return datasets.load_dataset(spec.hub_id, spec.config, split=spec.split)
+
+
+def build_training_mix(
+    *,
+    per_source: int = 5120,
+    seed: int = 0,
+    files: Mapping[str, str | Path] | None = None,
+    sources: Sequence[str] | None = None,
+    specs: Mapping[str, SourceSpec] | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """The paper's training mix: `per_source` questions from each task, shuffled together, in release rows.
+
+    `files` maps a task to a local file in that task's raw format (used instead of the hub); other tasks are
+    read from the hub with `datasets`. Sampling is seeded and per task, so the same arguments give the same mix.
+    A task with fewer usable rows than `per_source` is an error naming it.
+    """
+    specs = dict(SOURCES if specs is None else specs)
+    files = dict(files or {})
+    chosen = list(sources or specs)
+    unknown = [name for name in [*chosen, *files] if name not in specs]
+    if unknown:
+        raise DataError(f"unknown training task(s) {', '.join(unknown)}; known: {', '.join(specs)}")
+    rng = random.Random(seed)
+    mix: list[dict[str, Any]] = []
+    iterator = chosen
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(chosen, desc="training mix", unit="task")
+    for name in iterator:
+        spec = specs[name]
+        raw = read_rows(files[name]) if name in files else _hub_rows(spec)
+        converted = []
+        for index, row in enumerate(raw):
+            try:
+                question, answers = spec.convert(row)
+            except (KeyError, TypeError, IndexError, AttributeError) as exc:
+                where = files.get(name, f"{spec.hub_id}:{spec.split}")
+                raise DataError(f"{name} ({where}) row {index}: cannot read it ({exc!r})") from None
+            if question.strip() and answers and all(str(a).strip() for a in answers):
+                converted.append((question, answers))
+        if len(converted) < per_source:
+            raise DataError(f"{name} has {len(converted)} usable rows, fewer than per_source={per_source}")
+        for question, answers in rng.sample(converted, per_source):
+            mix.append(release_row(question, answers, f"{name}-train"))
+    rng.shuffle(mix)
+    return mix
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows to .parquet or .jsonl (by suffix)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        # from_pylist takes its columns from the first row; give every row every column so none is dropped.
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        pq.write_table(pa.Table.from_pylist([{key: row.get(key) for key in columns} for row in rows]), path)
+    elif path.suffix == ".jsonl":
+        with path.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    else:
+        raise DataError(f"{path}: write .parquet or .jsonl")
+    return path
