@@ -2,14 +2,17 @@
 
     prompt-r1 run "QUESTION" [--agent-model M] [--agent-base-url URL] [--env-model M] [--env-base-url URL] ...
     prompt-r1 run "QUESTION" --config run.yaml --json
+    prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
+    prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
 
 Flags come from the config dataclasses (prompt_r1/config.py): every AgentConfig field is `--agent-<name>`, every
 EnvironmentConfig field `--env-<name>`, every LoopConfig field `--<name>`. Precedence: defaults < --config file <
 flags. Problems the user can fix (bad flags, missing keys, unreachable endpoints, models that cannot load) end
 with one line on stderr and a non-zero exit, never a traceback.
 
-Exit codes: 0 the episode ran (whatever its status except environment_error), 1 environment_error or an agent
-failure, 2 bad usage or settings, 3 an endpoint or model that cannot be reached, 130 interrupted.
+Exit codes: 0 the episode ran (whatever its status except environment_error) or every evaluation row finished,
+1 environment_error, an agent failure, or evaluation rows that failed (a rerun retries them), 2 bad usage,
+settings or data, 3 an endpoint or model that cannot be reached, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -115,22 +118,81 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON object instead of the readable turns"
     )
     add_run_flags(run)
+
+    from prompt_r1.evaluation import METHODS, SUITES
+
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
+        description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
+        "OUT/predictions.jsonl (a rerun skips finished rows), then writes OUT/summary.csv, OUT/table.md and "
+        "OUT/chart.png.",
+    )
+    ev.add_argument(
+        "--suite",
+        choices=list(SUITES),
+        help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items()),
+    )
+    ev.add_argument(
+        "--dataset",
+        action="append",
+        metavar="NAME|FILE",
+        help="a bundled set (hotpot, 2wiki, musique, popqa, gsm8k, dapo, booksum, writingprompts, mathqa, "
+        "squad_v2, triviaqa, xsum) or a .parquet/.jsonl/.json file; repeatable, adds to --suite",
+    )
+    ev.add_argument(
+        "--method",
+        action="append",
+        choices=list(METHODS),
+        help="repeatable (default: the suite's methods, else prompt-r1)",
+    )
+    ev.add_argument("--limit", type=int, metavar="N", help="only the first N rows of each dataset")
+    ev.add_argument(
+        "--out", default="eval-results", metavar="DIR", help="output folder (default: eval-results)"
+    )
+    ev.add_argument(
+        "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
+    )
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
+    add_run_flags(ev)
+
+    sc = sub.add_parser(
+        "score",
+        help="score a predictions file (JSONL rows with prediction and golden_answers)",
+        description="Rows may also carry dataset and method; without them the file name is the dataset.",
+    )
+    sc.add_argument("file", help="a .jsonl file of rows with `prediction` and `golden_answers`")
+    sc.add_argument(
+        "--metric",
+        action="append",
+        choices=["em", "sm", "f1", "ssim", "math"],
+        help="repeatable (default: EM, SM, F1, plus SSim on text sets and math equivalence on math sets)",
+    )
+    sc.add_argument(
+        "--out", metavar="DIR", help="where to write summary.csv/table.md/chart.png (default: beside FILE)"
+    )
+    sc.add_argument("--no-chart", action="store_true", help="skip the chart")
     return parser
 
 
-def _prepare(agent_cfg: AgentConfig, env_cfg: EnvironmentConfig):
-    """Build the environment client and the agent, cheapest checks first (keys, sockets, then model loading)."""
+def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
+    """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
+    then model loading."""
     from prompt_r1.agents import load_agent
     from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentClient
 
-    environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
-    check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
-    if agent_cfg.resolved_backend == "served":
-        check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
-    try:
-        agent = load_agent(agent_cfg)
-    except ConfigError as exc:
-        raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
+    environment = agent = None
+    if env_cfg is not None:
+        environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
+        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    if agent_cfg is not None:
+        if agent_cfg.resolved_backend == "served":
+            check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+        try:
+            agent = load_agent(agent_cfg)
+        except ConfigError as exc:
+            raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
     return agent, environment
 
 
@@ -208,11 +270,111 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from prompt_r1.data import load_samples
+    from prompt_r1.evaluation import (
+        METHODS,
+        read_predictions,
+        record_settings,
+        resolve_plan,
+        run_evaluation,
+        summarize,
+        write_reports,
+    )
+
+    datasets, methods = resolve_plan(args.suite, args.dataset, args.method)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
+    samples = [sample for name in datasets for sample in load_samples(name, limit=args.limit)]
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    needs_agent = any(METHODS[m].needs_agent for m in methods)
+    needs_env = any(METHODS[m].needs_environment for m in methods)
+    # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
+    record_settings(
+        args.out,
+        methods,
+        agent_config=agent_cfg if needs_agent else None,
+        environment_config=env_cfg if needs_env else None,
+        loop=loop_cfg,
+    )
+    agent, environment = _prepare(agent_cfg if needs_agent else None, env_cfg if needs_env else None)
+    print(
+        f"evaluating {', '.join(methods)} on {len(datasets)} dataset(s), {len(samples)} rows each method "
+        f"→ {args.out}",
+        file=sys.stderr,
+    )
+    outcome = asyncio.run(
+        run_evaluation(
+            args.out,
+            methods,
+            samples,
+            agent=agent,
+            environment=environment,
+            loop=loop_cfg,
+            agent_config=agent_cfg if needs_agent else None,
+            environment_config=env_cfg if needs_env else None,
+            concurrency=args.concurrency,
+            progress=not args.no_progress,
+        )
+    )
+    from pathlib import Path
+
+    wanted = {(m, s.dataset, s.id) for m in methods for s in samples}
+    rows = [
+        r
+        for r in read_predictions(Path(args.out) / "predictions.jsonl")
+        if (r["method"], r["dataset"], r["id"]) in wanted
+    ]
+    written = write_reports(summarize(rows), args.out, chart=not args.no_chart)
+    print(written["markdown"].read_text(encoding="utf-8"))
+    print(
+        f"{outcome.written} rows run, {outcome.skipped} already done, in {outcome.seconds:.1f} s; "
+        + ", ".join(str(p) for p in written.values()),
+        file=sys.stderr,
+    )
+    failed = sum(1 for r in rows if r.get("status") in ("environment_error", "agent_error"))
+    if failed:
+        print(
+            f"prompt-r1: error: {failed} rows failed; run the same command again to retry them",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from prompt_r1.data import DataError
+    from prompt_r1.evaluation import read_predictions, summarize, write_reports
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise DataError(f"no such predictions file: {path}")
+    rows = read_predictions(path)
+    if not rows:
+        raise DataError(f"{path} has no rows")
+    for i, row in enumerate(rows):
+        if "golden_answers" not in row:
+            raise DataError(f"{path} row {i}: no golden_answers")
+        if row.get("prediction") is not None and not isinstance(row["prediction"], str):
+            raise DataError(f"{path} row {i}: prediction is not text")
+    summary = summarize(rows, metrics=args.metric)
+    written = write_reports(
+        summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric
+    )
+    print(written["markdown"].read_text(encoding="utf-8"))
+    print(", ".join(str(p) for p in written.values()), file=sys.stderr)
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
     try:
-        return {"run": cmd_run}[args.command](args)
+        return {"run": cmd_run, "eval": cmd_eval, "score": cmd_score}[args.command](args)
     except _Failure as exc:
         print(f"prompt-r1: error: {exc}", file=sys.stderr)
         return exc.code

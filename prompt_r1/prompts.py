@@ -7,6 +7,8 @@ datasets, so a model trained on those rows sees at inference exactly what it saw
 from __future__ import annotations
 
 __all__ = [
+    "CHAIN_OF_THOUGHT_TEMPLATE",
+    "DIRECT_ANSWER_TEMPLATE",
     "ENVIRONMENT_SYSTEM_PROMPT",
     "FINAL_ANSWER_REQUEST",
     "INSTRUCTION_TEMPLATE",
@@ -53,6 +55,13 @@ FINAL_ANSWER_REQUEST = (
     "The interaction limit has been reached: no further <interaction_prompt> will be answered. "
     "Using the responses you already have, write your final reasoning in <think></think> and your final "
     "answer in <answer></answer> now."
+)
+
+# The evaluation baselines (`prompt-r1 eval`): the question straight to one model, asking for the answer in the
+# same <answer> tags the agent uses, so every method's prediction is extracted the same way.
+DIRECT_ANSWER_TEMPLATE = "{question}\n\nWrite your final answer inside <answer></answer> tags."
+CHAIN_OF_THOUGHT_TEMPLATE = (
+    "{question}\n\nLet's think step by step. Then write your final answer inside <answer></answer> tags."
 )
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "STOP_SEQUENCES",
     "AgentTurn",
     "cut_at_stop",
+    "last_answer",
     "parse_agent_output",
     "repair_stopped_text",
 ]
@@ -199,3 +200,18 @@ def parse_agent_output(text: str) -> AgentTurn:
     if not answer_defects and not prompt_defects:
         defects.append("neither <interaction_prompt> nor <answer>")
     return AgentTurn(kind="malformed", defects=tuple(defects), **common)
+
+
+_ANSWER_BLOCK = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+
+
+def last_answer(text: str) -> str | None:
+    """The stripped content of the last complete `<answer>…</answer>` in free text, or None.
+
+    Free-form replies (the evaluation baselines) may quote the tags while reasoning; the last pair is the answer.
+
+    >>> last_answer("I think <answer>x</answer>, no: <answer> Paris </answer>")
+    'Paris'
+    """
+    matches = _ANSWER_BLOCK.findall(text)
+    return matches[-1].strip() if matches else None

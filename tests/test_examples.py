@@ -1,4 +1,4 @@
-"""The runnable examples in graphs/ run offline against scripted servers."""
+"""The runnable examples in graphs/ and evals/ run offline against scripted servers."""
 
 from __future__ import annotations
 
@@ -25,3 +25,17 @@ def test_example_runs(script, expected):
     )
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout
+
+
+def test_eval_demo_produces_the_table(tmp_path):
+    script = GRAPHS.parent / "evals" / "demo_eval.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--limit", "2", "--out", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("| Method | HotpotQA EM | HotpotQA F1 | 2WikiMQA EM")
+    assert "| Prompt-R1 |" in done.stdout and "| Env CoT |" in done.stdout
+    assert (tmp_path / "demo" / "chart.png").exists()
