@@ -32,6 +32,10 @@ _EXPORTS = {
     "build_graph": "prompt_r1.graph",
     "AgentTurn": "prompt_r1.protocol",
     "parse_agent_output": "prompt_r1.protocol",
+    "load_samples": "prompt_r1.data",
+    "score_episode": "prompt_r1.rewards",
+    "score_transcript": "prompt_r1.rewards",
+    "trl_reward": "prompt_r1.rewards",
 }
 __all__ = [
     "AgentBackend",
@@ -47,17 +51,23 @@ __all__ = [
     "PromptR1Error",
     "build_graph",
     "load_agent",
+    "load_samples",
     "parse_agent_output",
+    "score_episode",
+    "score_transcript",
+    "trl_reward",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from prompt_r1.agents import AgentBackend, AgentOutput, AgentRequest, load_agent
     from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig
+    from prompt_r1.data import load_samples
     from prompt_r1.environment import EnvironmentClient, EnvironmentReply
     from prompt_r1.errors import PromptR1Error
     from prompt_r1.graph import EpisodeState, build_graph
     from prompt_r1.protocol import AgentTurn, parse_agent_output
+    from prompt_r1.rewards import score_episode, score_transcript, trl_reward
 
 
 def __getattr__(name: str) -> Any:
