@@ -287,7 +287,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
-    samples = [sample for name in datasets for sample in load_samples(name, limit=args.limit)]
+    samples, sources = [], {}
+    for name in datasets:
+        loaded = load_samples(name, limit=args.limit)
+        label = loaded[0].dataset if loaded else name
+        if label in sources:
+            raise ConfigError(
+                f"two datasets are both named {label!r} ({sources[label]} and {name}); rename a file"
+            )
+        sources[label] = name
+        samples += loaded
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     needs_agent = any(METHODS[m].needs_agent for m in methods)
     needs_env = any(METHODS[m].needs_environment for m in methods)
@@ -349,6 +358,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     from prompt_r1.data import DataError
     from prompt_r1.evaluation import read_predictions, summarize, write_reports
+    from prompt_r1.rewards import golden_answers_of
 
     path = Path(args.file)
     if not path.is_file():
@@ -357,10 +367,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     if not rows:
         raise DataError(f"{path} has no rows")
     for i, row in enumerate(rows):
-        if "golden_answers" not in row:
-            raise DataError(f"{path} row {i}: no golden_answers")
-        if row.get("prediction") is not None and not isinstance(row["prediction"], str):
+        if "prediction" not in row:
+            raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
+        if row["prediction"] is not None and not isinstance(row["prediction"], str):
             raise DataError(f"{path} row {i}: prediction is not text")
+        try:
+            row["golden_answers"] = golden_answers_of(row)
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{path} row {i}: {exc.args[0]}") from None
     summary = summarize(rows, metrics=args.metric)
     written = write_reports(
         summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric

@@ -176,6 +176,10 @@ def _row_answers(row: Mapping[str, Any]) -> list[str]:
     ):
         if value is None:
             continue
+        if isinstance(value, Mapping):  # SQuAD style: {"text": [...], "answer_start": [...]}
+            if "text" not in value:
+                raise ValueError(f"its golden answers are a mapping without 'text': {dict(value)!r}")
+            value = value["text"]
         answers = [value] if isinstance(value, str | int | float) else list(value)
         if not answers:
             raise ValueError("its golden answers are an empty list")
@@ -207,6 +211,7 @@ def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[
     if limit is not None:
         rows = rows[:limit]
     samples = []
+    seen: dict[str, int] = {}
     for index, row in enumerate(rows):
         try:
             question = _row_question(row)
@@ -216,9 +221,15 @@ def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[
         except ValueError as exc:
             raise DataError(f"{path} row {index}: {exc}") from None
         row_id = row.get("id")
+        sample_id = str(row_id) if row_id is not None else f"{name}-{index}"
+        if sample_id in seen:
+            raise DataError(
+                f"{path} row {index}: id {sample_id!r} repeats row {seen[sample_id]}; ids must be unique"
+            )
+        seen[sample_id] = index
         samples.append(
             Sample(
-                id=str(row_id) if row_id is not None else f"{name}-{index}",
+                id=sample_id,
                 dataset=name,
                 index=index,
                 question=question,
@@ -244,7 +255,8 @@ def release_row(question: str, golden_answers: Sequence[str], data_source: str) 
 
 
 def _flashrag(row: Mapping[str, Any]) -> tuple[str, list[str]]:
-    return row["question"], list(row["golden_answers"])
+    answers = row["golden_answers"]
+    return row["question"], [answers] if isinstance(answers, str) else list(answers)
 
 
 def _gsm8k(row: Mapping[str, Any]) -> tuple[str, list[str]]:
@@ -327,7 +339,6 @@ def build_training_mix(
     unknown = [name for name in [*chosen, *files] if name not in specs]
     if unknown:
         raise DataError(f"unknown training task(s) {', '.join(unknown)}; known: {', '.join(specs)}")
-    rng = random.Random(seed)
     mix: list[dict[str, Any]] = []
     iterator = chosen
     if progress:
@@ -344,13 +355,17 @@ def build_training_mix(
             except (KeyError, TypeError, IndexError, AttributeError) as exc:
                 where = files.get(name, f"{spec.hub_id}:{spec.split}")
                 raise DataError(f"{name} ({where}) row {index}: cannot read it ({exc!r})") from None
+            if not isinstance(question, str):
+                where = files.get(name, f"{spec.hub_id}:{spec.split}")
+                raise DataError(f"{name} ({where}) row {index}: the question is not text ({question!r})")
             if question.strip() and answers and all(str(a).strip() for a in answers):
                 converted.append((question, answers))
         if len(converted) < per_source:
             raise DataError(f"{name} has {len(converted)} usable rows, fewer than per_source={per_source}")
-        for question, answers in rng.sample(converted, per_source):
+        # One generator per task, so a task's sample does not depend on which other tasks are chosen.
+        for question, answers in random.Random(f"{seed}:{name}").sample(converted, per_source):
             mix.append(release_row(question, answers, f"{name}-train"))
-    rng.shuffle(mix)
+    random.Random(seed).shuffle(mix)
     return mix
 
 

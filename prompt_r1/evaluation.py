@@ -138,9 +138,9 @@ def read_predictions(path: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
         if not isinstance(row, dict):
             raise DataError(f"{path} line {line_no}: expected a JSON object")
-        row.setdefault("method", "predictions")
-        row.setdefault("dataset", path.stem)
-        row.setdefault("id", str(line_no))
+        for key, default in (("method", "predictions"), ("dataset", path.stem), ("id", f"line-{line_no}")):
+            if row.get(key) is None:
+                row[key] = default
         rows[_key(row)] = row
     return list(rows.values())
 
@@ -216,11 +216,25 @@ def record_settings(
 
 def _row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:
     """The cheap metrics, stored with each row for the progress bar and quick inspection."""
+    if (
+        not prediction.strip()
+    ):  # no answer at all earns nothing, even against a golden answer that normalises to ""
+        return {"em": 0.0, "sm": 0.0, "f1": 0.0}
     return {
         "em": exact_match(prediction, golden_answers),
         "sm": substring_match(prediction, golden_answers),
         "f1": f1(prediction, golden_answers),
     }
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a last line left unfinished by a killed run, so the rows appended next start on a line of their own."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
 
 
 @dataclass
@@ -263,9 +277,19 @@ async def run_evaluation(
         out_dir, methods, agent_config=agent_config, environment_config=environment_config, loop=loop
     )
 
-    finished = {
-        _key(r) for r in read_predictions(out_dir / PREDICTIONS) if r.get("status") not in FAILED_STATUSES
-    }
+    predictions_path = out_dir / PREDICTIONS
+    _drop_partial_line(predictions_path)
+    questions = {(s.dataset, s.id): s.question for s in samples}
+    finished = set()
+    for row in read_predictions(predictions_path):
+        key = (str(row["dataset"]), str(row["id"]))
+        if key in questions and row.get("question") != questions[key]:
+            raise ConfigError(
+                f"{out_dir} has a row {row['dataset']}/{row['id']} for another question: the dataset changed, or "
+                "another file has the same name; use another --out folder"
+            )
+        if row.get("status") not in FAILED_STATUSES:
+            finished.add(_key(row))
     pending = [
         (method, sample)
         for sample in samples
@@ -357,7 +381,7 @@ async def run_evaluation(
             return await evaluate(method, sample)
 
     written = 0
-    with (out_dir / PREDICTIONS).open("a", encoding="utf-8") as handle:
+    with predictions_path.open("a", encoding="utf-8") as handle:
         tasks = [asyncio.create_task(guarded(m, s)) for m, s in pending]
         try:
             for next_done in asyncio.as_completed(tasks):
@@ -442,6 +466,7 @@ def summarize(
         predictions = [str(r.get("prediction") or "") for r in members]
         golds = [as_answer_list(r["golden_answers"]) for r in members]
         scores = {}
+        answered = [bool(p.strip()) for p in predictions]
         for name in _metrics_for(dataset, metrics):
             if not members:
                 continue
@@ -449,6 +474,8 @@ def summarize(
                 values = scorer.similarity_batch(predictions, golds)
             else:
                 values = METRICS[name](predictions, golds)
+            # A row without an answer earns nothing, even against a golden answer that normalises to "".
+            values = [v if ok else 0.0 for v, ok in zip(values, answered, strict=True)]
             scores[name] = sum(values) / len(values)
         summary.append(SummaryRow(dataset, method, len(members), failed[(dataset, method)], scores))
     return _ordered(summary)
@@ -508,11 +535,11 @@ def _table_metrics(dataset: str, scores_seen: set[str], requested: Sequence[str]
 def _markdown_table(header: list[str], body: list[list[str]], best_columns: range | None = None) -> list[str]:
     if best_columns is not None:
         for col in best_columns:
-            values = [float(r[col]) for r in body if r[col] not in ("", "–")]
+            values = [float(r[col].rstrip("†")) for r in body if r[col] not in ("", "–")]
             if len(values) > 1 and len(set(values)) > 1:  # a tie across every method marks nothing
                 top = max(values)
                 for r in body:
-                    if r[col] not in ("", "–") and float(r[col]) == top:
+                    if r[col] not in ("", "–") and float(r[col].rstrip("†")) == top:
                         r[col] = f"**{r[col]}**"
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
@@ -545,7 +572,7 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
                 cells.append("–")
                 continue
             per_metric[metric].append(s.scores[metric])
-            cells.append(f"{100 * s.scores[metric]:.2f}")
+            cells.append(f"{100 * s.scores[metric]:.2f}" + ("†" if s.failed else ""))
         for metric in averaged:
             complete = len(per_metric[metric]) == sum(1 for _, m in columns if m == metric)
             values = per_metric[metric]
@@ -575,6 +602,10 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
             for s in summary
         )
     lines += ["", f"Scores in percent. Rows scored: {counts}."]
+    if any(s.failed for s in summary):
+        lines.append(
+            "† some rows failed on the environment or agent and are left out: rerun the command to retry them."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -593,8 +624,12 @@ def write_chart(summary: Sequence[SummaryRow], path: str | Path, metric: str = "
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(datasets) + 2), 4.0))
     for i, method in enumerate(methods):
+        # A (dataset, method) pair that was not scored gets no bar rather than a bar at 0.
         values = [
-            next((100 * s.scores[metric] for s in points if s.dataset == d and s.method == method), 0.0)
+            next(
+                (100 * s.scores[metric] for s in points if s.dataset == d and s.method == method),
+                float("nan"),
+            )
             for d in datasets
         ]
         positions = [x + (i - (len(methods) - 1) / 2) * width for x in range(len(datasets))]

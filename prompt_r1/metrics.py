@@ -77,7 +77,12 @@ def _exact(prediction: str, gold: str) -> float:
 
 
 def _substring(prediction: str, gold: str) -> float:
-    return float(normalize_answer(gold) in normalize_answer(prediction))
+    normalised = normalize_answer(gold)
+    if not normalised:
+        # A golden answer that normalises to nothing ("$", "A") would be inside every text; compare it raw instead.
+        raw = gold.strip().lower()
+        return float(bool(raw) and raw in prediction.lower()) if raw else float(not prediction.strip())
+    return float(normalised in normalize_answer(prediction))
 
 
 def _token_f1(prediction: str, gold: str) -> float:

@@ -172,6 +172,7 @@ def _paper_terms(turns: Sequence[str]) -> tuple[int, bool, bool, bool, str | Non
         parsed
         and final.format_ok
         and bool((final.think or "").strip())
+        and not final.truncated.strip()  # nothing, not even a second answer, after the first </answer>
         and _COMPLETE_ANSWER_TURN.match(turns[-1]) is not None
     )
     return intermediate_ok, parsed, nonempty, complete, answer
@@ -265,26 +266,56 @@ def score_episode(
     return score_turns(texts, golden_answers, preset, **coefficients)
 
 
+def _answers(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    values = [value] if isinstance(value, str | int | float) else list(value)
+    if any(isinstance(v, bool) or not isinstance(v, str | int | float) for v in values):
+        raise TypeError(f"golden answers must be text or numbers, got {value!r}")
+    return [str(v) for v in values] or None
+
+
 def golden_answers_of(row: Mapping[str, Any]) -> list[str]:
-    """Golden answers from a dataset row: `golden_answers`, the release's `reward_model.ground_truth`, or `answer`."""
-    if row.get("golden_answers") is not None:
-        return as_answer_list(row["golden_answers"])
+    """Golden answers from a dataset row: `golden_answers`, the release's `reward_model.ground_truth`, or `answer`
+    (the first of them that is present and not empty; numbers become text)."""
     reward_model = row.get("reward_model")
-    if isinstance(reward_model, Mapping) and reward_model.get("ground_truth") is not None:
-        return as_answer_list(reward_model["ground_truth"])
-    if row.get("answer") is not None:
-        return as_answer_list(row["answer"])
+    for value in (
+        row.get("golden_answers"),
+        reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
+        row.get("answer"),
+    ):
+        answers = _answers(value)
+        if answers:
+            return answers
     raise KeyError("no golden answers: expected golden_answers, reward_model.ground_truth or answer")
 
 
 _HEADER, _END = "<|im_start|>assistant\n", "<|im_end|>"
 
 
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return str(content)
+
+
 def _completion_turns(completion: Any) -> list[str]:
     """The agent's turns in one TRL completion: chat messages, or text in chat format."""
     if isinstance(completion, list):  # conversational: [{"role": ..., "content": ...}, ...]
-        return [m["content"] for m in completion if m.get("role") == "assistant"]
+        turns = [_content(m) for m in completion if m.get("role") == "assistant"]
+    else:
+        turns = None
     text = str(completion)
+    if "<interaction_response>" in (text if turns is None else "".join(turns)) and "<|im_start|>" not in text:
+        # TRL decodes completions without special tokens, which erases the turn boundaries of a multi-turn
+        # episode; scoring it as one turn would never reach the gate. The rollout must pass the turns instead.
+        raise ValueError(
+            "a multi-turn completion without <|im_start|>/<|im_end|> markers cannot be split into turns; "
+            "pass the episode's turns as the `turn_texts` column (the Prompt-R1 rollout does)"
+        )
+    if turns is not None:
+        return turns
     # TRL's prompt ends with the first assistant header and the last turn may stop before its end-of-turn
     # marker; restore both so the text has the form the reference scores.
     if not text.startswith(_HEADER):
@@ -315,27 +346,22 @@ def trl_reward(
     def reward(prompts, completions, completion_ids=None, **columns) -> list[float | None]:
         rows = len(completions)
         statuses = columns.get("status") or [None] * rows
-        turn_texts = columns.get("turn_texts")
-        golds = _column_golden_answers(columns, rows)
+        turn_texts = columns.get("turn_texts") or [None] * rows
+        keys = [k for k in ("golden_answers", "reward_model", "answer") if columns.get(k) is not None]
+        if not keys:
+            raise KeyError(
+                "the reward needs golden answers: the dataset has none of golden_answers, reward_model, answer "
+                f"(columns passed: {', '.join(sorted(columns)) or 'none'})"
+            )
         out: list[float | None] = []
         for i in range(rows):
             if statuses[i] == "environment_error":
                 out.append(None)
                 continue
-            turns = turn_texts[i] if turn_texts is not None else _completion_turns(completions[i])
-            out.append(getattr(score_turns(turns, golds[i], spec), attribute))
+            golds = golden_answers_of({k: columns[k][i] for k in keys})
+            turns = turn_texts[i] if turn_texts[i] is not None else _completion_turns(completions[i])
+            out.append(getattr(score_turns(turns, golds, spec), attribute))
         return out
 
     reward.__name__ = f"prompt_r1_{component}"
     return reward
-
-
-def _column_golden_answers(columns: Mapping[str, Any], rows: int) -> list[list[str]]:
-    for key in ("golden_answers", "reward_model", "answer"):
-        if columns.get(key) is not None:
-            values = columns[key]
-            return [golden_answers_of({key: value}) for value in values]
-    raise KeyError(
-        f"the reward needs golden answers: the dataset has none of golden_answers, reward_model, answer "
-        f"(columns passed: {', '.join(sorted(columns)) or 'none'})"
-    )

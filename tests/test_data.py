@@ -50,6 +50,11 @@ def test_flat_jsonl_and_release_rows_from_files(tmp_path):
     assert [s.id for s in samples] == ["mine-0", "q7", "mine-2"]
     assert samples[1].golden_answers == ["4"]
     assert samples[2].question == "Who wrote Hamlet?"
+    squad = tmp_path / "squad.jsonl"
+    squad.write_text(
+        json.dumps({"question": "q", "answers": {"text": ["a", "b"], "answer_start": [1, 2]}}) + "\n"
+    )
+    assert load_samples(squad)[0].golden_answers == ["a", "b"]
     parquet = write_rows(rows[:1] + rows[2:], tmp_path / "mine.parquet")
     assert [s.question for s in load_samples(parquet)] == ["Capital of France?", "Who wrote Hamlet?"]
 
@@ -70,6 +75,14 @@ def test_flat_jsonl_and_release_rows_from_files(tmp_path):
             r"row 0: its prompt is not",
         ),
         (["[1, 2]"], r"line 1: expected a JSON object"),
+        (
+            ['{"id": 1, "question": "q", "answer": "a"}', '{"id": 1, "question": "r", "answer": "b"}'],
+            r"row 1: id '1' repeats row 0",
+        ),
+        (
+            ['{"question": "q", "answers": {"answer_start": [1]}}'],
+            r"row 0: its golden answers are a mapping without 'text'",
+        ),
     ],
 )
 def test_malformed_rows_are_named(tmp_path, lines, message):
@@ -150,6 +163,9 @@ def test_training_mix_from_local_files(raw_files, tmp_path):
     # Seeded: the same arguments give the same rows; a different seed another sample or order.
     assert build_training_mix(per_source=4, seed=1, files=raw_files) == mix
     assert build_training_mix(per_source=4, seed=2, files=raw_files) != mix
+    # Each task's sample is its own: choosing fewer tasks does not change the rows drawn for the others.
+    alone = build_training_mix(per_source=4, seed=1, files=raw_files, sources=["gsm8k"])
+    assert sorted(map(str, alone)) == sorted(str(r) for r in mix if r["data_source"] == "gsm8k-train")
     # The built file loads back through the same loader as the evaluation sets.
     samples = load_samples(write_rows(mix, tmp_path / "mix.parquet"))
     assert len(samples) == 32 and samples[0].golden_answers == mix[0]["reward_model"]["ground_truth"]

@@ -209,11 +209,72 @@ def test_score_a_predictions_file(tmp_path, capsys):
 
     path.write_text(json.dumps({"prediction": "x"}) + "\n")
     assert main(["score", str(path)]) == 2
-    assert "row 0: no golden_answers" in capsys.readouterr().err
+    assert "row 0: no golden answers" in capsys.readouterr().err
+    path.write_text(json.dumps({"golden_answers": ["x"]}) + "\n")
+    assert main(["score", str(path)]) == 2
+    assert "row 0: no prediction" in capsys.readouterr().err
 
 
-def test_a_row_cut_short_by_a_crash_is_dropped(tmp_path):
+def test_score_counts_rows_without_ids_and_gives_no_answer_nothing(tmp_path, capsys):
+    path = tmp_path / "preds.jsonl"
+    rows = [
+        {"id": None, "prediction": None, "golden_answers": ["A"]},  # normalises to "": still no credit
+        {"id": None, "prediction": "costs $5", "golden_answers": "$"},
+        {"id": None, "prediction": "x", "answer": 7},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["score", str(path), "--no-chart"]) == 0
+    with (tmp_path / "preds.summary.csv").open() as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert (row["n"], row["em"], row["sm"], row["f1"]) == ("3", "0.000000", "0.333333", "0.000000")
+
+
+def test_a_row_cut_short_by_a_crash_is_dropped_and_the_run_resumes(eval_server, tmp_path):
     path = tmp_path / "predictions.jsonl"
     good = {"method": "m", "dataset": "d", "id": "1", "status": "answered"}
     path.write_text(json.dumps(good) + "\n" + '{"method": "m", "dataset": "d", "id": "2", "predic')
     assert read_predictions(path) == [good]
+
+    out = tmp_path / "run"
+    args = ["eval", "--dataset", "hotpot", "--method", "env-only", "--limit", "3", "--out", str(out)]
+    assert main(args + endpoint_flags(eval_server)) == 0
+    predictions = out / "predictions.jsonl"
+    text = predictions.read_text()
+    predictions.write_text(text[: text.rindex("{") + 20])  # the last row cut mid-write, as by a kill
+    assert main(args + endpoint_flags(eval_server)) == 0  # that row runs again and lands on its own line
+    assert len(read_predictions(predictions)) == 3
+    assert all(json.loads(line) for line in predictions.read_text().splitlines())
+
+
+def test_datasets_with_one_name_are_refused(eval_server, tmp_path, capsys):
+    mine = tmp_path / "hotpot.jsonl"
+    mine.write_text(json.dumps({"question": "Mine?", "golden_answers": ["yes"]}) + "\n")
+    out = tmp_path / "run"
+    flags = endpoint_flags(eval_server)
+    assert (
+        main(
+            [
+                "eval",
+                "--dataset",
+                "hotpot",
+                "--dataset",
+                str(mine),
+                "--method",
+                "env-only",
+                "--out",
+                str(out),
+                *flags,
+            ]
+        )
+        == 2
+    )
+    assert "two datasets are both named 'hotpot'" in capsys.readouterr().err
+    assert (
+        main(
+            ["eval", "--dataset", "hotpot", "--limit", "1", "--method", "env-only", "--out", str(out), *flags]
+        )
+        == 0
+    )
+    # A later run in the same folder with a file of the same name holds other questions under the same ids.
+    assert main(["eval", "--dataset", str(mine), "--method", "env-only", "--out", str(out), *flags]) == 2
+    assert "has a row hotpot/hotpot-0 for another question" in capsys.readouterr().err

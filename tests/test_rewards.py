@@ -134,6 +134,11 @@ def test_paper_answer_reward_and_empty_episode():
     assert paper(tool_call, P, A).total == 1.0  # the release's JSON prompt form is a prompt
 
 
+def test_paper_complete_means_nothing_after_the_first_answer():
+    score = paper(P, P, "<think>f</think><answer>Paris</answer><answer>Rome</answer>")
+    assert (score.complete, score.answer, score.total) == (False, "Paris", pytest.approx(-0.3))
+
+
 def test_coefficients_settable_one_by_one():
     assert score_turns([P, A], ["Paris"], "paper", epsilon=1.25).total == 1.0  # 0.25 + 1.0 reaches 1.25
     assert score_turns([A], ["Paris"], "reference", alpha=0.0, epsilon=0.6).total == 1.0
@@ -213,3 +218,19 @@ def test_trl_reward_components_turn_texts_and_messages():
     assert trl_reward("reference")(["q"], [messages], answer=["Paris"]) == [1.0]
     with pytest.raises(KeyError, match="needs golden answers"):
         trl_reward()(["q"], [A], other=[1])
+
+
+def test_trl_reward_odd_columns():
+    reward = trl_reward("reference")
+    numeric = "<think>t</think><interaction_prompt>p</interaction_prompt><|im_end|>" + RESPONSE
+    numeric += "<|im_start|>assistant\n<think>f</think><answer>7</answer>"
+    assert reward(["q"], [numeric], answer=[7]) == [1.0]  # numbers become text
+    # A row without golden_answers falls back to the release's reward_model column, row by row.
+    both = {"golden_answers": [None, []], "reward_model": [{"ground_truth": ["Paris"]}] * 2}
+    assert reward(["q", "q"], [A, A], turn_texts=[[P, A], None], **both) == [1.0, pytest.approx(-0.4)]
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": A}]}]
+    assert reward(["q"], [parts], answer=["Paris"]) == [pytest.approx(-0.4)]
+    # TRL decodes without special tokens: a multi-turn completion then has no turn boundaries left.
+    stripped = P + "\nuser\n<interaction_response>r</interaction_response>\nassistant\n" + A
+    with pytest.raises(ValueError, match="turn_texts"):
+        reward(["q"], [stripped], answer=["Paris"])
