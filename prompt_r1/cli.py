@@ -23,6 +23,7 @@ import json
 import sys
 import textwrap
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any
 
 from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file, unreachable_reason
@@ -246,13 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("the question is empty")
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     agent, environment = _prepare(agent_cfg, env_cfg)
-    graph = build_graph(
-        agent,
-        environment,
-        max_turns=loop_cfg.max_turns,
-        force_final_answer=loop_cfg.force_final_answer,
-        max_total_tokens=loop_cfg.max_total_tokens,
-    )
+    graph = build_graph(agent, environment, **loop_cfg.graph_options())
     try:
         result = asyncio.run(_run_episode(graph, args.question, live=not args.json, out=sys.stdout))
     except AgentError as exc:
@@ -274,6 +269,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from prompt_r1.data import load_samples
     from prompt_r1.evaluation import (
         METHODS,
+        PREDICTIONS,
         read_predictions,
         record_settings,
         resolve_plan,
@@ -328,22 +324,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     )
-    from pathlib import Path
-
     wanted = {(m, s.dataset, s.id) for m in methods for s in samples}
     rows = [
         r
-        for r in read_predictions(Path(args.out) / "predictions.jsonl")
+        for r in read_predictions(Path(args.out) / PREDICTIONS)
         if (r["method"], r["dataset"], r["id"]) in wanted
     ]
-    written = write_reports(summarize(rows), args.out, chart=not args.no_chart)
+    summary = summarize(rows)
+    written = write_reports(summary, args.out, chart=not args.no_chart)
     print(written["markdown"].read_text(encoding="utf-8"))
     print(
         f"{outcome.written} rows run, {outcome.skipped} already done, in {outcome.seconds:.1f} s; "
         + ", ".join(str(p) for p in written.values()),
         file=sys.stderr,
     )
-    failed = sum(1 for r in rows if r.get("status") in ("environment_error", "agent_error"))
+    failed = sum(s.failed for s in summary)
     if failed:
         print(
             f"prompt-r1: error: {failed} rows failed; run the same command again to retry them",
@@ -354,9 +349,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from prompt_r1.data import DataError
+    from prompt_r1.errors import DataError
     from prompt_r1.evaluation import read_predictions, summarize, write_reports
     from prompt_r1.rewards import golden_answers_of
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -162,6 +162,10 @@ class LoopConfig:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
         if self.max_total_tokens < 1:
             raise ConfigError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+    def graph_options(self) -> dict[str, Any]:
+        """The keyword arguments of `build_graph` this sets: every field is one, so a new field reaches the graph."""
+        return asdict(self)
 
 
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}

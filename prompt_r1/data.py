@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prompt_r1.errors import BackendUnavailable, DataError
+from prompt_r1.metrics import as_answer_list
 from prompt_r1.prompts import extract_question, question_message
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "build_training_mix",
     "bundled_data_dir",
     "dataset_info",
+    "jsonl_rows",
     "load_samples",
     "read_rows",
     "release_row",
@@ -106,6 +108,29 @@ def bundled_data_dir() -> Path:
     return path
 
 
+def jsonl_rows(path: Path, *, allow_cut_last_line: bool = False) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSONL file.
+
+    `allow_cut_last_line` drops a last line that is not valid JSON, as a process killed mid-write leaves it;
+    any other bad line is a `DataError` naming it.
+    """
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if allow_cut_last_line and line_no == len(lines):
+                break
+            raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise DataError(f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}")
+        rows.append((line_no, row))
+    return rows
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a .parquet, .jsonl or .json (a list of objects) file, as plain dicts."""
     path = Path(path)
@@ -122,21 +147,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         except Exception as exc:  # pyarrow's errors for bad files vary by version
             raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
     if suffix == ".jsonl":
-        rows = []
-        with path.open(encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
-                if not isinstance(row, dict):
-                    raise DataError(
-                        f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}"
-                    )
-                rows.append(row)
-        return rows
+        return [row for _, row in jsonl_rows(path)]
     if suffix == ".json":
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
@@ -180,13 +191,13 @@ def _row_answers(row: Mapping[str, Any]) -> list[str]:
             if "text" not in value:
                 raise ValueError(f"its golden answers are a mapping without 'text': {dict(value)!r}")
             value = value["text"]
-        answers = [value] if isinstance(value, str | int | float) else list(value)
+        try:
+            answers = as_answer_list(value, numbers=True)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
         if not answers:
             raise ValueError("its golden answers are an empty list")
-        for answer in answers:
-            if not isinstance(answer, str | int | float) or isinstance(answer, bool):
-                raise ValueError(f"a golden answer is not text: {answer!r}")
-        return [str(a) for a in answers]
+        return answers
     raise ValueError(
         "it has no golden answers (golden_answers, answers, reward_model.ground_truth or answer)"
     )
@@ -255,8 +266,7 @@ def release_row(question: str, golden_answers: Sequence[str], data_source: str) 
 
 
 def _flashrag(row: Mapping[str, Any]) -> tuple[str, list[str]]:
-    answers = row["golden_answers"]
-    return row["question"], [answers] if isinstance(answers, str) else list(answers)
+    return row["question"], as_answer_list(row["golden_answers"], numbers=True)
 
 
 def _gsm8k(row: Mapping[str, Any]) -> tuple[str, list[str]]:

@@ -30,9 +30,9 @@ from typing import Any
 
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.config import LoopConfig
-from prompt_r1.data import DATASETS, Sample, dataset_info
-from prompt_r1.errors import AgentError, ConfigError, ContextOverflow, DataError, EnvironmentCallError
-from prompt_r1.metrics import METRICS, SemanticScorer, as_answer_list, exact_match, f1, substring_match
+from prompt_r1.data import DATASETS, Sample, dataset_info, jsonl_rows
+from prompt_r1.errors import AgentError, ConfigError, ContextOverflow, EnvironmentCallError
+from prompt_r1.metrics import METRICS, SemanticScorer, as_answer_list
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import ANSWER_CLOSE, last_answer
 from prompt_r1.rewards import PRESETS, score_episode
@@ -125,19 +125,8 @@ def read_predictions(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for line_no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if line_no == len(lines):
-                break
-            raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(row, dict):
-            raise DataError(f"{path} line {line_no}: expected a JSON object")
+    for line_no, row in jsonl_rows(path, allow_cut_last_line=True):
         for key, default in (("method", "predictions"), ("dataset", path.stem), ("id", f"line-{line_no}")):
             if row.get(key) is None:
                 row[key] = default
@@ -214,17 +203,26 @@ def record_settings(
     path.write_text(json.dumps(recorded, indent=2, ensure_ascii=False) + "\n")
 
 
+def _scores(
+    name: str,
+    predictions: Sequence[str],
+    golds: Sequence[Sequence[str]],
+    scorer: SemanticScorer | None = None,
+) -> list[float]:
+    """Metric `name` per row; a row without an answer earns nothing, even against a golden answer that
+    normalises to "" (which an empty prediction would otherwise match)."""
+    if name == "ssim" and scorer is not None:
+        values = scorer.similarity_batch(predictions, golds)
+    else:
+        values = METRICS[name](predictions, golds)
+    return [
+        value if prediction.strip() else 0.0 for value, prediction in zip(values, predictions, strict=True)
+    ]
+
+
 def _row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:
     """The cheap metrics, stored with each row for the progress bar and quick inspection."""
-    if (
-        not prediction.strip()
-    ):  # no answer at all earns nothing, even against a golden answer that normalises to ""
-        return {"em": 0.0, "sm": 0.0, "f1": 0.0}
-    return {
-        "em": exact_match(prediction, golden_answers),
-        "sm": substring_match(prediction, golden_answers),
-        "f1": f1(prediction, golden_answers),
-    }
+    return {name: _scores(name, [prediction], [golden_answers])[0] for name in ("em", "sm", "f1")}
 
 
 def _drop_partial_line(path: Path) -> None:
@@ -299,13 +297,7 @@ async def run_evaluation(
     skipped = len(samples) * len(methods) - len(pending)
     graph = None
     if "prompt-r1" in methods:
-        graph = build_graph(
-            agent,
-            environment,
-            max_turns=loop.max_turns,
-            force_final_answer=loop.force_final_answer,
-            max_total_tokens=loop.max_total_tokens,
-        )
+        graph = build_graph(agent, environment, **loop.graph_options())
 
     async def evaluate(method: str, sample: Sample) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -466,16 +458,10 @@ def summarize(
         predictions = [str(r.get("prediction") or "") for r in members]
         golds = [as_answer_list(r["golden_answers"]) for r in members]
         scores = {}
-        answered = [bool(p.strip()) for p in predictions]
         for name in _metrics_for(dataset, metrics):
             if not members:
                 continue
-            if name == "ssim" and scorer is not None:
-                values = scorer.similarity_batch(predictions, golds)
-            else:
-                values = METRICS[name](predictions, golds)
-            # A row without an answer earns nothing, even against a golden answer that normalises to "".
-            values = [v if ok else 0.0 for v, ok in zip(values, answered, strict=True)]
+            values = _scores(name, predictions, golds, scorer)
             scores[name] = sum(values) / len(values)
         summary.append(SummaryRow(dataset, method, len(members), failed[(dataset, method)], scores))
     return _ordered(summary)

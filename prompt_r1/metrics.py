@@ -55,15 +55,20 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
-def as_answer_list(golden_answers: str | Iterable[str]) -> list[str]:
-    """Golden answers as a list of strings; one string is one answer (never its characters)."""
-    if isinstance(golden_answers, str):
-        return [golden_answers]
+def as_answer_list(golden_answers: str | Iterable[str], *, numbers: bool = False) -> list[str]:
+    """Golden answers as a list of strings; one string is one answer (never its characters).
+
+    With `numbers`, numeric answers as datasets store them (4, 5.6) are accepted and become their text.
+    """
+    accepted = (str, int, float) if numbers else (str,)
+    if isinstance(golden_answers, accepted):  # one answer (a bool among them is refused just below)
+        golden_answers = [golden_answers]
     answers = list(golden_answers)
     for answer in answers:
-        if not isinstance(answer, str):
-            raise TypeError(f"golden answers must be strings, got {type(answer).__name__}: {answer!r}")
-    return answers
+        if isinstance(answer, bool) or not isinstance(answer, accepted):
+            kinds = "strings or numbers" if numbers else "strings"
+            raise TypeError(f"a golden answer is not text: {answer!r} (golden answers must be {kinds})")
+    return [str(answer) for answer in answers]
 
 
 def _best(score: Callable[[str, str], float], prediction: str, golden_answers: str | Iterable[str]) -> float:

@@ -266,15 +266,6 @@ def score_episode(
     return score_turns(texts, golden_answers, preset, **coefficients)
 
 
-def _answers(value: Any) -> list[str] | None:
-    if value is None:
-        return None
-    values = [value] if isinstance(value, str | int | float) else list(value)
-    if any(isinstance(v, bool) or not isinstance(v, str | int | float) for v in values):
-        raise TypeError(f"golden answers must be text or numbers, got {value!r}")
-    return [str(v) for v in values] or None
-
-
 def golden_answers_of(row: Mapping[str, Any]) -> list[str]:
     """Golden answers from a dataset row: `golden_answers`, the release's `reward_model.ground_truth`, or `answer`
     (the first of them that is present and not empty; numbers become text)."""
@@ -284,7 +275,7 @@ def golden_answers_of(row: Mapping[str, Any]) -> list[str]:
         reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
         row.get("answer"),
     ):
-        answers = _answers(value)
+        answers = as_answer_list(value, numbers=True) if value is not None else []
         if answers:
             return answers
     raise KeyError("no golden answers: expected golden_answers, reward_model.ground_truth or answer")
