@@ -293,19 +293,20 @@ def _content(message: Mapping[str, Any]) -> str:
 
 def _completion_turns(completion: Any) -> list[str]:
     """The agent's turns in one TRL completion: chat messages, or text in chat format."""
-    if isinstance(completion, list):  # conversational: [{"role": ..., "content": ...}, ...]
+    conversational = isinstance(completion, list)  # [{"role": ..., "content": ...}, ...]
+    if conversational:
         turns = [_content(m) for m in completion if m.get("role") == "assistant"]
+        text = "".join(turns)
     else:
-        turns = None
-    text = str(completion)
-    if "<interaction_response>" in (text if turns is None else "".join(turns)) and "<|im_start|>" not in text:
+        text = str(completion)
+    if "<interaction_response>" in text and "<|im_start|>" not in text:
         # TRL decodes completions without special tokens, which erases the turn boundaries of a multi-turn
         # episode; scoring it as one turn would never reach the gate. The rollout must pass the turns instead.
         raise ValueError(
             "a multi-turn completion without <|im_start|>/<|im_end|> markers cannot be split into turns; "
             "pass the episode's turns as the `turn_texts` column (the Prompt-R1 rollout does)"
         )
-    if turns is not None:
+    if conversational:
         return turns
     # TRL's prompt ends with the first assistant header and the last turn may stop before its end-of-turn
     # marker; restore both so the text has the form the reference scores.
