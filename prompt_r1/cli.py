@@ -158,6 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     add_run_flags(ev)
 
+    sub.add_parser(
+        "train",
+        add_help=False,
+        help="GRPO-train the agent from a recipe: prompt-r1 train --config training/configs/RECIPE.yaml "
+        "[--FIELD VALUE ...] (prompt-r1 train --help lists every field)",
+    )
+    mg = sub.add_parser(
+        "merge",
+        help="merge a trained LoRA adapter into its base model and save a folder vllm serve and --agent-model load",
+    )
+    mg.add_argument(
+        "adapter", help="the adapter folder (a training output_dir or checkpoint-N with use_peft)"
+    )
+    mg.add_argument("--out", required=True, metavar="DIR", help="where to save the merged model")
+    mg.add_argument("--base", metavar="MODEL", help="base model (default: the one the adapter names)")
+    mg.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help="weights dtype"
+    )
+
     sc = sub.add_parser(
         "score",
         help="score a predictions file (JSONL rows with prediction and golden_answers)",
@@ -377,11 +396,58 @@ def cmd_score(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
+def cmd_train(argv: list[str]) -> int:
+    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
+    from dataclasses import dataclass, field
+
+    from trl import TrlParser
+
+    from prompt_r1.environment import OPENAI_BASE_URL
+    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.trainer import train
+
+    @dataclass
+    class TrainFlags:
+        resume: bool = field(
+            default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
+        )
+
+    parser = TrlParser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
     try:
-        return {"run": cmd_run, "eval": cmd_eval, "score": cmd_score}[args.command](args)
+        config, flags = parser.parse_args_and_config(argv)
+    except (ValueError, OSError, yaml_error()) as exc:  # GRPOConfig's own checks, an unreadable recipe
+        raise ConfigError(str(exc).strip()) from None
+    check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    trainer = train(config, resume=flags.resume)
+    if trainer.accelerator.is_main_process:
+        print(f"trained {trainer.state.global_step} steps; saved to {config.output_dir}", file=sys.stderr)
+    return EXIT_OK
+
+
+def yaml_error() -> type[Exception]:
+    import yaml
+
+    return yaml.YAMLError
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from prompt_r1.training.trainer import merge_adapter
+
+    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
+    print(f"merged model saved to {out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv and argv[0] == "train":
+        command, args = (lambda _: cmd_train(argv[1:])), None
+    else:
+        args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
+        command = {"run": cmd_run, "eval": cmd_eval, "score": cmd_score, "merge": cmd_merge}[args.command]
+    try:
+        return command(args)
     except _Failure as exc:
         print(f"prompt-r1: error: {exc}", file=sys.stderr)
         return exc.code

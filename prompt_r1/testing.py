@@ -27,6 +27,7 @@ __all__ = [
     "Fault",
     "RecordedRequest",
     "ScriptedServer",
+    "build_protocol_model",
     "build_tiny_model",
     "echo_environment",
     "max_in_window",
@@ -349,5 +350,58 @@ def build_tiny_model(
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(path)
+    return path
+
+
+def build_protocol_model(
+    path: str | Path,
+    episodes: Sequence[tuple[str, str, str, str]],
+    *,
+    hidden_size: int = 64,
+    steps: int = 400,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Path:
+    """A tiny model fine-tuned (seconds, on CPU) to play two-turn episodes, saved to `path`.
+
+    Each episode is (question, first turn, environment response, second turn). The model is trained on the
+    token-exact trajectory the graph builds (agent turns as targets, the rendered environment message masked), so
+    sampling through the graph reproduces the script; where several episodes share a question and first turn but
+    end differently, the model learns to choose among their endings.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prompt_r1.prompts import interaction_response, question_message
+    from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+
+    path = build_tiny_model(path, hidden_size=hidden_size, seed=seed)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    rows, labels = [], []
+    for question, turn1, response, turn2 in episodes:
+        prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
+        first = tok.encode(turn1, add_special_tokens=False)
+        env = user_turn_ids(tok, interaction_response(response), first)
+        second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id]
+        rows.append(prompt + first + env + second)
+        labels.append([-100] * len(prompt) + first + [-100] * len(env) + second)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    target = torch.full((len(rows), width), -100)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        target[i, : len(label)] = torch.tensor(label)
+        attention[i, : len(row)] = 1
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=attention, labels=target).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
     model.save_pretrained(path)
     return path

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["initial_prompt_ids", "user_turn_ids"]
+__all__ = ["initial_prompt_ids", "turn_end_ids", "user_turn_ids"]
 
 _DUMMY_ASSISTANT = "PROMPTR1ASSISTANTPLACEHOLDER"
 _DUMMY_USER = "PROMPTR1USERPLACEHOLDER"
@@ -57,6 +57,30 @@ def user_turn_ids(tokenizer: Any, content: str, sampled_ids: list[int]) -> list[
     head, tail = _user_turn_frame(tokenizer)
     ids = list(tokenizer.encode(head + content + tail, add_special_tokens=False))
     for k in range(min(len(sampled_ids), 3), 0, -1):
+        if sampled_ids[-k:] == ids[:k]:
+            return ids[k:]
+    return ids
+
+
+@lru_cache(maxsize=64)
+def _turn_end_text(tokenizer: Any) -> str:
+    """What the chat template writes after an assistant message's content, up to its end-of-turn marker
+    (e.g. "<|im_end|>"; the newline after it belongs to the next turn, and a trajectory must end on the marker)."""
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
+    text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    return text[text.rindex(_DUMMY_ASSISTANT) + len(_DUMMY_ASSISTANT) :].rstrip()
+
+
+def turn_end_ids(tokenizer: Any, sampled_ids: list[int]) -> list[int]:
+    """Ids that close the agent's last turn as the chat template renders it, minus what it already sampled.
+
+    Falls back to the EOS token when the template writes nothing after an assistant message.
+    """
+    text = _turn_end_text(tokenizer)
+    ids = list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [tokenizer.eos_token_id]
+    for k in range(min(len(sampled_ids), len(ids)), 0, -1):
         if sampled_ids[-k:] == ids[:k]:
             return ids[k:]
     return ids

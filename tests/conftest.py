@@ -85,3 +85,22 @@ def trained_tiny_model_path(tmp_path_factory) -> Path:
     assert loss.item() < 0.05, f"tiny model did not learn its script (loss {loss.item():.3f})"
     model.save_pretrained(path)
     return path
+
+
+# A two-turn task with a known answer: the environment always says the name is Ada; the protocol model was taught
+# to end with any of four names, so GRPO has something to learn (and its groups have reward variance).
+NAME_QUESTION = "Which name does the item have?"
+NAME_TURN_1 = "<think>ask</think><interaction_prompt>Which name?</interaction_prompt>"
+NAME_RESPONSE = "The name is Ada."
+NAMES = ("Ada", "Bob", "Cy", "Dee")
+
+
+@pytest.fixture(scope="session")
+def protocol_model_path(tmp_path_factory) -> Path:
+    """The tiny model taught the name task's format, answering any of NAMES (about 30 s on 2 cores)."""
+    from prompt_r1.testing import build_protocol_model
+
+    episodes = [
+        (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+    ]
+    return build_protocol_model(tmp_path_factory.mktemp("protocol") / "model", episodes, steps=150)

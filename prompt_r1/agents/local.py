@@ -8,20 +8,16 @@ its sampled ids and their log-probabilities under the sampling distribution are 
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import StoppingCriteria, StopStringCriteria
 
-from prompt_r1.agents.base import AgentOutput, AgentRequest
-from prompt_r1.aio import PerLoop
+from prompt_r1.agents.base import AgentOutput
+from prompt_r1.agents.batching import BatchingBackend, PendingRequest
 from prompt_r1.config import AgentConfig, hub_endpoint, unreachable_reason
-from prompt_r1.errors import AgentError, ConfigError, ContextOverflow
-from prompt_r1.tokens import initial_prompt_ids
+from prompt_r1.errors import ConfigError
 
 __all__ = ["TransformersAgent", "load_transformers_model"]
 
@@ -94,21 +90,7 @@ class _StopRecorder(StoppingCriteria):
         return done
 
 
-@dataclass
-class _Queue:
-    pending: list = field(default_factory=list)
-    drainer: asyncio.Task | None = None
-
-
-@dataclass
-class _Pending:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    stop: tuple[str, ...]
-    future: asyncio.Future
-
-
-class TransformersAgent:
+class TransformersAgent(BatchingBackend):
     """Local agent backend. `model`/`tokenizer` may be given directly (e.g. the trainer's policy)."""
 
     def __init__(
@@ -119,7 +101,12 @@ class TransformersAgent:
         tokenizer: Any = None,
         max_batch_size: int = 64,
         max_context: int | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> None:
+        """sampling: `generate` keyword arguments that replace the config's temperature/top_p (the trainer passes
+        its own, so that no default of the model's generation_config, such as top_k, changes the distribution)."""
+        super().__init__()
+        self.sampling = sampling
         self.config = config = config or AgentConfig()
         if model is None:
             model, tokenizer = load_transformers_model(config.model, device=config.device, dtype=config.dtype)
@@ -127,12 +114,8 @@ class TransformersAgent:
             raise ConfigError("a TransformersAgent given a model also needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_size = max_batch_size
+        self.default_max_new_tokens = config.max_new_tokens
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
-        # Requests and their drainer belong to the event loop they came from: futures must be resolved on it.
-        self._queues: PerLoop[_Queue] = PerLoop(_Queue)
-        # One generate at a time, whichever loop's worker thread calls it.
-        self._generate_lock = threading.Lock()
-        self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
         if config.seed is not None:
             torch.manual_seed(config.seed)  # once: reseeding per batch would replay the same samples
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
@@ -141,59 +124,8 @@ class TransformersAgent:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
         )
 
-    async def generate(self, request: AgentRequest) -> AgentOutput:
-        prompt_ids = (
-            request.prompt_ids
-            if request.prompt_ids is not None
-            else initial_prompt_ids(self.tokenizer, request.messages)
-        )
-        max_new = request.max_new_tokens or self.config.max_new_tokens
-        if self.max_context is not None and len(prompt_ids) >= self.max_context:
-            raise ContextOverflow(
-                f"agent prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_context}"
-            )
-        if self.max_context is not None:
-            max_new = min(max_new, self.max_context - len(prompt_ids))
-        queue = self._queues.get()
-        future = asyncio.get_running_loop().create_future()
-        queue.pending.append(_Pending(list(prompt_ids), max_new, tuple(request.stop), future))
-        if queue.drainer is None or queue.drainer.done():
-            queue.drainer = asyncio.create_task(self._drain(queue))
-        return await future
-
-    async def _drain(self, queue: _Queue) -> None:
-        while queue.pending:
-            # Let every episode that is ready to generate enqueue first: one pass of the loop per step.
-            await asyncio.sleep(0)
-            # Rows of one batch share their stop strings: a row must not stop on a string it did not ask for.
-            stop = queue.pending[0].stop
-            batch, rest = [], []
-            for item in queue.pending:
-                (batch if item.stop == stop and len(batch) < self.max_batch_size else rest).append(item)
-            queue.pending = rest
-            try:
-                outputs = await asyncio.to_thread(self._generate_batch, batch)
-            except Exception as exc:  # a failed batch fails its requests, not the drainer
-                error = (
-                    exc
-                    if isinstance(exc, AgentError | ContextOverflow)
-                    else AgentError(f"local generation failed: {exc!r}")
-                )
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(error)
-                continue
-            for item, output in zip(batch, outputs, strict=True):
-                if not item.future.done():
-                    item.future.set_result(output)
-
-    def _generate_batch(self, batch: list[_Pending]) -> list[AgentOutput]:
-        with self._generate_lock:
-            return self._generate_locked(batch)
-
     @torch.no_grad()
-    def _generate_locked(self, batch: list[_Pending]) -> list[AgentOutput]:
-        self.batches.append(len(batch))
+    def _generate_locked(self, batch: list[PendingRequest]) -> list[AgentOutput]:
         cfg = self.config
         device = self.model.device
         width = max(len(item.prompt_ids) for item in batch)
@@ -203,11 +135,12 @@ class TransformersAgent:
             input_ids[row, width - len(item.prompt_ids) :] = torch.tensor(item.prompt_ids)
             attention[row, width - len(item.prompt_ids) :] = 1
         recorder = _StopRecorder(self.tokenizer, batch[0].stop, self.eos_ids, width, len(batch))
-        sampling = (
-            dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
-            if cfg.temperature > 0
-            else dict(do_sample=False)
-        )
+        if self.sampling is not None:
+            sampling = self.sampling
+        elif cfg.temperature > 0:
+            sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
+        else:
+            sampling = dict(do_sample=False)
         out = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),

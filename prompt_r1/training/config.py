@@ -1,0 +1,145 @@
+"""`PromptR1GRPOConfig`: TRL's `GRPOConfig` extended with the agent model, data, loop, environment and reward.
+
+Every field is a command-line flag of `prompt-r1 train` (`--env_model` or `--env-model`) and a key of a recipe
+YAML (`training/configs/*.yaml`); flags override the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import GRPOConfig
+
+from prompt_r1.config import DEFAULT_AGENT_MODEL, DEFAULT_ENV_MODEL, EnvironmentConfig
+from prompt_r1.errors import ConfigError
+from prompt_r1.rewards import PRESETS
+
+__all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
+
+# The paper release's 2,048-row training sample, shipped with the project.
+DEFAULT_TRAIN_DATA = "training/data/mixed_2048.parquet"
+
+
+def _help(text: str, **kw):
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass
+class PromptR1GRPOConfig(GRPOConfig):
+    """GRPO for the Prompt-R1 agent. Fields after TRL's own are the agent, data, loop, environment and reward."""
+
+    # The agent.
+    model_name_or_path: str = _help(
+        "Agent model to train: a local folder or hub id.", default=DEFAULT_AGENT_MODEL
+    )
+    agent_dtype: str = _help(
+        "Weights dtype for loading the agent: auto, bfloat16, float16 or float32.", default="auto"
+    )
+    use_peft: bool = _help("Train a LoRA adapter instead of all weights.", default=False)
+    lora_r: int = _help("LoRA rank.", default=16)
+    lora_alpha: int = _help("LoRA alpha.", default=32)
+    lora_dropout: float = _help("LoRA dropout.", default=0.05)
+    lora_target_modules: list[str] = _help(
+        "Modules LoRA adapts ('all-linear' for every linear layer but the output head).",
+        default_factory=lambda: ["all-linear"],
+    )
+    # Data.
+    train_data: str = _help(
+        "Training rows: a bundled dataset name, or a parquet/JSONL/JSON file in the release or flat schema.",
+        default=DEFAULT_TRAIN_DATA,
+    )
+    max_train_samples: int | None = _help("Use only the first N training rows.", default=None)
+    # The loop.
+    max_turns: int = _help("Most environment calls per episode (paper: 5).", default=5)
+    max_turn_tokens: int = _help("Most tokens the agent writes in one turn (paper: 1,024).", default=1024)
+    max_total_tokens: int = _help(
+        "Token budget of a whole trajectory after the first prompt (paper: 8,192).", default=8192
+    )
+    # The environment: the same settings as `prompt-r1 run`'s --env-* flags.
+    env_model: str = _help("Environment model name as its endpoint knows it.", default=DEFAULT_ENV_MODEL)
+    env_base_url: str | None = _help(
+        "OpenAI-compatible base URL of the environment; unset: OpenAI's API.", default=None
+    )
+    env_api_key_env: str = _help(
+        "Environment variable holding the environment's API key.", default="OPENAI_API_KEY"
+    )
+    env_rate_limit: int = _help(
+        "Environment requests allowed per rate period, for the whole run (split evenly across processes).",
+        default=500,
+    )
+    env_rate_period: float = _help("Length of the environment's rate-limit window in seconds.", default=60.0)
+    env_max_in_flight: int = _help("Environment requests in flight at once, per process.", default=32)
+    env_timeout: float = _help("Seconds allowed for one environment call.", default=60.0)
+    env_max_retries: int = _help("Retries after a failed environment call (429, 5xx, timeout).", default=5)
+    env_backoff_initial: float = _help(
+        "First retry wait in seconds (doubles per retry, with jitter).", default=1.0
+    )
+    env_backoff_max: float = _help("Longest backoff between retries in seconds.", default=30.0)
+    env_max_retry_after: float = _help(
+        "Longest wait honoured from a server's Retry-After, in seconds.", default=120.0
+    )
+    env_temperature: float | None = _help(
+        "Environment sampling temperature; unset: the endpoint's.", default=None
+    )
+    env_max_tokens: int | None = _help(
+        "Most tokens per environment response; unset: the endpoint's.", default=None
+    )
+    # The reward.
+    reward_preset: str = _help("Reward coefficients: paper or reference.", default="paper")
+    reward_alpha: float | None = _help("Override α (per complete intermediate turn).", default=None)
+    reward_beta: float | None = _help("Override β (answer tag present).", default=None)
+    reward_gamma: float | None = _help("Override γ (answer non-empty).", default=None)
+    reward_delta: float | None = _help("Override δ (final turn complete).", default=None)
+    reward_epsilon: float | None = _help("Override ε (format cap and gate).", default=None)
+
+    def __post_init__(self) -> None:
+        if self.reward_preset not in PRESETS:
+            raise ConfigError(
+                f"reward_preset must be one of {', '.join(PRESETS)}, got {self.reward_preset!r}"
+            )
+        if self.max_turns < 0:
+            raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
+        if self.max_turn_tokens < 1 or self.max_total_tokens < self.max_turn_tokens:
+            raise ConfigError(
+                f"need 1 <= max_turn_tokens <= max_total_tokens, got {self.max_turn_tokens} and {self.max_total_tokens}"
+            )
+        if self.agent_dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ConfigError(
+                f"agent_dtype must be auto, bfloat16, float16 or float32, got {self.agent_dtype!r}"
+            )
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = [self.lora_target_modules]
+        # TRL sizes vLLM's generations and its truncation logging by max_completion_length: one trajectory.
+        self.max_completion_length = self.max_total_tokens
+        super().__post_init__()
+
+    def reward_coefficients(self) -> dict[str, float]:
+        names = ("alpha", "beta", "gamma", "delta", "epsilon")
+        return {n: getattr(self, f"reward_{n}") for n in names if getattr(self, f"reward_{n}") is not None}
+
+    def environment_config(self, num_processes: int = 1) -> EnvironmentConfig:
+        """The environment client's settings; each process gets its share of the run's rate limit."""
+        return EnvironmentConfig(
+            model=self.env_model,
+            base_url=self.env_base_url,
+            api_key_env=self.env_api_key_env,
+            rate_limit=max(1, self.env_rate_limit // max(1, num_processes)),
+            rate_period=self.env_rate_period,
+            max_in_flight=self.env_max_in_flight,
+            timeout=self.env_timeout,
+            max_retries=self.env_max_retries,
+            backoff_initial=self.env_backoff_initial,
+            backoff_max=self.env_backoff_max,
+            max_retry_after=self.env_max_retry_after,
+            temperature=self.env_temperature,
+            max_tokens=self.env_max_tokens,
+        )
+
+    def resolved_train_data(self) -> str:
+        """`train_data` as given, or, for a relative path missing from the working folder, the project's copy."""
+        path = Path(self.train_data)
+        if path.is_absolute() or path.exists() or path.suffix == "":
+            return self.train_data
+        project = Path(__file__).resolve().parents[2] / path
+        return str(project) if project.exists() else self.train_data

@@ -1,0 +1,224 @@
+"""The trainer's own policy as the agent backend of GRPO rollouts.
+
+Three ways to generate, chosen from the trainer's settings:
+
+- `generate` on the trainer's model (no vLLM): the model is unwrapped for generation once per rollout call
+  (under ZeRO-3 its parameters are gathered once, so generation itself makes no collective call and ranks whose
+  episodes take different numbers of turns never wait on each other).
+- TRL's colocated vLLM engine (`vllm_mode="colocate"`, tensor parallel size 1): each rank's own engine.
+- TRL's vLLM server (`vllm_mode="server"`): TRL's own `VLLMClient.generate` gathers prompts from every rank and
+  broadcasts the results, a collective that deadlocks when ranks call it a different number of times. Here every
+  rank posts its own requests to the server's `/generate/` endpoint through a client of its own, so no rank waits
+  on another; the server batches what arrives. Weights are still synced by TRL (main process) before each rollout.
+
+In each case concurrent episodes' requests are batched into one call per step of the event loop
+(`BatchingBackend`), and the sampled ids and their logprobs are returned as sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from prompt_r1.agents.base import AgentOutput
+from prompt_r1.agents.batching import BatchingBackend, PendingRequest
+from prompt_r1.config import AgentConfig
+from prompt_r1.errors import ConfigError
+
+__all__ = ["VLLMColocatePolicy", "VLLMServerPolicy", "trainer_policy"]
+
+
+def _sampling(args: Any) -> dict[str, Any]:
+    """The trainer's sampling settings as vLLM SamplingParams fields."""
+    return {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k if args.top_k is not None else 0,
+        "min_p": 0.0 if args.min_p is None else args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+
+
+def _generate_sampling(args: Any) -> dict[str, Any]:
+    """The trainer's sampling settings as `generate` arguments, as TRL's own generation uses them (top_k 0 turns
+    off the model's default top-k instead of silently truncating the distribution the logprobs describe)."""
+    if args.temperature <= 0:
+        return {"do_sample": False}
+    sampling = {
+        "do_sample": True,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": getattr(args, "top_k", 0) or 0,
+        "min_p": getattr(args, "min_p", None),
+        "repetition_penalty": getattr(args, "repetition_penalty", 1.0),
+    }
+    sampling.update(getattr(args, "generation_kwargs", None) or {})
+    return sampling
+
+
+def _finish(ids: list[int], max_new: int, stopped: bool) -> str:
+    return "length" if not stopped and len(ids) >= max_new else "stop"
+
+
+def _outputs_from_vllm(batch, completions, logprobs, tokenizer) -> list[AgentOutput]:
+    results = []
+    for item, ids, lps in zip(batch, completions, logprobs, strict=True):
+        ids = list(ids)
+        flat = [
+            float("nan") if lp is None else float(lp[0] if isinstance(lp, list | tuple) else lp) for lp in lps
+        ]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        stopped = any(text.endswith(s) for s in item.stop) or (ids and ids[-1] == tokenizer.eos_token_id)
+        results.append(
+            AgentOutput(
+                text=text,
+                token_ids=ids,
+                logprobs=flat,
+                finish_reason=_finish(ids, item.max_new_tokens, stopped),
+                prompt_tokens=len(item.prompt_ids),
+                completion_tokens=len(ids),
+            )
+        )
+    return results
+
+
+class VLLMColocatePolicy(BatchingBackend):
+    """Generation on the rank's own colocated vLLM engine (TRL's `vllm_generation.llm`)."""
+
+    def __init__(self, llm: Any, tokenizer: Any, sampling: dict[str, Any], *, max_new_tokens: int) -> None:
+        super().__init__()
+        self.llm, self.tokenizer, self.sampling = llm, tokenizer, sampling
+        self.default_max_new_tokens = max_new_tokens
+        self.max_batch_size = 1 << 16  # the engine schedules by itself
+
+    def _generate_locked(self, batch: list[PendingRequest]) -> list[AgentOutput]:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=item.max_new_tokens,
+                stop=list(item.stop),
+                include_stop_str_in_output=True,
+                logprobs=0,
+                **self.sampling,
+            )
+            for item in batch
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": item.prompt_ids} for item in batch], sampling_params=params, use_tqdm=False
+        )
+        completions = [out.outputs[0].token_ids for out in outputs]
+        logprobs = [
+            [
+                step[token].logprob
+                for step, token in zip(out.outputs[0].logprobs or [], out.outputs[0].token_ids, strict=False)
+            ]
+            for out in outputs
+        ]
+        return _outputs_from_vllm(batch, completions, logprobs, self.tokenizer)
+
+
+class VLLMServerPolicy(BatchingBackend):
+    """Generation on TRL's vLLM server (`trl vllm-serve`), each rank posting its own requests."""
+
+    def __init__(self, client: Any, tokenizer: Any, sampling: dict[str, Any], *, max_new_tokens: int) -> None:
+        super().__init__()
+        self.client, self.tokenizer, self.sampling = client, tokenizer, sampling
+        self.default_max_new_tokens = max_new_tokens
+        self.max_batch_size = 1 << 16
+
+    def _generate_locked(self, batch: list[PendingRequest]) -> list[AgentOutput]:
+        # One request per budget: the server applies one max_tokens to all prompts of a call.
+        by_budget: dict[int, list[int]] = {}
+        for row, item in enumerate(batch):
+            by_budget.setdefault(item.max_new_tokens, []).append(row)
+        completions: list[Any] = [None] * len(batch)
+        logprobs: list[Any] = [None] * len(batch)
+        for budget, rows in by_budget.items():
+            out = self.client.generate(
+                prompts=[batch[r].prompt_ids for r in rows],
+                n=1,
+                max_tokens=budget,
+                logprobs=0,
+                generation_kwargs={"stop": list(batch[rows[0]].stop), "include_stop_str_in_output": True},
+                **self.sampling,
+            )
+            for r, ids, lps in zip(rows, out["completion_ids"], out["logprobs"], strict=True):
+                completions[r], logprobs[r] = ids, lps
+        return _outputs_from_vllm(batch, completions, logprobs, self.tokenizer)
+
+
+_server_clients: dict[str, Any] = {}
+
+
+def _rank_client(trainer: Any) -> Any:
+    """This rank's client of the vLLM server: the trainer's own on the main process, a generate-only one elsewhere."""
+    generation = trainer.vllm_generation
+    client = getattr(generation, "vllm_client", None)
+    if client is not None:
+        return client
+    base_url = generation.server_base_url or f"http://{generation.server_host}:{generation.server_port}"
+    if base_url not in _server_clients:
+        from trl.generation.vllm_client import VLLMClient
+
+        _server_clients[base_url] = VLLMClient(
+            base_url=base_url, connection_timeout=generation.server_timeout
+        )
+    return _server_clients[base_url]
+
+
+@contextlib.contextmanager
+def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBackend]:
+    """The agent backend for one rollout call, generating with the trainer's current policy."""
+    tokenizer = trainer.processing_class
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
+    args = trainer.args
+    if getattr(trainer, "use_vllm", False):
+        generation = trainer.vllm_generation
+        if generation.mode == "server":
+            yield VLLMServerPolicy(
+                _rank_client(trainer), tokenizer, _sampling(args), max_new_tokens=max_new_tokens
+            )
+            return
+        if generation.tensor_parallel_size > 1:
+            raise ConfigError(
+                "multi-turn rollouts with colocated vLLM need vllm_tensor_parallel_size 1: a tensor-parallel group "
+                "generates collectively, and its ranks' episodes take different numbers of turns; use server mode"
+            )
+        if generation.enable_sleep_mode:
+            if generation._llm_weights_sleeping:
+                generation.sync_weights()
+            generation.llm.wake_up(tags=["kv_cache"])
+        try:
+            yield VLLMColocatePolicy(
+                generation.llm, tokenizer, _sampling(args), max_new_tokens=max_new_tokens
+            )
+        finally:
+            if generation.enable_sleep_mode:
+                generation.llm.sleep(level=2)
+                generation._llm_weights_sleeping = True
+        return
+
+    from trl.models import unwrap_model_for_generation
+
+    from prompt_r1.agents.local import TransformersAgent
+
+    summon = getattr(getattr(trainer, "_dist", None), "summon_full_params", None)
+    with (
+        unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=args.ds3_gather_for_generation,
+            gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+        ) as model,
+        summon(trainer.model_wrapped, recurse=False) if summon else contextlib.nullcontext(),
+    ):
+        config = AgentConfig(
+            model=str(getattr(model.config, "_name_or_path", "policy")),
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=max_new_tokens,
+        )
+        yield TransformersAgent(config, model=model, tokenizer=tokenizer, sampling=_generate_sampling(args))

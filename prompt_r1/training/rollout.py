@@ -1,0 +1,209 @@
+"""The LangGraph loop as TRL's rollout generator: `GRPOTrainer(rollout_func=GraphRollout(environment, ...))`.
+
+TRL calls `rollout_func(prompts, trainer)` once per generation step on every process, with that process's prompts
+already repeated `num_generations` times for the groups. Each prompt becomes one episode of the same graph that
+serves inference; all episodes of the call run concurrently on the process-wide event loop (`prompt_r1.aio`), so
+the environment client's rate limiter, retries and HTTP connections persist across steps, and the policy's
+generate calls are batched across episodes.
+
+What goes back to the trainer is the token-exact trajectory the graph kept: `completion_ids` are the agent's
+sampled ids (env_mask 1, with their sampling logprobs) and the environment's rendered messages (env_mask 0,
+logprob placeholders 0.0), never re-tokenised. Extra fields (status, answer, turns, the agent's turn texts, usage)
+reach the reward functions as columns; `prompt_r1.rewards.trl_reward` scores `turn_texts` and gives episodes
+whose environment calls failed after their retries a None reward, which TRL leaves out of the group baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+
+from prompt_r1.aio import run_sync
+from prompt_r1.environment import EnvironmentClient
+from prompt_r1.errors import ConfigError
+from prompt_r1.graph import STATUSES, build_graph
+from prompt_r1.prompts import extract_question
+from prompt_r1.tokens import turn_end_ids
+from prompt_r1.training.policy import trainer_policy
+
+__all__ = ["GraphRollout", "question_of"]
+
+
+def question_of(prompt: Any) -> str:
+    """The bare question of a training prompt: release-style messages, a Prompt-R1 first message, or plain text."""
+    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and prompt:
+        last = prompt[-1]
+        content = last.get("content") if isinstance(last, dict) else None
+        if not isinstance(content, str):
+            raise ConfigError(f"a training prompt's last message has no text content: {last!r}")
+        prompt = content
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ConfigError(f"a training prompt must be a question or chat messages, got {prompt!r}")
+    return extract_question(prompt) or prompt
+
+
+class GraphRollout:
+    """A `rollout_func` for `trl.GRPOTrainer` that runs one Prompt-R1 episode per prompt.
+
+    environment: the environment client (rate-limited, retrying) or any LangChain chat model.
+    max_turns: most environment calls per episode (paper: 5); an episode that wants more ends with `max_turns`.
+    max_turn_tokens / max_total_tokens: the per-turn and whole-trajectory token budgets (paper: 1,024 / 8,192).
+    """
+
+    def __init__(
+        self,
+        environment: EnvironmentClient | BaseChatModel,
+        *,
+        max_turns: int = 5,
+        max_turn_tokens: int = 1024,
+        max_total_tokens: int = 8192,
+    ) -> None:
+        if max_turn_tokens < 1 or max_total_tokens < 1:
+            raise ConfigError("max_turn_tokens and max_total_tokens must be >= 1")
+        self.environment = environment
+        self.max_turns = max_turns
+        self.max_turn_tokens = max_turn_tokens
+        self.max_total_tokens = max_total_tokens
+        self.calls = 0
+        self.last_results: list[dict] = []  # the episodes of the latest call, for inspection
+        self.last_batch_sizes: list[int] = []
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        _check_trainer(trainer)
+        questions = [question_of(p) for p in prompts]
+        with trainer_policy(trainer, max_new_tokens=self.max_turn_tokens) as agent:
+            results = self.run_episodes(agent, questions)
+        self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
+        tokenizer = agent.tokenizer
+        output = self.to_trajectories(results, tokenizer)
+        self.calls += 1
+        self.last_results = results
+        log_episode_metrics(trainer, results)
+        return output
+
+    def run_episodes(self, agent: Any, questions: list[str]) -> list[dict]:
+        """Run one episode per question concurrently on the process-wide event loop; results in input order."""
+        graph = build_graph(
+            agent,
+            self.environment,
+            max_turns=self.max_turns,
+            force_final_answer=False,  # training: running out of turns is the agent's outcome to learn from
+            max_new_tokens=self.max_turn_tokens,
+            max_total_tokens=self.max_total_tokens,
+            token_exact=True,
+        )
+
+        async def run_all() -> list[dict]:
+            return await asyncio.gather(*(graph.ainvoke({"question": q}) for q in questions))
+
+        return run_sync(run_all())
+
+    def to_trajectories(self, results: list[dict], tokenizer: Any) -> dict[str, list]:
+        """TRL's rollout output: ids, logprobs and env_mask per episode, plus the columns the rewards read."""
+        out: dict[str, list] = {
+            k: []
+            for k in (
+                "prompt_ids",
+                "completion_ids",
+                "logprobs",
+                "env_mask",
+                "turn_texts",
+                "status",
+                "answer",
+                "num_turns",
+                "env_calls",
+            )
+        }
+        for result in results:
+            completion = list(result.get("completion_ids", []))
+            logprobs = list(result.get("logprobs", []))
+            mask = list(result.get("env_mask", []))
+            turns = result.get("turns", [])
+            # Close the agent's last turn as the chat template does when the agent stopped on a stop string
+            # (the template's end-of-turn marker, not trained on): TRL reads a completion that does not end on
+            # EOS as truncated. Episodes cut off by a budget stay as they are, and are truncated.
+            cut_off = result.get("status") == "context_overflow" or (
+                turns and turns[-1].get("finish_reason") == "length"
+            )
+            if not cut_off or not completion:
+                end = turn_end_ids(tokenizer, completion[-3:])
+                if not completion or len(completion) + len(end) <= self.max_total_tokens:
+                    completion += end
+                    logprobs += [0.0] * len(end)
+                    mask += [0] * len(end)
+            out["prompt_ids"].append(list(result["prompt_ids"]))
+            out["completion_ids"].append(completion)
+            out["logprobs"].append(logprobs)
+            out["env_mask"].append(mask)
+            out["turn_texts"].append([t["text"] for t in turns])
+            out["status"].append(result.get("status"))
+            out["answer"].append(result.get("answer"))
+            out["num_turns"].append(len(turns))
+            out["env_calls"].append(result.get("usage", {}).get("env_calls", 0))
+        return out
+
+
+def _check_trainer(trainer: Any) -> None:
+    if getattr(trainer, "tools", None):
+        raise ConfigError(
+            "GraphRollout needs the trainer without `tools`: TRL honours env_mask only when tools are unset"
+        )
+    plugin = getattr(getattr(getattr(trainer, "accelerator", None), "state", None), "deepspeed_plugin", None)
+    stage = getattr(plugin, "zero_stage", None) if plugin is not None else None
+    if stage == 3 and not getattr(trainer, "use_vllm", False) and not trainer.args.ds3_gather_for_generation:
+        raise ConfigError(
+            "ZeRO-3 generation without gathered parameters is a collective per forward pass, which deadlocks when "
+            "ranks' episodes take different numbers of turns: keep ds3_gather_for_generation true, or use vLLM"
+        )
+
+
+# Counters summed over a step's episodes (all processes), logged as means per episode.
+_USAGE_KEYS = (
+    "agent_calls",
+    "agent_completion_tokens",
+    "env_calls",
+    "env_input_tokens",
+    "env_output_tokens",
+    "env_retries",
+    "env_failed_calls",
+)
+
+
+def episode_statistics(results: list[dict]) -> list[float]:
+    """[episodes, turns, usage counters..., one count per status] for one process, in a fixed order."""
+    statuses = Counter(r.get("status") for r in results)
+    usage = Counter()
+    for r in results:
+        usage.update(r.get("usage", {}))
+    return [
+        float(len(results)),
+        float(sum(len(r.get("turns", [])) for r in results)),
+        *(float(usage[k]) for k in _USAGE_KEYS),
+        *(float(statuses[s]) for s in STATUSES),
+    ]
+
+
+def log_episode_metrics(trainer: Any, results: list[dict]) -> None:
+    """Add per-episode means over all processes to the trainer's logged metrics (TRL's `report_to`)."""
+    metrics = getattr(trainer, "_metrics", None)
+    if metrics is None:
+        return
+    import torch
+
+    mode = "train" if trainer.model.training else "eval"
+    local = torch.tensor(episode_statistics(results), dtype=torch.float64, device=trainer.accelerator.device)
+    total = (
+        trainer.accelerator.reduce(local, reduction="sum") if trainer.accelerator.num_processes > 1 else local
+    )
+    values = total.tolist()
+    episodes = values[0] or math.nan
+    metrics[mode]["episode/turns"].append(values[1] / episodes)
+    for key, value in zip(_USAGE_KEYS, values[2 : 2 + len(_USAGE_KEYS)], strict=True):
+        metrics[mode][f"episode/{key}"].append(value / episodes)
+    for status, value in zip(STATUSES, values[2 + len(_USAGE_KEYS) :], strict=True):
+        metrics[mode][f"episode/status_{status}"].append(value / episodes)

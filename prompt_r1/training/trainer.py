@@ -1,0 +1,157 @@
+"""Building and running the GRPO trainer for the agent, and merging a trained LoRA adapter.
+
+    config = PromptR1GRPOConfig(output_dir="runs/tiny", model_name_or_path="path/to/model", env_base_url=...)
+    trainer = build_trainer(config)          # TRL GRPOTrainer with GraphRollout and the double-constrained reward
+    trainer.train()
+
+`prompt-r1 train --config training/configs/<recipe>.yaml [--field value ...]` does the same from a recipe, under
+`accelerate launch` for several processes (DeepSpeed ZeRO-2/3 configs in training/accelerate/).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.errors import ConfigError, DataError
+from prompt_r1.prompts import question_message
+from prompt_r1.training.config import PromptR1GRPOConfig
+from prompt_r1.training.rollout import GraphRollout
+
+__all__ = ["build_trainer", "load_training_rows", "merge_adapter", "reward_functions", "train"]
+
+
+def load_training_rows(source: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """Rows for the trainer: the agent's first message as the prompt, the golden answers as a reward column."""
+    from prompt_r1.data import load_samples
+
+    samples = load_samples(source, limit=limit)
+    if not samples:
+        raise DataError(f"{source} has no training rows")
+    return [
+        {
+            "prompt": [{"role": "user", "content": question_message(s.question)}],
+            "golden_answers": list(s.golden_answers),
+            "id": s.id,
+            "data_source": s.dataset,
+        }
+        for s in samples
+    ]
+
+
+def reward_functions(config: PromptR1GRPOConfig) -> list:
+    """The total reward, then its format and answer parts (weight 0: logged, not trained on)."""
+    from prompt_r1.rewards import trl_reward
+
+    coefficients = config.reward_coefficients()
+    return [trl_reward(config.reward_preset, part, **coefficients) for part in ("total", "format", "answer")]
+
+
+def _peft_config(config: PromptR1GRPOConfig):
+    if not config.use_peft:
+        return None
+    from peft import LoraConfig
+
+    targets = config.lora_target_modules
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        task_type="CAUSAL_LM",
+    )
+
+
+def build_trainer(
+    config: PromptR1GRPOConfig,
+    *,
+    environment: Any = None,
+    train_rows: list[dict[str, Any]] | None = None,
+    callbacks: list | None = None,
+):
+    """A `trl.GRPOTrainer` whose generations are Prompt-R1 episodes of the LangGraph loop.
+
+    environment: an EnvironmentClient or LangChain chat model; default: one built from the config's env_* fields.
+    train_rows: rows with `prompt` and `golden_answers`; default: `config.train_data`.
+    """
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from prompt_r1.agents.local import _check_loadable
+    from prompt_r1.environment import EnvironmentClient
+
+    if environment is None:
+        environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
+    if train_rows is None:
+        train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
+    _check_loadable(config.model_name_or_path)
+    if config.model_init_kwargs is None:
+        config.model_init_kwargs = {}
+    config.model_init_kwargs.setdefault("dtype", config.agent_dtype)
+    if config.reward_weights is None:
+        config.reward_weights = [1.0, 0.0, 0.0]
+    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"the agent tokenizer of {config.model_name_or_path!r} has no chat template")
+    rollout = GraphRollout(
+        environment,
+        max_turns=config.max_turns,
+        max_turn_tokens=config.max_turn_tokens,
+        max_total_tokens=config.max_total_tokens,
+    )
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented way in; no banner
+    return GRPOTrainer(
+        model=config.model_name_or_path,
+        reward_funcs=reward_functions(config),
+        args=config,
+        train_dataset=Dataset.from_list(train_rows),
+        processing_class=tokenizer,
+        peft_config=_peft_config(config),
+        rollout_func=rollout,
+        callbacks=callbacks,
+    )
+
+
+def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: Any) -> Any:
+    """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    checkpoint = config.resume_from_checkpoint
+    if resume and checkpoint is None:
+        if Path(config.output_dir).is_dir():
+            checkpoint = get_last_checkpoint(config.output_dir)
+        if checkpoint is None:
+            raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
+    trainer = build_trainer(config, **build_kwargs)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(config.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.processing_class.save_pretrained(config.output_dir)
+    return trainer
+
+
+def merge_adapter(
+    adapter: str | Path, out: str | Path, *, base: str | None = None, dtype: str = "auto"
+) -> Path:
+    """Merge a LoRA adapter into its base model and save a plain model folder (what `vllm serve` and the agent
+    backends load), with the tokenizer."""
+    import torch
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter = Path(adapter)
+    if not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json)")
+    base = base or PeftConfig.from_pretrained(adapter).base_model_name_or_path
+    if not base:
+        raise ConfigError(f"{adapter} does not name its base model; pass --base")
+    torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    out = Path(out)
+    merged.save_pretrained(out)
+    tokenizer_source = adapter if (adapter / "tokenizer_config.json").is_file() else base
+    AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(out)
+    return out
