@@ -20,6 +20,8 @@ pytest.importorskip("trl")
 from conftest import (  # noqa: E402
     NAME_QUESTION,
     NAME_RESPONSE,
+    NAME_TURN_1,
+    NAMES,
     TINY_QUESTION,
     TINY_RESPONSE_1,
     TINY_TURN_1,
@@ -126,7 +128,9 @@ def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained
     turn1 = tok.encode(TINY_TURN_1, add_special_tokens=False)
     env = user_turn_ids(tok, interaction_response(TINY_RESPONSE_1), turn1)
     turn2 = tok.encode(TINY_TURN_2, add_special_tokens=False)
-    close = [tok.eos_token_id]  # turn 2 stopped on </answer>: the template's end-of-turn closes it, not trained on
+    close = [
+        tok.eos_token_id
+    ]  # turn 2 stopped on </answer>: the template's end-of-turn closes it, not trained on
     for i in range(6):
         assert out["status"][i] == "answered" and out["answer"][i] == "Ada Lovelace"
         assert out["completion_ids"][i] == turn1 + env + turn2 + close
@@ -356,7 +360,7 @@ def _launch(args: list[str], tmp_path: Path, timeout: int = 600) -> subprocess.C
     )
 
 
-@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("stage", [2, 3])
 def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model_path, tmp_path, stage):
     """The README's command: accelerate launch with the repo's DeepSpeed config, 2 CPU processes (gloo)."""
     from safetensors.torch import load_file
@@ -452,19 +456,27 @@ def test_cli_resumes_from_its_last_checkpoint(protocol_model_path, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_mean_reward_rises_on_the_name_task(protocol_model_path, tmp_path):
-    """Learning check: the environment always says Ada; the model starts answering any of four names."""
+def test_mean_reward_rises_on_the_name_task(tmp_path):
+    """Learning check: the environment always says Ada; the model starts out answering any of four names, with a
+    format it sometimes breaks. GRPO with the double-constrained reward must raise the mean reward."""
+    from prompt_r1.testing import build_protocol_model
+
+    questions = [NAME_QUESTION, "Which name is on the list?"]
+    episodes = [
+        (q, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>")
+        for q in questions
+        for n in NAMES
+    ]
+    model = build_protocol_model(tmp_path / "model", episodes, steps=300)
+    rows = [
+        {"prompt": [{"role": "user", "content": question_message(q)}], "golden_answers": ["Ada"]}
+        for q in questions
+    ]
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         config = name_config(
-            tmp_path,
-            protocol_model_path,
-            server,
-            per_device_train_batch_size=8,
-            num_generations=8,
-            max_steps=30,
-            beta=0.0,
+            tmp_path, model, server, per_device_train_batch_size=8, num_generations=8, max_steps=30, beta=0.0
         )
-        trainer = build_trainer(config, train_rows=name_rows(240))
+        trainer = build_trainer(config, train_rows=rows * 120)
         trainer.train()
     curve = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     print("mean reward per step:", " ".join(f"{r:.2f}" for r in curve))

@@ -43,9 +43,13 @@ def _sampling(args: Any) -> dict[str, Any]:
 def _generate_sampling(args: Any) -> dict[str, Any]:
     """The trainer's sampling settings as `generate` arguments, as TRL's own generation uses them (top_k 0 turns
     off the model's default top-k instead of silently truncating the distribution the logprobs describe)."""
+    # synced_gpus off: under ZeRO-3 `generate` would otherwise all-reduce a "finished" flag at every decoding step,
+    # a collective that ranks generating different numbers of turns never match. The parameters are gathered for
+    # the whole rollout, so each rank's generation is its own.
     if args.temperature <= 0:
-        return {"do_sample": False}
+        return {"do_sample": False, "synced_gpus": False}
     sampling = {
+        "synced_gpus": False,
         "do_sample": True,
         "temperature": args.temperature,
         "top_p": args.top_p,
