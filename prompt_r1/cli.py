@@ -420,7 +420,8 @@ def cmd_train(argv: list[str]) -> int:
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     trainer = train(config, resume=flags.resume)
     if trainer.accelerator.is_main_process:
-        print(f"trained {trainer.state.global_step} steps; saved to {config.output_dir}", file=sys.stderr)
+        steps = trainer.state.global_step
+        print(f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -474,7 +474,14 @@ def test_mean_reward_rises_on_the_name_task(tmp_path):
     ]
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         config = name_config(
-            tmp_path, model, server, per_device_train_batch_size=8, num_generations=8, max_steps=30, beta=0.0
+            tmp_path,
+            model,
+            server,
+            per_device_train_batch_size=8,
+            num_generations=8,
+            max_steps=30,
+            beta=0.0,
+            learning_rate=3e-4,
         )
         trainer = build_trainer(config, train_rows=rows * 120)
         trainer.train()
@@ -482,3 +489,43 @@ def test_mean_reward_rises_on_the_name_task(tmp_path):
     print("mean reward per step:", " ".join(f"{r:.2f}" for r in curve))
     first, last = sum(curve[:10]) / 10, sum(curve[-10:]) / 10
     assert not math.isnan(first) and last > first + 0.2, (first, last)
+
+
+def test_tiny_demo_runs_the_tiny_recipe(protocol_model_path, tmp_path):
+    """`python training/tiny_demo.py` (the README's laptop command), with the model built by the fixture."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "training/tiny_demo.py"),
+            "--model-dir",
+            str(protocol_model_path),
+            "--max_steps",
+            "1",
+            "--save_strategy",
+            "no",
+            "--output_dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained 1 step;" in done.stderr
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_train_help_lists_the_loop_fields():
+    done = subprocess.run(
+        [sys.executable, "-m", "prompt_r1", "train", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0
+    for flag in (
+        "--env_model",
+        "--max_turns",
+        "--reward_preset",
+        "--use_peft",
+        "--resume",
+        "--num_generations",
+    ):
+        assert flag in done.stdout

@@ -18,32 +18,44 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "training" / "tiny-model"
 
 
-def build_model() -> Path:
+def build_model(model: Path) -> Path:
     from prompt_r1.testing import build_protocol_model
 
-    if not (MODEL / "config.json").is_file():
-        print(f"building the tiny agent model in {MODEL} (about a minute on 2 cores) ...", file=sys.stderr)
+    if not (model / "config.json").is_file():
+        print(f"building the tiny agent model in {model} (about a minute on 2 cores) ...", file=sys.stderr)
         turn1 = "<think>ask</think><interaction_prompt>Which name?</interaction_prompt>"
         episodes = [
-            ("Which name does the item have?", turn1, "The name is Ada.", f"<think>ok</think><answer>{n}</answer>")
+            (
+                "Which name does the item have?",
+                turn1,
+                "The name is Ada.",
+                f"<think>ok</think><answer>{n}</answer>",
+            )
             for n in ("Ada", "Bob", "Cy", "Dee")
         ]
-        build_protocol_model(MODEL, episodes, steps=150)
-    return MODEL
+        build_protocol_model(model, episodes, steps=150)
+    return model
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=1, help="CPU processes (2+: accelerate launch)")
-    parser.add_argument("--zero", type=int, choices=[2, 3], default=2, help="DeepSpeed ZeRO stage with 2+ processes")
+    parser.add_argument(
+        "--zero", type=int, choices=[2, 3], default=2, help="DeepSpeed ZeRO stage with 2+ processes"
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=ROOT / "training" / "tiny-model",
+        help="where the tiny model is (built if absent)",
+    )
     args, rest = parser.parse_known_args()
 
     from prompt_r1.testing import ScriptedServer, echo_environment
 
-    model = build_model()
+    model = build_model(args.model_dir)
     with ScriptedServer({"env": echo_environment()}) as server:
         train = [
             "train",
@@ -58,7 +70,14 @@ def main() -> int:
         if args.processes > 1:
             accelerate = Path(sys.executable).parent / "accelerate"
             config = ROOT / f"training/accelerate/deepspeed_zero{args.zero}.yaml"
-            command = [str(accelerate), "launch", "--config_file", str(config), "--num_processes", str(args.processes)]
+            command = [
+                str(accelerate),
+                "launch",
+                "--config_file",
+                str(config),
+                "--num_processes",
+                str(args.processes),
+            ]
             command += ["-m", "prompt_r1", *train]
         else:
             command = [sys.executable, "-m", "prompt_r1", *train]

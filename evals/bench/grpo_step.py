@@ -40,7 +40,9 @@ def multi_turn(model: Path, args, latency: float, out: Path) -> tuple[float, flo
     from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.trainer import build_trainer
 
-    rows = [{"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}]
+    rows = [
+        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
+    ]
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency) as server:
         config = PromptR1GRPOConfig(
             output_dir=str(out),
@@ -65,7 +67,9 @@ def multi_turn(model: Path, args, latency: float, out: Path) -> tuple[float, flo
         )
         trainer = build_trainer(config, train_rows=rows * (args.batch * args.steps))
         trainer.train()
-    tokens = statistics.mean(h["completions/mean_length"] for h in trainer.state.log_history if "step_time" in h)
+    tokens = statistics.mean(
+        h["completions/mean_length"] for h in trainer.state.log_history if "step_time" in h
+    )
     return _median_step(trainer), tokens
 
 
@@ -75,7 +79,9 @@ def single_turn(model: Path, args, tokens: int, out: Path) -> float:
 
     from prompt_r1.prompts import question_message
 
-    rows = [{"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}]}] * (args.batch * args.steps)
+    rows = [{"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}]}] * (
+        args.batch * args.steps
+    )
     config = GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=args.batch,
@@ -114,7 +120,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
-        episodes = [(NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES]
+        episodes = [
+            (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+        ]
         model = build_protocol_model(tmp / "model", episodes, hidden_size=args.hidden, steps=150)
         print(f"built the tiny protocol model in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         results = []
@@ -126,7 +134,9 @@ def main() -> int:
 
     print(f"\nGRPO step time, {args.batch} episodes per step, median of steps 2..{args.steps} (CPU, 2 cores)")
     print(f"{'run':44} {'s/step':>8} {'agent tok/s':>12} {'ratio':>7}")
-    print(f"{'TRL single-turn GRPO, ' + str(n) + ' tokens per completion':44} {base:8.3f} {args.batch * n / base:12.1f} {1.0:7.2f}")
+    print(
+        f"{'TRL single-turn GRPO, ' + str(n) + ' tokens per completion':44} {base:8.3f} {args.batch * n / base:12.1f} {1.0:7.2f}"
+    )
     for latency, step, tokens in results:
         label = f"Prompt-R1 two-turn rollout, env latency {latency:.2f} s"
         print(f"{label:44} {step:8.3f} {args.batch * tokens / step:12.1f} {step / base:7.2f}")
