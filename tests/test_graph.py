@@ -126,8 +126,10 @@ def test_environment_failure_after_retries_is_environment_error(server):
 
 
 def test_retries_recover_inside_an_episode(server):
-    server.inject(Fault("429", retry_after=0.05), Fault("500"), Fault("timeout", delay=1.0), model="env")
-    result = loop(server, timeout=0.3).invoke({"question": "Q?"})
+    # A 1 s timeout, not less: on a loaded 2-core CI machine an ordinary reply can take a few hundred ms, and an
+    # extra timeout would use up retries this test counts.
+    server.inject(Fault("429", retry_after=0.05), Fault("500"), Fault("timeout", delay=3.0), model="env")
+    result = loop(server, timeout=1.0).invoke({"question": "Q?"})
     assert result["status"] == "answered"
     assert result["usage"]["env_retries"] == 3
     assert result["turns"][0]["environment_call"]["attempts"] == 4
