@@ -421,7 +421,9 @@ def cmd_train(argv: list[str]) -> int:
     trainer = train(config, resume=flags.resume)
     if trainer.accelerator.is_main_process:
         steps = trainer.state.global_step
-        print(f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr)
+        print(
+            f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr
+        )
     return EXIT_OK
 
 
