@@ -400,6 +400,7 @@ def cmd_train(argv: list[str]) -> int:
     """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
     from dataclasses import dataclass, field
 
+    import yaml
     from trl import TrlParser
 
     from prompt_r1.environment import OPENAI_BASE_URL
@@ -415,7 +416,7 @@ def cmd_train(argv: list[str]) -> int:
     parser = TrlParser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
     try:
         config, flags = parser.parse_args_and_config(argv)
-    except (ValueError, OSError, yaml_error()) as exc:  # GRPOConfig's own checks, an unreadable recipe
+    except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
         raise ConfigError(str(exc).strip()) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     trainer = train(config, resume=flags.resume)
@@ -425,12 +426,6 @@ def cmd_train(argv: list[str]) -> int:
             f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr
         )
     return EXIT_OK
-
-
-def yaml_error() -> type[Exception]:
-    import yaml
-
-    return yaml.YAMLError
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
