@@ -2,6 +2,7 @@
 
     prompt-r1 run "QUESTION" [--agent-model M] [--agent-base-url URL] [--env-model M] [--env-base-url URL] ...
     prompt-r1 run "QUESTION" --config run.yaml --json
+    prompt-r1 batch questions.jsonl --out results.jsonl [--concurrency N] [--checkpoint results.sqlite] [run flags]
     prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
     prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
 
@@ -10,9 +11,9 @@ EnvironmentConfig field `--env-<name>`, every LoopConfig field `--<name>`. Prece
 flags. Problems the user can fix (bad flags, missing keys, unreachable endpoints, models that cannot load) end
 with one line on stderr and a non-zero exit, never a traceback.
 
-Exit codes: 0 the episode ran (whatever its status except environment_error) or every evaluation row finished,
-1 environment_error, an agent failure, or evaluation rows that failed (a rerun retries them), 2 bad usage,
-settings or data, 3 an endpoint or model that cannot be reached, 130 interrupted.
+Exit codes: 0 the episode ran (whatever its status except environment_error), or every evaluation or batch row
+finished, 1 environment_error, an agent failure, or rows that failed or were not run (a rerun retries them),
+2 bad usage, settings or data, 3 an endpoint or model that cannot be reached, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -158,6 +159,69 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     add_run_flags(ev)
 
+    bt = sub.add_parser(
+        "batch",
+        help="run the loop on every question of a file or bundled set, resumably, as fast as the rate limit allows",
+        description="Episodes run independently, CONCURRENCY at a time, through the environment's rate limiter. "
+        "Each finished episode is appended to --out as one JSON line (id, question, answer, status, turns, usage, "
+        "error, cost_usd). Rerun the same command to skip finished ids and retry failed ones; with --checkpoint, "
+        "episodes that were in flight or failed resume from their last completed step. Ctrl-C stops cleanly.",
+    )
+    bt.add_argument(
+        "input",
+        metavar="INPUT",
+        help="a .parquet/.jsonl/.json file of questions (a `question` or the release's `prompt`, optional `id` "
+        "and golden answers) or a bundled set's name",
+    )
+    bt.add_argument("--out", required=True, metavar="FILE.jsonl", help="results file, appended to")
+    bt.add_argument(
+        "--concurrency", type=int, default=32, metavar="N", help="episodes in flight at once (default: 32)"
+    )
+    bt.add_argument(
+        "--checkpoint",
+        metavar="FILE.sqlite",
+        help="LangGraph SQLite checkpoints: an interrupted or failed episode resumes from its last completed "
+        "step instead of paying again for the turns it had",
+    )
+    bt.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help="stop the run once N episodes have failed (environment_error, agent_error)",
+    )
+    bt.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="stop starting episodes once the estimated cost of this run reaches USD",
+    )
+    bt.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
+        "prompt_r1/prices.yaml",
+    )
+    bt.add_argument(
+        "--env-pool",
+        metavar="FILE",
+        help="several environments with weights: episodes are routed to one each, and fall back to the next "
+        "when it keeps failing (YAML: environments: [{model, base_url, weight, ...}]; unset fields come from "
+        "the --env-* flags)",
+    )
+    bt.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
+    bt.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="where to write the summary as JSON (default: beside --out, as NAME.summary.json)",
+    )
+    bt.add_argument(
+        "--log-file",
+        metavar="FILE",
+        help="write debug logs (HTTP requests, retries) to FILE; API keys are redacted",
+    )
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_flags(bt)
+
     sub.add_parser(
         "train",
         add_help=False,
@@ -280,6 +344,105 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(_summary(result))
     if result.get("status") == "environment_error":
         print(f"prompt-r1: error: {result.get('error')}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+class _Redact:
+    """A logging filter that replaces secret values in every record with ***."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        self.secrets = [s for s in secrets if s and len(s) >= 4]
+
+    def filter(self, record) -> bool:
+        message = record.getMessage()
+        for secret in self.secrets:
+            message = message.replace(secret, "***")
+        record.msg, record.args = message, None
+        return True
+
+
+def _log_to_file(path: str, secrets: list[str]) -> None:
+    import logging
+
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_Redact(secrets))
+    for name in ("prompt_r1", "openai", "httpx", "langchain_openai"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    import os
+
+    from prompt_r1.batch import run_batch
+    from prompt_r1.costs import PriceTable
+    from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentPool
+
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+    out = Path(args.out)
+    if out.suffix != ".jsonl":
+        raise ConfigError(f"--out must be a .jsonl file, got {out}")
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    prices = PriceTable.load(args.prices)
+    if args.env_pool:
+        environment = EnvironmentPool.from_file(args.env_pool, env_cfg)
+        for member in environment.members:
+            check_reachable(
+                member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
+            )
+        key_vars = [m.config.api_key_env for m in environment.members]
+        agent, _ = _prepare(agent_cfg, None)
+    else:
+        agent, environment = _prepare(agent_cfg, env_cfg)
+        key_vars = [env_cfg.api_key_env]
+    if args.log_file:
+        _log_to_file(args.log_file, [os.environ.get(v, "") for v in [*key_vars, agent_cfg.api_key_env]])
+    summary = asyncio.run(
+        run_batch(
+            args.input,
+            out,
+            agent=agent,
+            environment=environment,
+            loop=loop_cfg,
+            concurrency=args.concurrency,
+            checkpoint=args.checkpoint,
+            max_failures=args.max_failures,
+            budget=args.budget,
+            prices=prices,
+            limit=args.limit,
+            progress=not args.no_progress,
+        )
+    )
+    summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
+    summary_path.write_text(
+        json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    print(summary.render(), file=sys.stderr)
+    print(f"summary: {summary_path}", file=sys.stderr)
+    if summary.input_error:
+        print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
+        return EXIT_USAGE
+    if summary.stopped and summary.stopped.startswith("interrupted"):
+        return EXIT_INTERRUPTED
+    if not summary.complete:
+        left = []
+        if summary.failed:
+            left.append(f"{summary.failed} failed")
+        if summary.cancelled:
+            left.append(f"{summary.cancelled} cancelled")
+        if summary.stopped:
+            left.append(f"stopped: {summary.stopped}")
+        print(
+            f"prompt-r1: error: not every episode finished ({'; '.join(left)}); run the same command again to "
+            "retry the failed ones and run the rest",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK
 
@@ -443,7 +606,13 @@ def main(argv: list[str] | None = None) -> int:
         command, args = (lambda _: cmd_train(argv[1:])), None
     else:
         args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
-        command = {"run": cmd_run, "eval": cmd_eval, "score": cmd_score, "merge": cmd_merge}[args.command]
+        command = {
+            "run": cmd_run,
+            "batch": cmd_batch,
+            "eval": cmd_eval,
+            "score": cmd_score,
+            "merge": cmd_merge,
+        }[args.command]
     try:
         return command(args)
     except _Failure as exc:

@@ -58,6 +58,10 @@ class EnvironmentConfig:
     )
     rate_period: float = _help("Length of the rate-limit window in seconds.", default=60.0)
     max_in_flight: int = _help("Requests allowed in flight at once to this endpoint.", default=32)
+    tokens_per_minute: int | None = _help(
+        "Tokens (prompt + response) allowed per minute, shared like rate_limit; unset: no token limit.",
+        default=None,
+    )
     timeout: float = _help("Seconds allowed for one call before it counts as a timeout.", default=60.0)
     max_retries: int = _help(
         "Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5
@@ -85,6 +89,8 @@ class EnvironmentConfig:
             raise ConfigError(f"env rate_period must be > 0 seconds, got {self.rate_period}")
         if self.max_in_flight < 1:
             raise ConfigError(f"env max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.tokens_per_minute is not None and self.tokens_per_minute < 1:
+            raise ConfigError(f"env tokens_per_minute must be >= 1, got {self.tokens_per_minute}")
         if self.timeout <= 0:
             raise ConfigError(f"env timeout must be > 0 seconds, got {self.timeout}")
         if self.max_retries < 0:

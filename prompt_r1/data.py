@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,11 +33,16 @@ __all__ = [
     "SourceSpec",
     "build_training_mix",
     "bundled_data_dir",
+    "count_rows",
     "dataset_info",
+    "iter_rows",
+    "iter_samples",
     "jsonl_rows",
     "load_samples",
     "read_rows",
     "release_row",
+    "resolve_source",
+    "truncate_partial_line",
     "write_rows",
 ]
 
@@ -203,51 +208,149 @@ def _row_answers(row: Mapping[str, Any]) -> list[str]:
     )
 
 
-def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[Sample]:
-    """Load a bundled set by name (see `DATASETS`) or any parquet/JSONL/JSON file; `limit` keeps the first rows."""
-    if limit is not None and limit < 0:
-        raise DataError(f"limit must be ≥ 0, got {limit}")
+def resolve_source(name_or_path: str | Path) -> tuple[Path, str]:
+    """(file, dataset name) of a bundled set's name or a file path."""
     info = dataset_info(str(name_or_path))
     if info is not None:
-        path, name = bundled_data_dir() / info.file, info.name
+        return bundled_data_dir() / info.file, info.name
+    path = Path(name_or_path)
+    if not path.exists() and path.suffix == "":
+        raise DataError(
+            f"unknown dataset {str(name_or_path)!r}: use one of {', '.join(DATASETS)} or a path to a "
+            ".parquet/.jsonl/.json file"
+        )
+    return path, path.stem
+
+
+def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a .parquet, .jsonl or .json file, read lazily: parquet by record batch, JSONL by line, so
+    memory does not grow with the file (a .json list is one document and is read whole)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no such dataset file: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise BackendUnavailable("reading parquet needs pyarrow: pip install 'prompt-r1[eval]'") from exc
+        try:
+            batches = pq.ParquetFile(path).iter_batches(batch_size=256)
+        except Exception as exc:  # pyarrow's errors for bad files vary by version
+            raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+        for batch in batches:
+            yield from batch.to_pylist()
+    elif suffix == ".jsonl":
+        with path.open(encoding="utf-8") as handle:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
+                if not isinstance(row, dict):
+                    raise DataError(
+                        f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}"
+                    )
+                yield row
     else:
-        path = Path(name_or_path)
-        if not path.exists() and path.suffix == "":
-            raise DataError(
-                f"unknown dataset {str(name_or_path)!r}: use one of {', '.join(DATASETS)} or a path to a "
-                ".parquet/.jsonl/.json file"
-            )
-        name = path.stem
-    rows = read_rows(path)
-    if limit is not None:
-        rows = rows[:limit]
-    samples = []
-    seen: dict[str, int] = {}
-    for index, row in enumerate(rows):
+        yield from read_rows(path)
+
+
+def count_rows(path: str | Path) -> int:
+    """How many rows `iter_rows` will yield, without holding them: parquet metadata, or one pass over the lines."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception as exc:
+            raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
+    if suffix == ".jsonl":
+        with path.open("rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    return len(read_rows(path))
+
+
+def iter_samples(
+    name_or_path: str | Path, *, limit: int | None = None, require_answers: bool = True
+) -> Iterator[Sample]:
+    """Samples of a bundled set or a file, one at a time. Ids are not checked for repeats here (`load_samples`
+    refuses them; a batch run reports them); a row that cannot be read is a `DataError` naming it.
+
+    require_answers=False accepts rows without golden answers (batch inference over unlabelled questions).
+    """
+    if limit is not None and limit < 0:
+        raise DataError(f"limit must be ≥ 0, got {limit}")
+    path, name = resolve_source(name_or_path)
+    for index, row in enumerate(iter_rows(path)):
+        if limit is not None and index >= limit:
+            return
         try:
             question = _row_question(row)
             if not question.strip():
                 raise ValueError("its question is empty")
-            answers = _row_answers(row)
+            try:
+                answers = _row_answers(row)
+            except ValueError:
+                if require_answers or _has_answer_field(row):
+                    raise
+                answers = []
         except ValueError as exc:
             raise DataError(f"{path} row {index}: {exc}") from None
         row_id = row.get("id")
         sample_id = str(row_id) if row_id is not None else f"{name}-{index}"
-        if sample_id in seen:
+        yield Sample(id=sample_id, dataset=name, index=index, question=question, golden_answers=answers)
+
+
+def _has_answer_field(row: Mapping[str, Any]) -> bool:
+    """A row that names golden answers but whose value is unusable is an error even where answers are optional."""
+    reward_model = row.get("reward_model")
+    return any(row.get(k) is not None for k in ("golden_answers", "answers", "answer")) or (
+        isinstance(reward_model, Mapping) and reward_model.get("ground_truth") is not None
+    )
+
+
+def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[Sample]:
+    """Load a bundled set by name (see `DATASETS`) or any parquet/JSONL/JSON file; `limit` keeps the first rows."""
+    path, _ = resolve_source(name_or_path)
+    samples = []
+    seen: dict[str, int] = {}
+    for sample in iter_samples(name_or_path, limit=limit):
+        if sample.id in seen:
             raise DataError(
-                f"{path} row {index}: id {sample_id!r} repeats row {seen[sample_id]}; ids must be unique"
+                f"{path} row {sample.index}: id {sample.id!r} repeats row {seen[sample.id]}; ids must be unique"
             )
-        seen[sample_id] = index
-        samples.append(
-            Sample(
-                id=sample_id,
-                dataset=name,
-                index=index,
-                question=question,
-                golden_answers=answers,
-            )
-        )
+        seen[sample.id] = sample.index
+        samples.append(sample)
     return samples
+
+
+def truncate_partial_line(path: str | Path) -> None:
+    """Cut a last line left unfinished by a killed writer, so rows appended next start on a line of their own."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("r+b") as handle:
+        # Read backwards in blocks up to the last newline: no need to load a large file to find it.
+        size = handle.seek(0, 2)
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            handle.seek(start)
+            block = handle.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                handle.truncate(start + cut + 1)
+                return
+            end = start
+        handle.truncate(0)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import openai
 from langchain_core.exceptions import (
@@ -40,6 +42,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from prompt_r1.aio import PerLoop
 from prompt_r1.config import EnvironmentConfig, resolve_api_key
 from prompt_r1.errors import (
+    ConfigError,
     ContextOverflow,
     EnvironmentCallError,
     EnvironmentRejected,
@@ -52,9 +55,10 @@ from prompt_r1.errors import (
 from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
 from prompt_r1.ratelimit import EndpointLimiter, get_limiter
 
-__all__ = ["EnvironmentClient", "EnvironmentReply", "environment_messages"]
+__all__ = ["EnvironmentClient", "EnvironmentPool", "EnvironmentReply", "environment_messages", "session_key"]
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class EnvironmentReply:
     output_tokens: int
     attempts: int  # 1 when the first try succeeded
     latency_s: float  # from the first try to the answer, retries and waits included
+    model: str = ""  # the model that answered, as its endpoint knows it (for price tables and pools)
+    endpoint: str = ""  # which endpoint answered: the pool member's name, else base URL
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -197,8 +203,18 @@ class EnvironmentClient:
         self._openai_models: PerLoop[BaseChatModel] = PerLoop(self._new_openai_model)
         key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter = get_limiter(
-            key, rate_limit=config.rate_limit, period=config.rate_period, max_in_flight=config.max_in_flight
+            key,
+            rate_limit=config.rate_limit,
+            period=config.rate_period,
+            max_in_flight=config.max_in_flight,
+            tokens_per_minute=config.tokens_per_minute,
         )
+        self.name = config.base_url or OPENAI_BASE_URL
+        self.model_name = config.model
+        if chat_model is not None:
+            self.model_name = str(
+                getattr(chat_model, "model_name", None) or getattr(chat_model, "model", None) or config.model
+            )
         self.retries = 0  # retries made by this client, for logs and progress bars
 
     def messages(self, prompt: str, history: Sequence[tuple[str, str]] = ()) -> list[BaseMessage]:
@@ -214,12 +230,24 @@ class EnvironmentClient:
     def _model(self) -> BaseChatModel:
         return self.chat_model if self.chat_model is not None else self._openai_models.get()
 
+    def _token_estimate(self, messages: list[BaseMessage]) -> int:
+        """Tokens a provider's per-minute limit counts for a request before it runs: about 4 characters per
+        prompt token, plus max_tokens when set."""
+        if self.config.tokens_per_minute is None:
+            return 0
+        chars = sum(len(m.content) if isinstance(m.content, str) else len(str(m.content)) for m in messages)
+        return chars // 4 + 4 * len(messages) + (self.config.max_tokens or 0)
+
     async def _call_once(self, messages: list[BaseMessage], run_config: RunnableConfig | None) -> AIMessage:
         model = self._model()
-        async with self.limiter.slot():
+        async with self.limiter.slot(self._token_estimate(messages)) as slot:
             try:
                 async with asyncio.timeout(self.config.timeout):
-                    return await model.ainvoke(messages, config=run_config)
+                    message = await model.ainvoke(messages, config=run_config)
+                usage = message.usage_metadata or {}
+                if usage:
+                    slot.actual = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+                return message
             except Exception as exc:
                 mapped = classify_error(exc)
                 if mapped is exc:
@@ -265,7 +293,192 @@ class EnvironmentClient:
             output_tokens=int(usage.get("output_tokens", 0)),
             attempts=attempts,
             latency_s=time.monotonic() - started,
+            model=self.model_name,
+            endpoint=self.name,
         )
 
     def _count_retry(self, state: RetryCallState) -> None:
         self.retries += 1
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        logger.info(
+            "environment %s: attempt %d failed (%s: %s); retrying in %.2f s",
+            self.name,
+            state.attempt_number,
+            type(exc).__name__,
+            exc,
+            wait,
+        )
+
+
+def session_key(run_config: RunnableConfig | None) -> str | None:
+    """The episode a call belongs to: the graph run's thread id, else an `episode_id` in its metadata."""
+    if not run_config:
+        return None
+    key = (run_config.get("configurable") or {}).get("thread_id")
+    if key is None:
+        key = (run_config.get("metadata") or {}).get("episode_id")
+    return None if key is None else str(key)
+
+
+class EnvironmentPool:
+    """Several environment endpoints behind one `respond`, with session-level routing and fallback.
+
+    Routing: each episode (session) is assigned one member for all its turns, drawn with probability
+    proportional to `weights` from a hash of its thread id, so the environment's conversation stays with one
+    model and a rerun routes the same episode the same way. Calls without a session id are routed at random.
+
+    Fallback: a member's own retries come first; when a call still fails, the next member (in pool order) takes
+    it. A member that fails `trip_after` calls in a row is skipped by every episode for `cooldown` seconds, then
+    tried again; when all members are skipped, the least recently failed one is used.
+    """
+
+    def __init__(
+        self,
+        members: Sequence[EnvironmentClient],
+        weights: Sequence[float] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        trip_after: int = 3,
+        cooldown: float = 30.0,
+    ) -> None:
+        if not members:
+            raise ConfigError("an environment pool needs at least one member")
+        weights = list(weights) if weights is not None else [1.0] * len(members)
+        if len(weights) != len(members) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ConfigError(
+                f"pool weights must be one non-negative number per member with a positive sum, got {weights}"
+            )
+        if names is not None:
+            if len(names) != len(members) or len(set(names)) != len(names):
+                raise ConfigError(f"pool member names must be unique, one per member, got {list(names)}")
+            for member, name in zip(members, names, strict=True):
+                member.name = name
+        self.members = list(members)
+        total = sum(weights)
+        self.weights = [w / total for w in weights]
+        self.trip_after, self.cooldown = trip_after, cooldown
+        self._failures = [0] * len(members)  # consecutive failed calls per member
+        self._tripped_at: list[float | None] = [None] * len(members)
+        self.fallbacks = 0  # calls answered by a member other than the session's own
+        self.config = members[0].config
+
+    @classmethod
+    def from_file(cls, path: str | Path, base: EnvironmentConfig | None = None) -> EnvironmentPool:
+        """A pool from a YAML/JSON file: `environments:` a list of EnvironmentConfig fields plus `weight` and
+        an optional `name` per member (unset fields come from `base`, i.e. the --env-* flags), and optionally
+        `trip_after` and `cooldown`.
+
+            environments:
+              - {model: gpt-4o-mini, weight: 3, rate_limit: 500}
+              - {model: gpt-oss-20b, base_url: http://127.0.0.1:8000/v1, api_key_env: NONE, weight: 1}
+        """
+        import dataclasses
+
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"no such environment pool file: {path}")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
+        if isinstance(data, list):
+            data = {"environments": data}
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("environments"), list)
+            or not data["environments"]
+        ):
+            raise ConfigError(f"{path}: expected `environments:` with a list of endpoints")
+        unknown_top = set(data) - {"environments", "trip_after", "cooldown"}
+        if unknown_top:
+            raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown_top))}")
+        base = base or EnvironmentConfig()
+        known = {f.name for f in dataclasses.fields(EnvironmentConfig)}
+        members, weights, names = [], [], []
+        for i, entry in enumerate(data["environments"]):
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{path}: environment {i} is not a mapping")
+            entry = dict(entry)
+            weight = entry.pop("weight", 1.0)
+            name = entry.pop("name", None)
+            unknown = set(entry) - known
+            if unknown:
+                raise ConfigError(f"{path}: environment {i}: unknown field(s) {', '.join(sorted(unknown))}")
+            try:
+                config = dataclasses.replace(base, **entry)
+            except TypeError as exc:
+                raise ConfigError(f"{path}: environment {i}: {exc}") from None
+            if not isinstance(weight, int | float) or isinstance(weight, bool):
+                raise ConfigError(f"{path}: environment {i}: weight must be a number, got {weight!r}")
+            members.append(EnvironmentClient(config))
+            weights.append(float(weight))
+            names.append(str(name) if name else f"{config.model}@{config.base_url or OPENAI_BASE_URL}")
+        return cls(
+            members,
+            weights,
+            names=names,
+            trip_after=int(data.get("trip_after", 3)),
+            cooldown=float(data.get("cooldown", 30.0)),
+        )
+
+    @property
+    def retries(self) -> int:
+        return sum(m.retries for m in self.members)
+
+    def route(self, key: str | None) -> int:
+        """The member index for a session: a weighted draw from the key's hash (stable across processes)."""
+        if key is None:
+            point = random.random()
+        else:
+            import hashlib
+
+            digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+            point = int.from_bytes(digest, "big") / 2**64
+        cumulative = 0.0
+        for index, weight in enumerate(self.weights):
+            cumulative += weight
+            if point < cumulative and weight > 0:
+                return index
+        return max(i for i, w in enumerate(self.weights) if w > 0)
+
+    def _available(self, index: int) -> bool:
+        tripped = self._tripped_at[index]
+        return tripped is None or time.monotonic() - tripped >= self.cooldown
+
+    def _order(self, first: int) -> list[int]:
+        n = len(self.members)
+        ring = [(first + k) % n for k in range(n)]
+        usable = [i for i in ring if self._available(i)]
+        if usable:
+            return usable
+        return sorted(ring, key=lambda i: self._tripped_at[i] or 0.0)[:1]
+
+    async def respond(
+        self,
+        prompt: str,
+        history: Sequence[tuple[str, str]] = (),
+        *,
+        run_config: RunnableConfig | None = None,
+    ) -> EnvironmentReply:
+        home = self.route(session_key(run_config))
+        last_error: EnvironmentCallError | None = None
+        for index in self._order(home):
+            member = self.members[index]
+            try:
+                reply = await member.respond(prompt, history, run_config=run_config)
+            except EnvironmentCallError as exc:
+                last_error = exc
+                self._failures[index] += 1
+                if self._failures[index] >= self.trip_after:
+                    self._tripped_at[index] = time.monotonic()
+                continue
+            self._failures[index] = 0
+            self._tripped_at[index] = None
+            if index != home:
+                self.fallbacks += 1
+            return reply
+        assert last_error is not None
+        raise last_error

@@ -30,7 +30,7 @@ from typing import Any
 
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.config import LoopConfig
-from prompt_r1.data import DATASETS, Sample, dataset_info, jsonl_rows
+from prompt_r1.data import DATASETS, Sample, dataset_info, jsonl_rows, truncate_partial_line
 from prompt_r1.errors import AgentError, ConfigError, ContextOverflow, EnvironmentCallError
 from prompt_r1.metrics import METRICS, SemanticScorer, as_answer_list
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
@@ -142,6 +142,7 @@ _OPERATIONAL = {
     "rate_limit",
     "rate_period",
     "max_in_flight",
+    "tokens_per_minute",
     "timeout",
     "max_retries",
     "backoff_initial",
@@ -225,16 +226,6 @@ def _row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, fl
     return {name: _scores(name, [prediction], [golden_answers])[0] for name in ("em", "sm", "f1")}
 
 
-def _drop_partial_line(path: Path) -> None:
-    """Cut a last line left unfinished by a killed run, so the rows appended next start on a line of their own."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        with path.open("r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
-
-
 @dataclass
 class RunOutcome:
     """What one call of `run_evaluation` did."""
@@ -276,7 +267,7 @@ async def run_evaluation(
     )
 
     predictions_path = out_dir / PREDICTIONS
-    _drop_partial_line(predictions_path)
+    truncate_partial_line(predictions_path)
     questions = {(s.dataset, s.id): s.question for s in samples}
     finished = set()
     for row in read_predictions(predictions_path):

@@ -1,4 +1,5 @@
-"""Process-wide rate limits per endpoint: requests per period plus a cap on requests in flight.
+"""Process-wide rate limits per endpoint: requests per period, optionally tokens per minute, and a cap on
+requests in flight.
 
 Every `EnvironmentClient` for the same endpoint key shares one `EndpointLimiter`, so a thousand concurrent
 episodes together stay inside the provider's limit. The period limit is an `asyncio_throttle.Throttler` (a
@@ -11,8 +12,13 @@ flight, and stamps a request with the time it *completed*: a request's arrival a
 its completion, so the count this side never falls below what the server counts in the same window. The price
 is one request latency per window (a few percent at provider-scale periods of a minute).
 
-Order matters: a request first takes an in-flight slot and only then a slot in the rate window, and is sent at
-once. Taking the rate slot first would let requests that waited for an in-flight slot go out in a burst.
+Order matters: a request first takes an in-flight slot, then its share of the token window, and only then a slot
+in the request window, and is sent at once. Taking the rate slot first would let requests that waited for an
+in-flight slot go out in a burst.
+
+Tokens per minute work like the request window: a request reserves its estimated tokens (prompt size, plus
+max_tokens when set, as providers count them) while in flight, and on completion is stamped with the tokens the
+server reported. A request larger than the whole budget still goes out alone, or it could never be sent.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,7 +36,7 @@ from asyncio_throttle import Throttler
 from prompt_r1.aio import PerLoop
 from prompt_r1.errors import ConfigError
 
-__all__ = ["EndpointLimiter", "LimiterStats", "get_limiter", "reset_limiters"]
+__all__ = ["EndpointLimiter", "LimiterStats", "TokenWindow", "get_limiter", "reset_limiters"]
 
 
 @dataclass
@@ -61,11 +68,57 @@ class CompletionStampedThrottler(Throttler):
         self._task_logs.append(time.monotonic())  # monotonic, so the deque stays ordered for flush()
 
 
+class TokenWindow:
+    """A sliding window of tokens: completed requests' reported tokens plus in-flight requests' estimates."""
+
+    def __init__(self, limit: int, period: float = 60.0, retry_interval: float = 0.005) -> None:
+        self.limit, self.period, self.retry_interval = limit, period, retry_interval
+        self._log: deque[tuple[float, int]] = deque()
+        self._logged = 0
+        self.reserved = 0
+
+    def _flush(self) -> None:
+        now = time.monotonic()
+        while self._log and now - self._log[0][0] >= self.period:
+            self._logged -= self._log.popleft()[1]
+
+    def used(self) -> int:
+        self._flush()
+        return self._logged + self.reserved
+
+    async def acquire(self, tokens: int) -> None:
+        while True:
+            used = self.used()
+            if used + tokens <= self.limit or used == 0:
+                break
+            await asyncio.sleep(self.retry_interval)
+        self.reserved += tokens
+
+    def release(self, reserved: int, actual: int) -> None:
+        self.reserved -= reserved
+        self._log.append((time.monotonic(), actual))
+        self._logged += actual
+
+
+class TokenSlot:
+    """What a request holding a slot tells the limiter when it completes: the tokens the server reported."""
+
+    __slots__ = ("estimate", "actual")
+
+    def __init__(self, estimate: int) -> None:
+        self.estimate = estimate
+        self.actual: int | None = None
+
+
 class EndpointLimiter:
-    def __init__(self, rate_limit: int, period: float, max_in_flight: int) -> None:
+    def __init__(
+        self, rate_limit: int, period: float, max_in_flight: int, tokens_per_minute: int | None = None
+    ) -> None:
         self.rate_limit = rate_limit
         self.period = period
         self.max_in_flight = max_in_flight
+        self.tokens_per_minute = tokens_per_minute
+        self._tokens = TokenWindow(tokens_per_minute) if tokens_per_minute else None
         # 5 ms polling: fine-grained enough to keep sends close to the window edge without spinning.
         self._throttler = CompletionStampedThrottler(
             rate_limit=rate_limit, period=period, retry_interval=0.005
@@ -74,31 +127,53 @@ class EndpointLimiter:
         self.stats = LimiterStats()
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one in-flight slot and one rate-window slot for the duration of a request."""
+    async def slot(self, tokens: int = 0) -> AsyncIterator[TokenSlot]:
+        """Hold one in-flight slot, `tokens` (an estimate) of the token window and one rate-window slot for the
+        duration of a request. Set `.actual` on the yielded slot to the tokens the server reported."""
+        handle = TokenSlot(tokens)
         async with self._semaphores.get():
             self.stats.waiting += 1
+            reserved = False
             try:
+                if self._tokens is not None:
+                    await self._tokens.acquire(tokens)
+                    reserved = True
                 await self._throttler.acquire()
-            finally:  # also when cancelled while waiting
+            except BaseException:  # also when cancelled while waiting
+                if reserved:
+                    self._tokens.release(tokens, 0)
+                raise
+            finally:
                 self.stats.waiting -= 1
             self.stats.acquired += 1
             self.stats.in_flight += 1
             try:
-                yield
+                yield handle
             finally:
                 self.stats.in_flight -= 1
                 self._throttler.release()
+                if self._tokens is not None:
+                    # A failed call's tokens are unknown: count the estimate, as the provider may have.
+                    self._tokens.release(tokens, handle.actual if handle.actual is not None else tokens)
 
-    def same_limits(self, rate_limit: int, period: float, max_in_flight: int) -> bool:
-        return (self.rate_limit, self.period, self.max_in_flight) == (rate_limit, period, max_in_flight)
+    def same_limits(
+        self, rate_limit: int, period: float, max_in_flight: int, tokens_per_minute: int | None = None
+    ) -> bool:
+        return (self.rate_limit, self.period, self.max_in_flight, self.tokens_per_minute) == (
+            rate_limit,
+            period,
+            max_in_flight,
+            tokens_per_minute,
+        )
 
 
 _LIMITERS: dict[str, EndpointLimiter] = {}
 _LOCK = threading.Lock()
 
 
-def get_limiter(key: str, *, rate_limit: int, period: float, max_in_flight: int) -> EndpointLimiter:
+def get_limiter(
+    key: str, *, rate_limit: int, period: float, max_in_flight: int, tokens_per_minute: int | None = None
+) -> EndpointLimiter:
     """The process-wide limiter for `key` (normally base URL + model), created on first use.
 
     Two clients that name the same endpoint with different limits would silently undercut each other, so that
@@ -107,11 +182,12 @@ def get_limiter(key: str, *, rate_limit: int, period: float, max_in_flight: int)
     with _LOCK:
         limiter = _LIMITERS.get(key)
         if limiter is None:
-            limiter = _LIMITERS[key] = EndpointLimiter(rate_limit, period, max_in_flight)
-        elif not limiter.same_limits(rate_limit, period, max_in_flight):
+            limiter = _LIMITERS[key] = EndpointLimiter(rate_limit, period, max_in_flight, tokens_per_minute)
+        elif not limiter.same_limits(rate_limit, period, max_in_flight, tokens_per_minute):
             raise ConfigError(
                 f"endpoint {key} already has limits {limiter.rate_limit} requests/{limiter.period}s with "
-                f"{limiter.max_in_flight} in flight; got {rate_limit}/{period}s with {max_in_flight} in flight. "
+                f"{limiter.max_in_flight} in flight and {limiter.tokens_per_minute} tokens/min; got "
+                f"{rate_limit}/{period}s with {max_in_flight} in flight and {tokens_per_minute} tokens/min. "
                 "Use the same limits for every client of one endpoint, or give the client its own limiter_key."
             )
         return limiter

@@ -4,7 +4,9 @@
 `/v1/chat/completions` and `/v1/models` from Python functions, one per model name, so one server can play both
 the environment and a served agent. It records every request, applies `stop` like a real server, and injects
 faults (429 with Retry-After, 500, slow replies past the client's timeout, dropped connections, malformed bodies)
-for testing the retry layer. `build_tiny_model` writes a tiny Qwen2-style model with a tokenizer trained
+for testing the retry layer: queued one by one (`inject`), or drawn at random per request at given rates
+(`fault_rates`, seeded). `server_rate_limit=(n, period)` makes it answer 429 with Retry-After to any request
+beyond n accepted in the last `period` seconds, as a provider does. `build_tiny_model` writes a tiny Qwen2-style model with a tokenizer trained
 in-process to a folder that `from_pretrained` loads. Needs the `dev` extra (aiohttp, tokenizers).
 
     with ScriptedServer({"env": echo_environment(), "agent": scripted_agent([...])}) as server:
@@ -31,6 +33,7 @@ __all__ = [
     "build_tiny_model",
     "echo_environment",
     "max_in_window",
+    "relay_agent",
     "scripted_agent",
 ]
 
@@ -58,6 +61,7 @@ class RecordedRequest:
     body: dict
     fault: str | None = None
     headers: dict = field(default_factory=dict)
+    completed_at: float | None = None  # time.monotonic() when a normal reply was sent
 
 
 @dataclass
@@ -89,6 +93,26 @@ def scripted_agent(turns: Sequence[str]) -> Responder:
     return respond
 
 
+def relay_agent(prompts: int = 2) -> Responder:
+    """A served agent that asks the environment `prompts` times about its question, then answers with the
+    environment's last response: its answers depend on every environment call, so a lost or garbled call shows.
+    """
+    from prompt_r1.prompts import extract_question
+
+    def respond(body: dict) -> str:
+        messages = body["messages"]
+        k = sum(1 for m in messages if m["role"] == "assistant")
+        first = messages[0]["content"]
+        question = extract_question(first) or first
+        if k < prompts:
+            return f"<think>step {k + 1}</think><interaction_prompt>{question} / part {k + 1}</interaction_prompt>"
+        last = messages[-1]["content"]
+        reply = last.removeprefix("<interaction_response>").removesuffix("</interaction_response>").strip()
+        return f"<think>done</think><answer>{reply}</answer>"
+
+    return respond
+
+
 def max_in_window(times: Sequence[float], window: float) -> int:
     """Largest number of timestamps inside any half-open window of `window` seconds."""
     ordered = sorted(times)
@@ -107,12 +131,39 @@ class ScriptedServer:
         self,
         responders: dict[str, Responder] | Responder,
         *,
-        latency: float | Callable[[], float] = 0.0,
+        latency: float | Callable[[], float] | dict[str, float | Callable[[], float]] = 0.0,
         port: int = 0,
+        fault_rates: dict[str, float] | None = None,
+        fault_models: Sequence[str] | None = None,
+        fault_retry_after: float | None = 0.05,
+        fault_delay: float = 5.0,
+        seed: int = 0,
+        server_rate_limit: tuple[int, float] | None = None,
+        rate_limited_models: Sequence[str] | None = None,
+        record: bool = True,
     ) -> None:
+        """latency: seconds per reply, or a function drawing them, for every model or per model (a dict).
+        fault_rates: kind → probability per request (kinds as in `Fault`), for `fault_models` (default: all).
+        server_rate_limit: (requests, period s) accepted per window for `rate_limited_models` (default: all).
+        record: keep every request in `requests` (turn off for very long benchmark runs)."""
+        import random
+
         if callable(responders):
             responders = {"*": responders}
-        self.routes = {model: _Route(fn, latency) for model, fn in responders.items()}
+        latencies = latency if isinstance(latency, dict) else dict.fromkeys(responders, latency)
+        self.routes = {model: _Route(fn, latencies.get(model, 0.0)) for model, fn in responders.items()}
+        self.fault_rates = dict(fault_rates or {})
+        if sum(self.fault_rates.values()) > 1:
+            raise ValueError(f"fault rates add up to more than 1: {self.fault_rates}")
+        self.fault_models = set(fault_models) if fault_models is not None else None
+        self.fault_retry_after, self.fault_delay = fault_retry_after, fault_delay
+        self._random = random.Random(seed)
+        self.server_rate_limit = server_rate_limit
+        self.rate_limited_models = set(rate_limited_models) if rate_limited_models is not None else None
+        self._accepted: deque[float] = deque()
+        self.rejected_by_rate_limit = 0
+        self.record = record
+        self.counts: dict[str, int] = {}  # requests per model, kept even when record=False
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests the server was handling at once
@@ -139,6 +190,26 @@ class ScriptedServer:
                 queue = self._faults.get(key)
                 if queue:
                     return queue.popleft()
+        if self.fault_rates and (self.fault_models is None or model in self.fault_models):
+            draw = self._random.random()
+            for kind, rate in self.fault_rates.items():
+                if draw < rate:
+                    return Fault(kind, retry_after=self.fault_retry_after, delay=self.fault_delay)
+                draw -= rate
+        return None
+
+    def _over_rate_limit(self, model: str, now: float) -> float | None:
+        """Seconds until a slot frees when this request is beyond the server's limit, else None (and counted)."""
+        if self.server_rate_limit is None:
+            return None
+        if self.rate_limited_models is not None and model not in self.rate_limited_models:
+            return None
+        limit, period = self.server_rate_limit
+        while self._accepted and now - self._accepted[0] >= period:
+            self._accepted.popleft()
+        if len(self._accepted) >= limit:
+            return self._accepted[0] + period - now
+        self._accepted.append(now)
         return None
 
     def requests_for(self, model: str) -> list[RecordedRequest]:
@@ -215,10 +286,14 @@ class ScriptedServer:
             )
         model = body.get("model", "")
         route = self.routes.get(model) or self.routes.get("*")
-        fault = self._next_fault(model)
-        self.requests.append(
-            RecordedRequest(arrived, model, body, fault.kind if fault else None, dict(request.headers))
-        )
+        self.counts[model] = self.counts.get(model, 0) + 1
+        wait = self._over_rate_limit(model, arrived)
+        fault = Fault("429", retry_after=round(wait, 3)) if wait is not None else self._next_fault(model)
+        if wait is not None:
+            self.rejected_by_rate_limit += 1
+        recorded = RecordedRequest(arrived, model, body, fault.kind if fault else None, dict(request.headers))
+        if self.record:
+            self.requests.append(recorded)
         if route is None:
             return web.json_response(
                 {"error": {"message": f"model {model!r} not found", "type": "not_found"}}, status=404
@@ -226,7 +301,10 @@ class ScriptedServer:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return await self._reply(request, body, model, route, fault)
+            response = await self._reply(request, body, model, route, fault)
+            if fault is None:
+                recorded.completed_at = time.monotonic()
+            return response
         finally:
             self.in_flight -= 1
 

@@ -70,6 +70,10 @@ class PromptR1GRPOConfig(GRPOConfig):
     )
     env_rate_period: float = _help("Length of the environment's rate-limit window in seconds.", default=60.0)
     env_max_in_flight: int = _help("Environment requests in flight at once, per process.", default=32)
+    env_tokens_per_minute: int | None = _help(
+        "Environment tokens per minute for the whole run (split across processes like env_rate_limit).",
+        default=None,
+    )
     env_timeout: float = _help("Seconds allowed for one environment call.", default=60.0)
     env_max_retries: int = _help("Retries after a failed environment call (429, 5xx, timeout).", default=5)
     env_backoff_initial: float = _help(
@@ -127,6 +131,11 @@ class PromptR1GRPOConfig(GRPOConfig):
             rate_limit=max(1, self.env_rate_limit // max(1, num_processes)),
             rate_period=self.env_rate_period,
             max_in_flight=self.env_max_in_flight,
+            tokens_per_minute=(
+                max(1, self.env_tokens_per_minute // max(1, num_processes))
+                if self.env_tokens_per_minute
+                else None
+            ),
             timeout=self.env_timeout,
             max_retries=self.env_max_retries,
             backoff_initial=self.env_backoff_initial,
