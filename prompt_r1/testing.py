@@ -141,11 +141,14 @@ class ScriptedServer:
         server_rate_limit: tuple[int, float] | None = None,
         rate_limited_models: Sequence[str] | None = None,
         record: bool = True,
+        fault_rule: Callable[[str, dict], Fault | None] | None = None,
     ) -> None:
-        """latency: seconds per reply, or a function drawing them, for every model or per model (a dict).
+        """latency: seconds per reply, or a function giving them (of no argument, or of the request body), for
+            every model or per model (a dict).
         fault_rates: kind → probability per request (kinds as in `Fault`), for `fault_models` (default: all).
         server_rate_limit: (requests, period s) accepted per window for `rate_limited_models` (default: all).
-        record: keep every request in `requests` (turn off for very long benchmark runs)."""
+        record: keep every request in `requests` (turn off for very long benchmark runs).
+        fault_rule: (model, body) → a Fault or None, asked first for every request; may be replaced later."""
         import random
 
         if callable(responders):
@@ -164,6 +167,7 @@ class ScriptedServer:
         self.rejected_by_rate_limit = 0
         self.record = record
         self.counts: dict[str, int] = {}  # requests per model, kept even when record=False
+        self.fault_rule = fault_rule
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests the server was handling at once
@@ -184,7 +188,11 @@ class ScriptedServer:
         with self._fault_lock:
             self._faults.setdefault(model, deque()).extend(faults)
 
-    def _next_fault(self, model: str) -> Fault | None:
+    def _next_fault(self, model: str, body: dict | None = None) -> Fault | None:
+        if self.fault_rule is not None:
+            fault = self.fault_rule(model, body or {})
+            if fault is not None:
+                return fault
         with self._fault_lock:
             for key in (model, None):
                 queue = self._faults.get(key)
@@ -288,7 +296,9 @@ class ScriptedServer:
         route = self.routes.get(model) or self.routes.get("*")
         self.counts[model] = self.counts.get(model, 0) + 1
         wait = self._over_rate_limit(model, arrived)
-        fault = Fault("429", retry_after=round(wait, 3)) if wait is not None else self._next_fault(model)
+        fault = (
+            Fault("429", retry_after=round(wait, 3)) if wait is not None else self._next_fault(model, body)
+        )
         if wait is not None:
             self.rejected_by_rate_limit += 1
         recorded = RecordedRequest(arrived, model, body, fault.kind if fault else None, dict(request.headers))
@@ -339,7 +349,11 @@ class ScriptedServer:
                     {"error": {"message": "injected bad request", "type": "invalid_request_error"}},
                     status=400,
                 )
-        latency = route.latency() if callable(route.latency) else route.latency
+        latency = route.latency
+        if callable(latency):
+            import inspect
+
+            latency = latency(body) if inspect.signature(latency).parameters else latency()
         if latency:
             await asyncio.sleep(latency)
         text = route.responder(body)

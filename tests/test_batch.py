@@ -1,0 +1,553 @@
+"""`prompt-r1 batch` and `run_batch` against real HTTP servers on 127.0.0.1: faults, rate limits, kills, resumes,
+checkpoints, pools, budgets and the API key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from prompt_r1.agents.served import ServedAgent
+from prompt_r1.batch import compact_output, read_output_state, run_batch
+from prompt_r1.cli import main
+from prompt_r1.config import AgentConfig, EnvironmentConfig
+from prompt_r1.costs import PriceTable, UsageMeter
+from prompt_r1.environment import EnvironmentClient, EnvironmentPool
+from prompt_r1.errors import ConfigError
+from prompt_r1.ratelimit import TokenWindow
+from prompt_r1.testing import Fault, ScriptedServer, echo_environment, max_in_window, relay_agent
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "sk-batch-test-5f2c9e71d0"
+FAULTS = {"429": 0.10, "500": 0.05, "timeout": 0.02, "drop": 0.01, "malformed": 0.01}
+
+
+def write_questions(path: Path, n: int, *, start: int = 0) -> Path:
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(start, start + n):
+            handle.write(
+                json.dumps({"id": f"q{i}", "question": f"What is item {i}?", "answer": f"item {i}"}) + "\n"
+            )
+    return path
+
+
+def expected_answer(i: int) -> str:
+    """What relay_agent() answers after echo_environment() replied to its second prompt."""
+    return f"Response 2: What is item {i}? / part 2"
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def env_config(server: ScriptedServer, **overrides) -> EnvironmentConfig:
+    settings = dict(
+        model="env",
+        base_url=server.base_url,
+        api_key_env="BATCH_TEST_KEY",
+        rate_limit=1000,
+        rate_period=1.0,
+        max_in_flight=64,
+        timeout=5.0,
+        max_retries=10,
+        backoff_initial=0.02,
+        backoff_max=0.2,
+    )
+    settings.update(overrides)
+    return EnvironmentConfig(**settings)
+
+
+def served_agent(server: ScriptedServer) -> ServedAgent:
+    return ServedAgent(AgentConfig(model="agent", base_url=server.base_url, api_key_env="BATCH_TEST_KEY"))
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch):
+    monkeypatch.setenv("BATCH_TEST_KEY", SECRET)
+
+
+def cli_args(server_url: str, inp: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "batch",
+        str(inp),
+        "--out",
+        str(out),
+        "--agent-model",
+        "agent",
+        "--agent-base-url",
+        server_url,
+        "--agent-api-key-env",
+        "BATCH_TEST_KEY",
+        "--env-model",
+        "env",
+        "--env-base-url",
+        server_url,
+        "--env-api-key-env",
+        "BATCH_TEST_KEY",
+        "--env-backoff-initial",
+        "0.02",
+        "--env-backoff-max",
+        "0.2",
+        "--no-progress",
+        *extra,
+    ]
+
+
+def spawn_batch(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "BATCH_TEST_KEY": SECRET, "PYTHONUNBUFFERED": "1"}
+    handle = log.open("w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "prompt_r1", *args], cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT
+    )
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def line_count(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+# ---- faults and rate limits ---------------------------------------------------------------------------------
+
+
+def test_faults_leave_every_answer_as_a_fault_free_run_and_the_rate_limit_holds(tmp_path):
+    n, limit, period = 300, 100, 0.5
+    inp = write_questions(tmp_path / "q.jsonl", n)
+    answers = {}
+    for label, faults in (("clean", None), ("faulty", FAULTS)):
+        with ScriptedServer(
+            {"env": echo_environment(), "agent": relay_agent()},
+            fault_rates=faults,
+            fault_models=["env"],
+            fault_delay=1.0,
+            seed=7,
+        ) as server:
+            environment = EnvironmentClient(
+                env_config(server, rate_limit=limit, rate_period=period, timeout=0.5),
+                limiter_key=f"env-{label}",
+            )
+            out = tmp_path / f"{label}.jsonl"
+            summary = asyncio.run(
+                run_batch(
+                    inp,
+                    out,
+                    agent=served_agent(server),
+                    environment=environment,
+                    concurrency=48,
+                    progress=False,
+                )
+            )
+            env_requests = server.requests_for("env")
+        rows = rows_of(out)
+        assert summary.complete and summary.written == n
+        assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(n))  # each id exactly once
+        assert {r["status"] for r in rows} == {"answered"}
+        answers[label] = {r["id"]: r["answer"] for r in rows}
+        # The server never saw more environment requests in any window than the limit (+5%).
+        assert max_in_window([r.received_at for r in env_requests], period) <= limit * 1.05
+        if faults:
+            kinds = Counter(r.fault for r in env_requests)
+            assert all(kinds[k] > 0 for k in ("429", "500", "timeout", "malformed")), kinds
+            assert summary.retries >= sum(v for k, v in kinds.items() if k)
+    assert answers["faulty"] == answers["clean"]
+    assert answers["clean"]["q17"] == expected_answer(17)
+
+
+def test_an_episode_that_keeps_failing_is_recorded_and_the_batch_goes_on(tmp_path):
+    inp = write_questions(tmp_path / "q.jsonl", 12)
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        environment = EnvironmentClient(env_config(server, max_retries=1))
+        server.inject(*[Fault("500")] * 2, model="env")
+        summary = asyncio.run(
+            run_batch(
+                inp,
+                tmp_path / "r.jsonl",
+                agent=served_agent(server),
+                environment=environment,
+                concurrency=1,
+                progress=False,
+            )
+        )
+    rows = rows_of(tmp_path / "r.jsonl")
+    failed = [r for r in rows if r["status"] == "environment_error"]
+    assert len(failed) == 1 and "500" in failed[0]["error"]
+    assert summary.statuses == Counter({"answered": 11, "environment_error": 1})
+    assert not summary.complete
+
+
+def test_max_failures_stops_the_run_cleanly(tmp_path, capsys):
+    inp = write_questions(tmp_path / "q.jsonl", 200)
+    rejecting = ScriptedServer(
+        {"env": echo_environment(), "agent": relay_agent()}, fault_rates={"400": 1.0}, fault_models=["env"]
+    )
+    with rejecting as server:
+        code = main(
+            cli_args(server.base_url, inp, tmp_path / "r.jsonl", "--max-failures", "5", "--concurrency", "4")
+        )
+        env_calls = len(server.requests_for("env"))
+    assert code == 1
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary["stopped"].startswith("5 failed episodes reached --max-failures 5")
+    assert 5 <= summary["failed"] <= 8 and env_calls <= 12  # in-flight episodes were cancelled, not run out
+    assert all(r["status"] == "environment_error" for r in rows_of(tmp_path / "r.jsonl"))
+    assert "not every episode finished" in capsys.readouterr().err
+
+
+# ---- resume -------------------------------------------------------------------------------------------------
+
+
+def test_rerun_skips_finished_retries_failed_and_compacts(tmp_path):
+    inp = write_questions(tmp_path / "q.jsonl", 20)
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        env = EnvironmentClient(env_config(server, max_retries=0))
+        server.inject(*[Fault("400")] * 3, model="env")
+        first = asyncio.run(
+            run_batch(inp, out, agent=served_agent(server), environment=env, concurrency=1, progress=False)
+        )
+        assert first.failed == 3
+        calls_before = len(server.requests_for("agent"))
+        second = asyncio.run(
+            run_batch(inp, out, agent=served_agent(server), environment=env, concurrency=4, progress=False)
+        )
+        # Only the 3 failed episodes ran again: 3 agent turns each.
+        assert len(server.requests_for("agent")) - calls_before == 9
+    assert (second.skipped, second.written, second.failed) == (17, 3, 0)
+    rows = rows_of(out)
+    assert len(rows) == 20 and len({r["id"] for r in rows}) == 20  # failed rows superseded and compacted away
+    assert all(r["answer"] == expected_answer(int(r["id"][1:])) for r in rows)
+
+
+def test_sigkill_then_resume_ends_with_every_id_exactly_once(tmp_path):
+    n = 150
+    inp = write_questions(tmp_path / "q.jsonl", n)
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}, latency={"env": 0.05}) as server:
+        args = cli_args(server.base_url, inp, out, "--concurrency", "8")
+        proc = spawn_batch(args, tmp_path / "run1.log")
+        wait_for(lambda: line_count(out) >= 30, what="30 rows")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        killed_at = line_count(out)
+        assert 30 <= killed_at < n
+        with out.open("ab") as handle:  # a row cut off mid-write, as a kill during write() leaves it
+            handle.write(b'{"id": "q149", "status": "answ')
+        code = main(args)
+    assert code == 0
+    ids = [r["id"] for r in rows_of(out)]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(n))  # exactly once each, none lost
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary["skipped"] == killed_at and summary["written"] == n - killed_at
+
+
+def test_checkpoint_resumes_killed_episodes_without_repeating_paid_turns(tmp_path):
+    """Run 1 is killed while every episode waits on its second environment call; run 2 (another server, same
+    checkpoint) must not call the environment for any first turn again."""
+    n = 30
+    inp = write_questions(tmp_path / "q.jsonl", n)
+    out, checkpoint = tmp_path / "r.jsonl", tmp_path / "r.sqlite"
+
+    def second_turn_hangs(body: dict) -> float:
+        return 60.0 if sum(m["role"] == "assistant" for m in body["messages"]) else 0.0
+
+    responders = {"env": echo_environment(), "agent": relay_agent()}
+    with ScriptedServer(responders, latency={"env": second_turn_hangs}) as first:
+        proc = spawn_batch(
+            cli_args(first.base_url, inp, out, "--concurrency", "64", "--checkpoint", str(checkpoint)),
+            tmp_path / "run1.log",
+        )
+        second_turns = lambda: [r for r in first.requests_for("env") if len(r.body["messages"]) > 2]  # noqa: E731
+        wait_for(lambda: len(second_turns()) == n, what="every episode's second environment call")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        assert len(first.requests_for("env")) == 2 * n
+    assert line_count(out) == 0
+    with ScriptedServer(responders) as second:
+        code = main(
+            cli_args(second.base_url, inp, out, "--concurrency", "64", "--checkpoint", str(checkpoint))
+        )
+        env_requests = second.requests_for("env")
+        agent_requests = second.requests_for("agent")
+    assert code == 0
+    # No first-turn environment call again: each episode made only the call that had not completed.
+    assert len(env_requests) == n and all(len(r.body["messages"]) == 4 for r in env_requests)
+    # The agent was asked only for what came after: its final answer.
+    assert len(agent_requests) == n
+    rows = rows_of(out)
+    assert {r["resumed"] for r in rows} == {"interrupted"}
+    assert all(r["answer"] == expected_answer(int(r["id"][1:])) for r in rows)
+    # Finished episodes' threads are removed; the database stays small.
+    with sqlite3.connect(checkpoint) as db:
+        assert db.execute("select count(*) from checkpoints").fetchone()[0] == 0
+
+
+def test_checkpoint_resumes_a_failed_episode_at_the_call_that_failed(tmp_path):
+    inp = write_questions(tmp_path / "q.jsonl", 6)
+    out, checkpoint = tmp_path / "r.jsonl", tmp_path / "r.sqlite"
+
+    def reject_second_turns(model: str, body: dict) -> Fault | None:
+        # A 400 is final: these episodes end as environment_error after one paid environment call each.
+        return Fault("400") if model == "env" and len(body["messages"]) > 2 else None
+
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": relay_agent()}, fault_rule=reject_second_turns
+    ) as server:
+        env = EnvironmentClient(env_config(server, max_retries=0))
+
+        def go():
+            return asyncio.run(
+                run_batch(
+                    inp,
+                    out,
+                    agent=served_agent(server),
+                    environment=env,
+                    concurrency=6,
+                    checkpoint=checkpoint,
+                    progress=False,
+                )
+            )
+
+        go()
+        assert {r["status"] for r in rows_of(out)} == {"environment_error"}
+        server.fault_rule = None
+        before = len(server.requests_for("env"))
+        summary = go()
+        retried = server.requests_for("env")[before:]
+    assert summary.complete and summary.resumed == 6
+    assert len(retried) == 6 and all(len(r.body["messages"]) == 4 for r in retried)
+    rows = rows_of(out)
+    assert len(rows) == 6 and {r["resumed"] for r in rows} == {"failed_call"}
+    assert all(r["answer"] == expected_answer(int(r["id"][1:])) for r in rows)
+
+
+# ---- interruption, key, input -------------------------------------------------------------------------------
+
+
+def test_ctrl_c_stops_writes_a_summary_and_a_rerun_finishes(tmp_path):
+    n = 120
+    inp = write_questions(tmp_path / "q.jsonl", n)
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}, latency={"env": 0.05}) as server:
+        args = cli_args(
+            server.base_url, inp, out, "--concurrency", "8", "--log-file", str(tmp_path / "debug.log")
+        )
+        proc = spawn_batch(args, tmp_path / "run1.log")
+        wait_for(lambda: line_count(out) >= 20, what="20 rows")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+        printed = (tmp_path / "run1.log").read_text()
+        summary = json.loads((tmp_path / "r.summary.json").read_text())
+        assert summary["stopped"] == "interrupted (SIGINT)" and "episodes" in printed
+        assert line_count(out) == summary["written"] == len(rows_of(out))  # whole lines only
+        assert main(args) == 0
+    assert sorted(r["id"] for r in rows_of(out)) == sorted(f"q{i}" for i in range(n))
+    # The API key appears nowhere: printed output, results, summary, debug log.
+    for path in (tmp_path / "run1.log", out, tmp_path / "r.summary.json", tmp_path / "debug.log"):
+        assert SECRET not in path.read_text(), path
+    assert "HTTP Request: POST" in (tmp_path / "debug.log").read_text()
+
+
+def test_api_key_is_in_no_output_log_or_checkpoint_even_with_faults(tmp_path, capsys):
+    inp = write_questions(tmp_path / "q.jsonl", 40)
+    out = tmp_path / "r.jsonl"
+    server = ScriptedServer(
+        {"env": echo_environment(), "agent": relay_agent()},
+        fault_rates={**FAULTS, "400": 0.03},
+        fault_models=["env"],
+        fault_delay=1.0,
+    )
+    with server:
+        main(
+            cli_args(
+                server.base_url,
+                inp,
+                out,
+                "--env-timeout",
+                "0.5",
+                "--checkpoint",
+                str(tmp_path / "c.sqlite"),
+                "--log-file",
+                str(tmp_path / "debug.log"),
+            )
+        )
+        assert all(r.headers.get("Authorization") == f"Bearer {SECRET}" for r in server.requests[:5])
+    captured = capsys.readouterr()
+    assert SECRET not in captured.out + captured.err
+    for path in (out, tmp_path / "r.summary.json", tmp_path / "debug.log", tmp_path / "c.sqlite"):
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_duplicate_ids_are_reported_not_merged(tmp_path, capsys):
+    inp = tmp_path / "q.jsonl"
+    rows = [
+        {"id": "a", "question": "First?"},
+        {"id": "b", "question": "Second?"},
+        {"id": "a", "question": "Other?"},
+    ]
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        assert main(cli_args(server.base_url, inp, tmp_path / "r.jsonl")) == 0
+    err = capsys.readouterr().err
+    assert "duplicate id 'a' at input row 2: not run again" in err and "1 duplicate ids" in err
+    assert [r["question"] for r in rows_of(tmp_path / "r.jsonl") if r["id"] == "a"] == ["First?"]
+
+
+def test_a_bad_input_row_stops_with_the_rows_before_it_written(tmp_path, capsys):
+    inp = write_questions(tmp_path / "q.jsonl", 5)
+    with inp.open("a") as handle:
+        handle.write('{"id": "bad", "question": ""}\n')
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        code = main(cli_args(server.base_url, inp, tmp_path / "r.jsonl", "--concurrency", "2"))
+    assert code == 2
+    assert "row 5: its question is empty" in capsys.readouterr().err
+    assert len(rows_of(tmp_path / "r.jsonl")) == 5
+
+
+def test_parquet_input_and_bundled_sets_stream(tmp_path):
+    pytest.importorskip("pyarrow")
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        assert main(cli_args(server.base_url, "hotpot", tmp_path / "r.jsonl", "--limit", "7")) == 0
+    rows = rows_of(tmp_path / "r.jsonl")
+    assert len(rows) == 7 and all(r["golden_answers"] and "metrics" in r for r in rows)
+    assert {r["id"] for r in rows} == {f"hotpot-{i}" for i in range(7)}
+
+
+# ---- cost, budget, pools ------------------------------------------------------------------------------------
+
+
+def test_price_table_and_budget(tmp_path):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("env: {input: 1000, output: 2000}\nagent: {input: 0, output: 0}\n")
+    table = PriceTable.load(prices)
+    assert table.cost("env", 1000, 500) == pytest.approx(2.0)
+    assert table.price("gpt-4o-mini-2024-07-18") == table.price("gpt-4o-mini")  # bundled, by prefix
+    assert table.price("gpt-4o-mini-x") is not None and table.price("unknown-model") is None
+    inp = write_questions(tmp_path / "q.jsonl", 100)
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        code = main(
+            cli_args(
+                server.base_url, inp, out, "--prices", str(prices), "--budget", "1.0", "--concurrency", "2"
+            )
+        )
+        assert code == 1
+        summary = json.loads((tmp_path / "r.summary.json").read_text())
+        assert summary["stopped"].startswith("budget of $1 reached")
+        assert 1.0 <= summary["usage"]["cost_usd"] < 1.5  # stopped starting episodes once past the budget
+        assert summary["written"] < 100
+        spent = sum(r["cost_usd"] for r in rows_of(out))
+        assert spent == pytest.approx(summary["usage"]["cost_usd"], rel=1e-6)
+        assert main(cli_args(server.base_url, inp, out, "--prices", str(prices))) == 0
+    assert len(rows_of(out)) == 100
+
+
+def test_bad_price_table_and_pool_files_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "p.yaml"
+    bad.write_text("env: {input: cheap}\n")
+    with pytest.raises(ConfigError, match="prices must be numbers"):
+        PriceTable.load(bad)
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("environments:\n  - {model: a, wieght: 2}\n")
+    with pytest.raises(ConfigError, match="unknown field.*wieght"):
+        EnvironmentPool.from_file(pool)
+    assert main(["batch", "hotpot", "--out", str(tmp_path / "r.jsonl"), "--env-pool", str(pool)]) == 2
+
+
+def test_pool_routes_sessions_by_weight_and_falls_back(tmp_path):
+    inp = write_questions(tmp_path / "q.jsonl", 200)
+    responders = {"env": echo_environment(), "agent": relay_agent()}
+    with ScriptedServer(responders) as a, ScriptedServer(responders) as b:
+        pool_file = tmp_path / "pool.yaml"
+        pool_file.write_text(
+            "environments:\n"
+            f"  - {{name: big, base_url: '{a.base_url}', weight: 3}}\n"
+            f"  - {{name: small, base_url: '{b.base_url}', weight: 1}}\n"
+        )
+        code = main(cli_args(a.base_url, inp, tmp_path / "r.jsonl", "--env-pool", str(pool_file)))
+        assert code == 0
+        rows = rows_of(tmp_path / "r.jsonl")
+        endpoints = [
+            {t["environment_call"]["endpoint"] for t in r["turns"] if t.get("environment_call")} for r in rows
+        ]
+        assert all(len(e) == 1 for e in endpoints)  # every turn of an episode on one endpoint
+        share = sum(e == {"big"} for e in endpoints) / len(rows)
+        assert 0.65 <= share <= 0.85
+    # Fallback: one member always fails; every episode still finishes, and the failing member is skipped after
+    # it trips instead of being asked by every episode.
+    with (
+        ScriptedServer(responders, fault_rates={"500": 1.0}, fault_models=["env"]) as bad,
+        ScriptedServer(responders) as good,
+    ):
+        members = [
+            EnvironmentClient(env_config(bad, max_retries=1)),
+            EnvironmentClient(env_config(good)),
+        ]
+        pool = EnvironmentPool(members, [1, 1], names=["bad", "good"], trip_after=2, cooldown=60)
+        summary = asyncio.run(
+            run_batch(
+                write_questions(tmp_path / "f.q.jsonl", 60),
+                tmp_path / "f.jsonl",
+                agent=served_agent(good),
+                environment=pool,
+                concurrency=4,
+                progress=False,
+            )
+        )
+        assert summary.complete and summary.fallbacks > 0
+        assert len(bad.requests_for("env")) <= 2 * (2 + 4)  # trip_after, plus the calls already in flight
+    assert all(r["status"] == "answered" for r in rows_of(tmp_path / "f.jsonl"))
+
+
+def test_token_window_holds_tokens_per_period():
+    async def go():
+        window = TokenWindow(limit=1000, period=0.4)
+        stamps = []
+
+        async def call():
+            await window.acquire(300)
+            await asyncio.sleep(0.01)
+            window.release(300, 250)
+            stamps.append((time.monotonic(), 250))
+
+        await asyncio.gather(*[call() for _ in range(20)])
+        return stamps
+
+    stamps = asyncio.run(go())
+    times = sorted(t for t, _ in stamps)
+    # At most 4 calls of 250 tokens complete in any 0.4 s window (1000 tokens), so 20 calls take ≥ 4 windows.
+    assert max_in_window(times, 0.4) <= 4
+    assert times[-1] - times[0] >= 4 * 0.4 - 0.05
+
+
+def test_usage_meter_and_output_state(tmp_path):
+    meter = UsageMeter(PriceTable.load())
+    meter.add("environment", "gpt-4o-mini", 1_000_000, 0)
+    meter.add("agent", "my-agent", 10, 10)
+    assert meter.cost == pytest.approx(0.15) and meter.unpriced == ["my-agent"]
+    out = tmp_path / "r.jsonl"
+    out.write_text(
+        '{"id": "a", "question": "q", "status": "environment_error"}\n'
+        '{"id": "b", "question": "q", "status": "answered"}\n'
+        '{"id": "a", "question": "q", "status": "answered"}\n'
+        '{"id": "c", "question": "q", "status": "agent_error"}\n{"id": "d", "sta'
+    )
+    state = read_output_state(out)
+    assert set(state.finished) == {"a", "b"} and state.failed == {"c"} and state.superseded == 1
+    assert compact_output(out) == 1
+    assert [r["id"] for r in rows_of(out)] == ["b", "a", "c"]
