@@ -18,8 +18,8 @@ async def main(graph, question: str) -> None:
                     print(f"[agent]       {turn.get('prompt') or turn.get('answer') or turn.get('defects')}")
                 elif turn.get("response") is not None:
                     print(f"[{node}] {turn['response']}")
-            if node == "finalize":
-                print(f"[finalize]    status={change['status']} answer={change['answer']!r}")
+            if (change or {}).get("status"):  # set by the step that ends the episode
+                print(f"[{node}]  status={change['status']} answer={change.get('answer')!r}")
 
 
 if __name__ == "__main__":
