@@ -407,6 +407,7 @@ class _Runner:
                     "f1": f1(row["answer"], sample.golden_answers),
                 }
         row["latency_s"] = round(time.monotonic() - started, 3)
+        row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
         return row
 
     def _write(self, row: dict[str, Any]) -> None:

@@ -60,7 +60,13 @@ class CompletionStampedThrottler(Throttler):
             self.flush()
             if len(self._task_logs) + self.in_flight < self.rate_limit:
                 break
-            await asyncio.sleep(self.retry_interval)
+            # Sleep until the oldest completed request leaves the window rather than polling: with hundreds of
+            # episodes waiting, 5 ms polling alone kept a core busy. When only requests in flight fill the
+            # window, their completion is unknown, so poll.
+            wait = self.retry_interval
+            if self._task_logs:
+                wait = max(wait, self._task_logs[0] + self.period - time.monotonic())
+            await asyncio.sleep(wait)
         self.in_flight += 1
 
     def release(self) -> None:
@@ -91,7 +97,10 @@ class TokenWindow:
             used = self.used()
             if used + tokens <= self.limit or used == 0:
                 break
-            await asyncio.sleep(self.retry_interval)
+            wait = self.retry_interval  # as in the request window: sleep to the next expiry, poll otherwise
+            if self._log:
+                wait = max(wait, self._log[0][0] + self.period - time.monotonic())
+            await asyncio.sleep(wait)
         self.reserved += tokens
 
     def release(self, reserved: int, actual: int) -> None:
