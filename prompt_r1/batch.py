@@ -147,8 +147,9 @@ class BatchSummary:
 
     @property
     def complete(self) -> bool:
-        """Every input id has a finished row: nothing failed, was cancelled or left unstarted."""
-        return self.stopped is None and self.failed == 0 and self.cancelled == 0
+        """Every input id has a finished row for its question: nothing failed, was cancelled, left unstarted, or
+        kept from an earlier run for a different question."""
+        return self.stopped is None and self.failed == 0 and self.cancelled == 0 and self.conflicts == 0
 
     def to_dict(self) -> dict[str, Any]:
         return {

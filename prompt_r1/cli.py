@@ -436,6 +436,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
             left.append(f"{summary.failed} failed")
         if summary.cancelled:
             left.append(f"{summary.cancelled} cancelled")
+        if summary.conflicts:
+            left.append(f"{summary.conflicts} ids finished earlier for another question")
         if summary.stopped:
             left.append(f"stopped: {summary.stopped}")
         print(

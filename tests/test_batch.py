@@ -135,11 +135,14 @@ def test_faults_leave_every_answer_as_a_fault_free_run_and_the_rate_limit_holds(
             {"env": echo_environment(), "agent": relay_agent()},
             fault_rates=faults,
             fault_models=["env"],
-            fault_delay=1.0,
+            # A "timeout" fault answers after 3 s, well past the 2 s client timeout; ordinary replies take
+            # milliseconds, so even a loaded 2-core CI machine does not time them out (at 0.5 s it did, and
+            # eleven timeouts in a row used up an episode's retries).
+            fault_delay=3.0,
             seed=7,
         ) as server:
             environment = EnvironmentClient(
-                env_config(server, rate_limit=limit, rate_period=period, timeout=0.5),
+                env_config(server, rate_limit=limit, rate_period=period, timeout=2.0),
                 limiter_key=f"env-{label}",
             )
             out = tmp_path / f"{label}.jsonl"
@@ -155,7 +158,8 @@ def test_faults_leave_every_answer_as_a_fault_free_run_and_the_rate_limit_holds(
             )
             env_requests = server.requests_for("env")
         rows = rows_of(out)
-        assert summary.complete and summary.written == n
+        errors = Counter(r["error"] for r in rows if r["status"] != "answered")
+        assert summary.complete and summary.written == n, (label, summary.statuses, errors.most_common(3))
         assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(n))  # each id exactly once
         assert {r["status"] for r in rows} == {"answered"}
         answers[label] = {r["id"]: r["answer"] for r in rows}
@@ -406,6 +410,19 @@ def test_duplicate_ids_are_reported_not_merged(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "duplicate id 'a' at input row 2: not run again" in err and "1 duplicate ids" in err
     assert [r["question"] for r in rows_of(tmp_path / "r.jsonl") if r["id"] == "a"] == ["First?"]
+
+
+def test_an_id_finished_for_another_question_is_reported_not_rerun(tmp_path, capsys):
+    inp = tmp_path / "q.jsonl"
+    inp.write_text(json.dumps({"id": "a", "question": "First?"}) + "\n")
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        assert main(cli_args(server.base_url, inp, tmp_path / "r.jsonl")) == 0
+        inp.write_text(json.dumps({"id": "a", "question": "Changed?"}) + "\n")
+        capsys.readouterr()
+        assert main(cli_args(server.base_url, inp, tmp_path / "r.jsonl")) == 1
+    err = capsys.readouterr().err
+    assert "id 'a' was finished in" in err and "for another question" in err
+    assert [r["question"] for r in rows_of(tmp_path / "r.jsonl")] == ["First?"]
 
 
 def test_a_bad_input_row_stops_with_the_rows_before_it_written(tmp_path, capsys):
