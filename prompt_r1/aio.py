@@ -8,6 +8,8 @@ local agent's batcher then live on one loop for the life of the process, and con
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -63,4 +65,23 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         if "background loop" in str(exc):
             coro.close()
             raise
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    # The coroutine runs in a copy of the caller's context, so context variables set by the caller (LangGraph's
+    # stream writer and runtime, tracing parents) are seen on the background loop as they would be inline.
+    context = contextvars.copy_context()
+    result: concurrent.futures.Future = concurrent.futures.Future()
+
+    def start() -> None:
+        task = loop.create_task(coro, context=context)
+
+        def settle(done: asyncio.Task) -> None:
+            if done.cancelled():
+                result.cancel()
+            elif done.exception() is not None:
+                result.set_exception(done.exception())
+            else:
+                result.set_result(done.result())
+
+        task.add_done_callback(settle)
+
+    loop.call_soon_threadsafe(start)
+    return result.result()

@@ -280,36 +280,16 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     return agent, environment
 
 
-def _show(text: str | None, label: str, out) -> None:
-    if text is None:
-        return
-    body = textwrap.indent(text.strip(), " " * 12)[12:]
-    print(f"  {label:<9} {body}", file=out)
-
-
-def _print_turn(turn: dict, out) -> None:
-    print(f"turn {turn['index'] + 1}", file=out)
-    _show(turn.get("think"), "think:", out)
-    _show(turn.get("prompt"), "prompt:", out)
-    if turn.get("kind") == "malformed":
-        _show("; ".join(turn.get("defects", [])), "defects:", out)
-    _show(turn.get("response"), "response:", out)
-    _show(turn.get("error"), "error:", out)
-    out.flush()
-
-
 async def _run_episode(graph, question: str, live: bool, out) -> dict:
-    """Run one episode, printing each turn as soon as it is complete (its response arrived, or the episode ended)."""
+    """Run one episode, printing each event (think, prompt, response, answer, end) as it happens."""
+    from prompt_r1.events import format_event
+
     state: dict[str, Any] = {}
-    printed = 0
-    async for state in graph.astream({"question": question}, stream_mode="values"):
-        if not live:
-            continue
-        turns = state.get("turns", [])
-        done = len(turns) if state.get("status") else sum(1 for t in turns if t.get("response") is not None)
-        for turn in turns[printed:done]:
-            _print_turn(turn, out)
-        printed = max(printed, done)
+    async for mode, data in graph.astream({"question": question}, stream_mode=["custom", "values"]):
+        if mode == "values":
+            state = data
+        elif live:
+            print(format_event(data), file=out, flush=True)
     return state
 
 

@@ -225,7 +225,9 @@ class EnvironmentClient:
         from langchain_openai import ChatOpenAI
 
         client = httpx.AsyncClient(timeout=self.config.timeout, limits=httpx.Limits(max_connections=None))
-        return ChatOpenAI(**self._openai_kwargs, http_async_client=client)
+        # Under astream_events LangChain would switch ainvoke to a streamed call: one reply is one event here,
+        # and a whole response is what the retries, the timeout and the token usage are counted on.
+        return ChatOpenAI(**self._openai_kwargs, http_async_client=client, disable_streaming=True)
 
     def _model(self) -> BaseChatModel:
         return self.chat_model if self.chat_model is not None else self._openai_models.get()

@@ -29,6 +29,7 @@ from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
 from prompt_r1.environment import EnvironmentClient
 from prompt_r1.errors import ContextOverflow, EnvironmentCallError
+from prompt_r1.events import emit, end_event, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
 from prompt_r1.protocol import parse_agent_output
 from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
@@ -200,11 +201,11 @@ def build_graph(
             used = len(state.get("completion_ids", []))
             remaining = max_total_tokens - used
             if remaining <= 0:
-                return {
-                    **update,
-                    "status": "context_overflow",
-                    "error": f"trajectory reached {used} of {max_total_tokens} tokens",
-                }
+                update.update(
+                    status="context_overflow", error=f"trajectory reached {used} of {max_total_tokens} tokens"
+                )
+                await emit(config, [end_event(state, update)])
+                return update
             trajectory_bound = per_turn is None or remaining < per_turn
             budget = remaining if trajectory_bound else per_turn
             prompt_ids = prompt_ids + state.get("completion_ids", [])
@@ -212,7 +213,9 @@ def build_graph(
         try:
             output = await agent.generate(request)
         except ContextOverflow as exc:
-            return {**update, "status": "context_overflow", "error": str(exc), "answer": None}
+            update.update(status="context_overflow", error=str(exc), answer=None)
+            await emit(config, [{"type": "error", "turn": index, "text": str(exc)}, end_event(state, update)])
+            return update
         turn = parse_agent_output(output.text)
         record = turn.to_record()
         record.update(index=index, finish_reason=output.finish_reason, agent_tokens=output.completion_tokens)
@@ -242,6 +245,10 @@ def build_graph(
         if "status" not in update and turn.kind != "prompt":
             # The agent's own turn ends the episode: settle it here rather than in one more graph step.
             update.update(_outcome(record))
+        events = turn_events(record)
+        if "status" in update:
+            events.append(end_event(state, update))
+        await emit(config, events)
         return update
 
     async def environment_node(state: EpisodeState, config: RunnableConfig) -> dict:
@@ -252,6 +259,7 @@ def build_graph(
                 last["prompt"], environment_history(turns[:-1]), run_config=config
             )
         except ContextOverflow as exc:
+            await emit(config, [{"type": "error", "turn": last["index"], "text": str(exc)}])
             return {
                 "status": "context_overflow",
                 "error": str(exc),
@@ -259,6 +267,7 @@ def build_graph(
             }
         except EnvironmentCallError as exc:
             error = f"{type(exc).__name__}: {exc}"
+            await emit(config, [{"type": "error", "turn": last["index"], "text": error}])
             return {
                 "status": "environment_error",
                 "error": error,
@@ -283,9 +292,21 @@ def build_graph(
         }
         if token_exact:
             update.update(_append_user_turn(state, interaction_response(reply.text)))
+        await emit(
+            config,
+            [
+                {
+                    "type": "response",
+                    "turn": last["index"],
+                    "text": reply.text,
+                    "attempts": reply.attempts,
+                    "latency_s": round(reply.latency_s, 3),
+                }
+            ],
+        )
         return update
 
-    def final_answer_node(state: EpisodeState) -> dict:
+    async def final_answer_node(state: EpisodeState, config: RunnableConfig) -> dict:
         last = state["turns"][-1]
         update: dict[str, Any] = {
             "final_request_sent": True,
@@ -295,6 +316,7 @@ def build_graph(
         }
         if token_exact:
             update.update(_append_user_turn(state, FINAL_ANSWER_REQUEST))
+        await emit(config, [{"type": "final_request", "turn": last["index"], "text": FINAL_ANSWER_REQUEST}])
         return update
 
     def _append_user_turn(state: EpisodeState, content: str) -> dict:
@@ -309,16 +331,19 @@ def build_graph(
             }
         return {"completion_ids": ids, "logprobs": [0.0] * len(ids), "env_mask": [0] * len(ids)}
 
-    def finalize_node(state: EpisodeState) -> dict:
+    async def finalize_node(state: EpisodeState, config: RunnableConfig) -> dict:
         """Endings the agent's turn did not settle: a failed call or a full context (status already set), or
         turns used up while the agent still prompts."""
         turns = state.get("turns", [])
         last = turns[-1] if turns else None
         if state.get("status"):
-            return {"answer": None}
-        if last is not None and last["kind"] != "prompt":
-            return _outcome(last)
-        return {"status": "max_turns", "answer": None, "error": None}
+            update = {"answer": None}
+        elif last is not None and last["kind"] != "prompt":
+            update = _outcome(last)
+        else:
+            update = {"status": "max_turns", "answer": None, "error": None}
+        await emit(config, [end_event(state, update)])
+        return update
 
     def route_after_agent(
         state: EpisodeState,
@@ -342,8 +367,8 @@ def build_graph(
     builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
     builder.add_node("agent", _sync_and_async(agent_node, "agent"))
     builder.add_node("environment", _sync_and_async(environment_node, "environment"))
-    builder.add_node("final_answer", _inline(final_answer_node, "final_answer"))
-    builder.add_node("finalize", _inline(finalize_node, "finalize"))
+    builder.add_node("final_answer", _sync_and_async(final_answer_node, "final_answer"))
+    builder.add_node("finalize", _sync_and_async(finalize_node, "finalize"))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", _inline(route_after_agent, "route_after_agent", trace=False))
     after_environment = _inline(route_after_environment, "route_after_environment", trace=False)

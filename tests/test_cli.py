@@ -26,7 +26,7 @@ def served(server, *extra: str) -> list[str]:
 def test_run_readable(server, capsys):
     assert main(served(server)) == 0
     out = capsys.readouterr().out
-    assert "turn 1" in out and "prompt:   p1" in out and "response: Response 1: p1" in out
+    assert "turn 1  prompt:    p1\nturn 1  response:  Response 1: p1\n" in out
     assert "answer: Paris" in out and "[answered · 2 environment calls" in out
 
 

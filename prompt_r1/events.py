@@ -1,0 +1,117 @@
+"""Per-turn events of an episode, streamed as they happen so a UI can show the collaboration live.
+
+The graph's nodes emit one small JSON dict per thing that happened, in order:
+
+    {"type": "think",    "turn": 0, "text": "..."}    the agent's reasoning for turn 0
+    {"type": "prompt",   "turn": 0, "text": "..."}    the prompt it sends to the environment
+    {"type": "response", "turn": 0, "text": "...", "attempts": 1, "latency_s": 0.8}   the environment's reply
+    {"type": "final_request", "turn": 4, "text": "..."}   turns used up: the agent is asked once for an answer
+    {"type": "answer",   "turn": 1, "text": "..."}    the agent's final answer
+    {"type": "malformed", "turn": 1, "text": "<raw generation>", "defects": ["..."]}
+    {"type": "error",    "turn": 1, "text": "EnvironmentTimeout: ..."}   a failed call or a full context
+    {"type": "end", "status": "answered", "answer": "...", "turns": 2, "error": null}   always last
+
+Two ways to receive them, both standard LangGraph/LangChain:
+- `graph.astream(inputs, stream_mode="custom")` (or `["custom", "values"]` to get the final state as well);
+  when the loop is a subgraph of a parent graph, pass `subgraphs=True` to the parent's `astream`.
+- `graph.astream_events(inputs, version="v2")`: events named `prompt_r1` (`on_custom_event`) carry the same dicts,
+  also from inside a parent graph or a `PromptR1Chat` model.
+
+    async for mode, data in graph.astream({"question": q}, stream_mode=["custom", "values"]):
+        if mode == "custom":
+            print(format_event(data))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+__all__ = ["EVENT_NAME", "EVENT_TYPES", "emit", "end_event", "format_event", "turn_events"]
+
+EVENT_NAME = "prompt_r1"  # the name of the custom events in astream_events
+EVENT_TYPES = ("think", "prompt", "response", "final_request", "answer", "malformed", "error", "end")
+
+
+def turn_events(record: dict) -> list[dict[str, Any]]:
+    """The events of one parsed agent turn (a turn record, see protocol.AgentTurn.to_record).
+
+    >>> [e["type"] for e in turn_events({"index": 0, "kind": "prompt", "think": "t", "prompt": "p"})]
+    ['think', 'prompt']
+    """
+    index = record["index"]
+    events: list[dict[str, Any]] = []
+    if record.get("think"):
+        events.append({"type": "think", "turn": index, "text": record["think"]})
+    if record["kind"] == "prompt":
+        events.append({"type": "prompt", "turn": index, "text": record["prompt"]})
+    elif record["kind"] == "answer" and record.get("answer"):
+        events.append({"type": "answer", "turn": index, "text": record["answer"]})
+    else:
+        events.append(
+            {"type": "malformed", "turn": index, "text": record.get("text", ""), "defects": record.get("defects", [])}
+        )
+    return events
+
+
+def end_event(state: dict, update: dict) -> dict[str, Any]:
+    """The closing event, from the state before the last step and that step's update."""
+    turns = len(state.get("turns", [])) + sum(
+        1 for t in update.get("turns", []) if t["index"] >= len(state.get("turns", []))
+    )
+    return {
+        "type": "end",
+        "status": update.get("status", state.get("status")),
+        "answer": update.get("answer"),
+        "turns": turns,
+        "error": update.get("error", state.get("error")),
+    }
+
+
+def _has_handlers(config: RunnableConfig | None) -> bool:
+    callbacks = (config or {}).get("callbacks")
+    if callbacks is None:
+        return False
+    handlers = callbacks if isinstance(callbacks, list) else getattr(callbacks, "handlers", None)
+    return bool(handlers)
+
+
+async def emit(config: RunnableConfig | None, events: list[dict[str, Any]]) -> None:
+    """Send `events` to the graph's custom stream and, where a callback handler listens (astream_events,
+    tracers), as custom callback events. Costs nothing measurable when nobody listens."""
+    if not events:
+        return
+    from langgraph.config import get_stream_writer
+
+    try:
+        writer = get_stream_writer()
+    except RuntimeError:  # called outside a graph run
+        writer = None
+    if writer is not None:
+        for event in events:
+            writer(event)
+    if _has_handlers(config):
+        from langchain_core.callbacks import adispatch_custom_event
+
+        for event in events:
+            await adispatch_custom_event(EVENT_NAME, event, config=config)
+
+
+def format_event(event: dict[str, Any]) -> str:
+    """One human-readable line (or block) for an event, as `prompt-r1 run` prints them.
+
+    >>> format_event({"type": "prompt", "turn": 0, "text": "Who wrote Hamlet?"})
+    'turn 1  prompt:    Who wrote Hamlet?'
+    """
+    kind = event["type"]
+    if kind == "end":
+        tail = f" · answer: {event['answer']}" if event.get("answer") is not None else ""
+        error = f" · {event['error']}" if event.get("error") else ""
+        return f"end     {event['status']} after {event['turns']} turn(s){tail}{error}"
+    text = str(event.get("text", "")).strip()
+    if kind == "malformed":
+        text = "; ".join(event.get("defects", [])) or text
+    label = {"final_request": "asked:", "malformed": "defects:"}.get(kind, f"{kind}:")
+    body = text.replace("\n", "\n" + " " * 19)  # under the text of the first line
+    return f"turn {event['turn'] + 1:<2} {label:<10} {body}"
