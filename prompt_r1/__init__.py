@@ -25,6 +25,7 @@ _EXPORTS = {
     "AgentConfig": "prompt_r1.config",
     "EnvironmentConfig": "prompt_r1.config",
     "LoopConfig": "prompt_r1.config",
+    "PromptR1Chat": "prompt_r1.chat_model",
     "EnvironmentClient": "prompt_r1.environment",
     "EnvironmentReply": "prompt_r1.environment",
     "PromptR1Error": "prompt_r1.errors",
@@ -48,6 +49,7 @@ __all__ = [
     "EnvironmentReply",
     "EpisodeState",
     "LoopConfig",
+    "PromptR1Chat",
     "PromptR1Error",
     "build_graph",
     "load_agent",
@@ -61,6 +63,7 @@ assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from prompt_r1.agents import AgentBackend, AgentOutput, AgentRequest, load_agent
+    from prompt_r1.chat_model import PromptR1Chat
     from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig
     from prompt_r1.data import load_samples
     from prompt_r1.environment import EnvironmentClient, EnvironmentReply

@@ -183,6 +183,16 @@ class EnvironmentClient:
     ) -> None:
         self.config = config = config or EnvironmentConfig()
         self.system_prompt = system_prompt
+        if chat_model is not None and (
+            getattr(chat_model, "disable_streaming", True) is False or getattr(chat_model, "streaming", False)
+        ):
+            # As for our own ChatOpenAI: one whole reply per call, also under astream_events.
+            update = {"disable_streaming": True}
+            if getattr(
+                chat_model, "streaming", False
+            ):  # ChatOpenAI(streaming=True) streams even from ainvoke
+                update["streaming"] = False
+            chat_model = chat_model.model_copy(update=update)
         self.chat_model = chat_model
         if chat_model is None:
             key = api_key or resolve_api_key(config.api_key_env, config.base_url)
@@ -269,6 +279,7 @@ class EnvironmentClient:
         """
         messages = self.messages(prompt, history)
         run_config = {**(run_config or {}), "run_name": "environment"}
+        run_config["tags"] = [*run_config.get("tags", []), "prompt-r1", "environment"]
         started = time.monotonic()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.config.max_retries + 1),

@@ -28,7 +28,15 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-__all__ = ["EVENT_NAME", "EVENT_TYPES", "emit", "end_event", "format_event", "turn_events"]
+__all__ = [
+    "EVENT_NAME",
+    "EVENT_TYPES",
+    "emit",
+    "end_event",
+    "format_event",
+    "traced_agent_call",
+    "turn_events",
+]
 
 EVENT_NAME = "prompt_r1"  # the name of the custom events in astream_events
 EVENT_TYPES = ("think", "prompt", "response", "final_request", "answer", "malformed", "error", "end")
@@ -50,7 +58,12 @@ def turn_events(record: dict) -> list[dict[str, Any]]:
         events.append({"type": "answer", "turn": index, "text": record["answer"]})
     else:
         events.append(
-            {"type": "malformed", "turn": index, "text": record.get("text", ""), "defects": record.get("defects", [])}
+            {
+                "type": "malformed",
+                "turn": index,
+                "text": record.get("text", ""),
+                "defects": record.get("defects", []),
+            }
         )
     return events
 
@@ -115,3 +128,48 @@ def format_event(event: dict[str, Any]) -> str:
     label = {"final_request": "asked:", "malformed": "defects:"}.get(kind, f"{kind}:")
     body = text.replace("\n", "\n" + " " * 19)  # under the text of the first line
     return f"turn {event['turn'] + 1:<2} {label:<10} {body}"
+
+
+async def traced_agent_call(agent: Any, request: Any, config: RunnableConfig | None, turn: int) -> Any:
+    """`agent.generate(request)`, shown to callback handlers (LangSmith, any tracer) as a chat-model run named
+    `agent` with the turn index, model and token usage, nested under the graph's `agent` node. Backends talk to
+    their model directly, not through LangChain, so without this the agent's calls would not appear in a trace.
+    Nothing is done when no handler listens."""
+    from langchain_core.runnables.config import get_async_callback_manager_for_config
+
+    # Built from the config and the process's tracing hooks (LangSmith's environment variables, collect_runs),
+    # so a tracer enabled either way sees the call.
+    manager = get_async_callback_manager_for_config(config or {})
+    if not manager.handlers:
+        return await agent.generate(request)
+    from langchain_core.messages import AIMessage, convert_to_messages
+    from langchain_core.outputs import ChatGeneration, LLMResult
+
+    model = str(getattr(getattr(agent, "config", None), "model", None) or type(agent).__name__)
+    manager.add_tags(["prompt-r1", "agent"], inherit=False)
+    manager.add_metadata(
+        {"prompt_r1_turn": turn, "ls_model_name": model, "ls_provider": "prompt-r1"}, inherit=False
+    )
+    (run,) = await manager.on_chat_model_start(
+        {"name": "agent", "id": ["prompt_r1", "agent", type(agent).__name__]},
+        [convert_to_messages(request.messages)],
+        name="agent",
+        invocation_params={"max_new_tokens": request.max_new_tokens, "stop": list(request.stop)},
+    )
+    try:
+        output = await agent.generate(request)
+    except BaseException as exc:
+        await run.on_llm_error(exc)
+        raise
+    usage = {
+        "input_tokens": output.prompt_tokens,
+        "output_tokens": output.completion_tokens,
+        "total_tokens": output.prompt_tokens + output.completion_tokens,
+    }
+    message = AIMessage(
+        output.text, usage_metadata=usage, response_metadata={"finish_reason": output.finish_reason}
+    )
+    await run.on_llm_end(
+        LLMResult(generations=[[ChatGeneration(message=message)]], llm_output={"model": model})
+    )
+    return output

@@ -29,7 +29,7 @@ from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
 from prompt_r1.environment import EnvironmentClient
 from prompt_r1.errors import ContextOverflow, EnvironmentCallError
-from prompt_r1.events import emit, end_event, turn_events
+from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
 from prompt_r1.protocol import parse_agent_output
 from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
@@ -138,7 +138,8 @@ def _sync_and_async(afunc, name: str):
     def func(state: EpisodeState, config: RunnableConfig) -> dict:
         return run_sync(afunc(state, config))
 
-    return _both_paths(func, afunc, name)
+    # LangGraph already traces each node as a run of its name; a traced callable would nest a copy inside it.
+    return _both_paths(func, afunc, name, trace=False)
 
 
 def _inline(func, name: str, *, trace: bool = True):
@@ -211,7 +212,7 @@ def build_graph(
             prompt_ids = prompt_ids + state.get("completion_ids", [])
         request = AgentRequest(messages=messages, prompt_ids=prompt_ids, max_new_tokens=budget)
         try:
-            output = await agent.generate(request)
+            output = await traced_agent_call(agent, request, config, index)
         except ContextOverflow as exc:
             update.update(status="context_overflow", error=str(exc), answer=None)
             await emit(config, [{"type": "error", "turn": index, "text": str(exc)}, end_event(state, update)])
@@ -255,8 +256,10 @@ def build_graph(
         turns = state["turns"]
         last = turns[-1]
         try:
+            # The environment's chat-model run carries the turn it answers, for traces.
+            metadata = {**(config.get("metadata") or {}), "prompt_r1_turn": last["index"]}
             reply = await environment.respond(
-                last["prompt"], environment_history(turns[:-1]), run_config=config
+                last["prompt"], environment_history(turns[:-1]), run_config={**config, "metadata": metadata}
             )
         except ContextOverflow as exc:
             await emit(config, [{"type": "error", "turn": last["index"], "text": str(exc)}])

@@ -10,7 +10,15 @@ import pytest
 
 @pytest.mark.parametrize(
     "module",
-    ["prompt_r1.protocol", "prompt_r1.prompts", "prompt_r1.metrics", "prompt_r1.rewards", "prompt_r1.data"],
+    [
+        "prompt_r1.protocol",
+        "prompt_r1.prompts",
+        "prompt_r1.metrics",
+        "prompt_r1.rewards",
+        "prompt_r1.data",
+        "prompt_r1.events",
+        "prompt_r1.chat_model",
+    ],
 )
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
