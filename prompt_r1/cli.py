@@ -3,6 +3,7 @@
     prompt-r1 run "QUESTION" [--agent-model M] [--agent-base-url URL] [--env-model M] [--env-base-url URL] ...
     prompt-r1 run "QUESTION" --config run.yaml --json
     prompt-r1 batch questions.jsonl --out results.jsonl [--concurrency N] [--checkpoint results.sqlite] [run flags]
+    prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--max-concurrency N] [run flags]
     prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
     prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
 
@@ -22,7 +23,6 @@ import argparse
 import asyncio
 import json
 import sys
-import textwrap
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -222,6 +222,34 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_run_flags(bt)
 
+    sv = sub.add_parser(
+        "serve",
+        help="serve the loop as an OpenAI-compatible model: /v1/chat/completions (streamed or not), /v1/models",
+        description="Each chat completion runs one episode on the last user message. The agent and the "
+        "environment client (with its rate limit) are shared by every request.",
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    sv.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default: 8000; 0: any free port)"
+    )
+    sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
+    sv.add_argument(
+        "--max-concurrency", type=int, default=32, metavar="N", help="episodes running at once (default: 32)"
+    )
+    sv.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests waiting for a slot before the server answers 429 (default: 256)",
+    )
+    sv.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="require `Authorization: Bearer <key>` with the key held in environment variable VAR",
+    )
+    add_run_flags(sv)
+
     sub.add_parser(
         "train",
         add_help=False,
@@ -352,6 +380,46 @@ def _log_to_file(path: str, secrets: list[str]) -> None:
         logger = logging.getLogger(name)
         logger.setLevel(logging.DEBUG)
         logger.addHandler(handler)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from prompt_r1.server import build_app, serve
+
+    if args.max_concurrency < 1 or args.max_queue < 0:
+        raise ConfigError("--max-concurrency must be ≥ 1 and --max-queue ≥ 0")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be 0..65535, got {args.port}")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ConfigError(
+                f"--api-key-env {args.api_key_env}: that environment variable is empty or unset"
+            )
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    agent, environment = _prepare(agent_cfg, env_cfg)
+    app = build_app(
+        agent,
+        environment,
+        loop=loop_cfg,
+        model_name=args.served_model_name,
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        api_key=api_key,
+    )
+
+    def ready(url: str) -> None:
+        print(f"prompt-r1: serving {args.served_model_name} on {url}", flush=True)
+
+    try:
+        asyncio.run(serve(app, args.host, args.port, ready=ready))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        print("prompt-r1: stopped", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -591,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         command = {
             "run": cmd_run,
             "batch": cmd_batch,
+            "serve": cmd_serve,
             "eval": cmd_eval,
             "score": cmd_score,
             "merge": cmd_merge,

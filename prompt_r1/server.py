@@ -1,0 +1,288 @@
+"""The Prompt-R1 loop behind an OpenAI-compatible HTTP API, so any OpenAI client can call it as if it were a model.
+
+    prompt-r1 serve --host 127.0.0.1 --port 8000 --agent-model ./my-agent --env-model gpt-4o-mini
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
+        -d '{"model": "prompt-r1", "messages": [{"role": "user", "content": "Who wrote Hamlet?"}]}'
+
+Endpoints: `POST /v1/chat/completions` (streamed as server-sent events or not), `GET /v1/models`, `GET /health`.
+Each completion runs one episode on the text of the last user message. One agent backend and one environment
+client are built at start-up and shared by every request, so the environment's process-wide rate limit holds
+across all clients; at most `max_concurrency` episodes run at once, `max_queue` more wait, and beyond that the
+server answers 429 with Retry-After. Requests are validated before any work starts; a bad one gets a 4xx with an
+OpenAI-style error body and never disturbs the others. A client that disconnects cancels its episode.
+
+Responses are OpenAI `chat.completion` objects with one extension field, `prompt_r1` (status, turns, usage,
+error); streamed responses carry each per-turn event (see events.py) in a chunk's `prompt_r1_event` field, then
+the answer as content. An environment that fails past its retries is a 502 (`environment_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from prompt_r1.config import LoopConfig
+
+__all__ = ["build_app", "serve"]
+
+logger = logging.getLogger(__name__)
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any question, small enough that a flood cannot exhaust memory
+
+
+class RequestError(Exception):
+    """A request the server refuses, with its HTTP status and OpenAI-style error fields."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind, self.headers = status, param, code, kind, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def _question(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "`messages` must be a non-empty list of chat messages", param="messages")
+    for message in reversed(messages):
+        if not isinstance(message, dict) or "role" not in message:
+            raise RequestError(400, "every message must be an object with a `role`", param="messages")
+        if message["role"] != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) for p in content):
+                raise RequestError(400, "content parts must be objects", param="messages")
+            content = "\n".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+        if not isinstance(content, str):
+            raise RequestError(
+                400, "a user message's content must be a string or text parts", param="messages"
+            )
+        if not content.strip():
+            raise RequestError(400, "the last user message is empty", param="messages")
+        return content
+    raise RequestError(400, "`messages` has no user message to answer", param="messages")
+
+
+def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
+    """(question, stream, include_usage, max_turns) of a chat-completions body, or a RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise RequestError(404, f"model {model!r} is not served here; use {model_name!r}", param="model",
+                           code="model_not_found")  # fmt: skip
+    if body.get("tools") or body.get("tool_choice") not in (None, "none"):
+        raise RequestError(
+            400, "Prompt-R1 does not make tool calls; send the request without tools", param="tools"
+        )
+    if body.get("n", 1) != 1:
+        raise RequestError(400, "only n=1 is supported", param="n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "`stream` must be true or false", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError(400, "`stream_options` must be an object", param="stream_options")
+    max_turns = body.get("max_turns")
+    if max_turns is not None and (
+        isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 0 <= max_turns <= 20
+    ):
+        raise RequestError(400, "`max_turns` must be an integer from 0 to 20", param="max_turns")
+    return _question(body), stream, bool(options.get("include_usage")), max_turns
+
+
+def _usage(state: dict[str, Any]) -> dict[str, int]:
+    usage = state.get("usage", {})
+    prompt = usage.get("agent_prompt_tokens", 0) + usage.get("env_input_tokens", 0)
+    completion = usage.get("agent_completion_tokens", 0) + usage.get("env_output_tokens", 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _finish_reason(status: str | None) -> str:
+    return "length" if status in ("max_turns", "context_overflow") else "stop"
+
+
+def _environment_error(state: dict[str, Any]) -> RequestError:
+    return RequestError(502, state.get("error") or "the environment call failed", kind="environment_error",
+                        code="environment_error")  # fmt: skip
+
+
+class _Slots:
+    """At most `running` episodes at once and `queued` more waiting; beyond that a request is refused at once."""
+
+    def __init__(self, running: int, queued: int) -> None:
+        self.running, self.queued = running, queued
+        self.in_flight = self.waiting = 0
+        self._semaphore: asyncio.Semaphore | None = None
+
+    async def __aenter__(self) -> None:
+        if self._semaphore is None:  # made on the server's loop
+            self._semaphore = asyncio.Semaphore(self.running)
+        if self.in_flight >= self.running and self.waiting >= self.queued:
+            raise RequestError(429, f"the server is busy ({self.in_flight} episodes running, {self.waiting} "
+                               "waiting); retry shortly", kind="rate_limit_error", code="server_busy",
+                               headers={"Retry-After": "1"})  # fmt: skip
+        self.waiting += 1
+        try:
+            await self._semaphore.acquire()
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.in_flight -= 1
+        self._semaphore.release()
+
+
+def build_app(
+    agent: Any,
+    environment: Any,
+    *,
+    loop: LoopConfig | None = None,
+    model_name: str = "prompt-r1",
+    max_concurrency: int = 32,
+    max_queue: int = 256,
+    api_key: str | None = None,
+):
+    """The aiohttp application serving the loop for `agent` and `environment` (shared by every request)."""
+    from aiohttp import web
+
+    from prompt_r1.graph import build_graph
+
+    if max_concurrency < 1 or max_queue < 0:
+        raise ValueError(f"max_concurrency must be ≥ 1 and max_queue ≥ 0, got {max_concurrency}, {max_queue}")
+    options = (loop or LoopConfig()).graph_options()
+    graphs: dict[int, Any] = {}
+
+    def graph_for(max_turns: int | None):
+        turns = options.get("max_turns", 5) if max_turns is None else max_turns
+        if turns not in graphs:
+            graphs[turns] = build_graph(agent, environment, **{**options, "max_turns": turns})
+        return graphs[turns]
+
+    slots = _Slots(max_concurrency, max_queue)
+
+    def error_response(exc: RequestError):
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+
+    @web.middleware
+    async def errors_and_auth(request, handler):
+        authorised = request.headers.get("Authorization") == f"Bearer {api_key}"
+        if api_key is not None and request.path.startswith("/v1/") and not authorised:
+            return error_response(
+                RequestError(
+                    401,
+                    "missing or wrong API key (Authorization: Bearer ...)",
+                    kind="authentication_error",
+                    code="invalid_api_key",
+                )
+            )
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return error_response(exc)
+
+    async def health(request):
+        return web.json_response({"status": "ok", "model": model_name, "in_flight": slots.in_flight,
+                                  "waiting": slots.waiting})  # fmt: skip
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": 0, "owned_by": "prompt-r1"}]})  # fmt: skip
+
+    async def completions(request):
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        try:
+            body = json.loads(await request.read())
+        except web.HTTPRequestEntityTooLarge:
+            raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes") from None
+        except (ValueError, UnicodeDecodeError):
+            raise RequestError(400, "the body is not valid JSON") from None
+        question, stream, include_usage, max_turns = validate(body, model_name)
+        graph = graph_for(max_turns)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        config = {
+            "run_name": "prompt_r1_episode",
+            "tags": ["prompt-r1", "serve"],
+            "metadata": {"episode_id": completion_id, "served_model": model_name},
+        }
+        head = {"id": completion_id, "created": int(time.time()), "model": model_name}
+        async with slots:
+            if not stream:
+                state = await graph.ainvoke({"question": question}, config)
+                if state.get("status") == "environment_error":
+                    raise _environment_error(state)
+                return web.json_response({
+                    **head,
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "finish_reason": _finish_reason(state.get("status")),
+                                 "message": {"role": "assistant", "content": state.get("answer") or ""}}],
+                    "usage": _usage(state),
+                    "prompt_r1": {k: state.get(k) for k in ("status", "turns", "usage", "error")},
+                })  # fmt: skip
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+
+            async def send(payload: dict[str, Any] | str) -> None:
+                data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+                await response.write(f"data: {data}\n\n".encode())
+
+            def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+                return {**head, "object": "chat.completion.chunk",
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}  # fmt: skip
+
+            await send(chunk({"role": "assistant"}))
+            state: dict[str, Any] = {}
+            async for mode, data in graph.astream(
+                {"question": question}, config, stream_mode=["custom", "values"]
+            ):
+                if mode == "values":
+                    state = data
+                else:
+                    await send(chunk({}, prompt_r1_event=data))
+            if state.get("status") == "environment_error":
+                await send(_environment_error(state).body())
+            else:
+                await send(chunk({"content": state.get("answer") or ""}))
+                await send(chunk({}, _finish_reason(state.get("status")),
+                                 prompt_r1={k: state.get(k) for k in ("status", "usage", "error")}))  # fmt: skip
+                if include_usage:
+                    await send(
+                        {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(state)}
+                    )
+            await send("[DONE]")
+            await response.write_eof()
+            return response
+
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY_BYTES)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", completions)
+    return app
+
+
+async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None) -> None:
+    """Serve `app` until cancelled (Ctrl-C). `ready(url)` is called once the socket listens."""
+    from aiohttp import web
+
+    # aiohttp cancels a handler whose client went away, which cancels the episode and its environment calls.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    try:
+        if ready is not None:
+            bound_host, bound_port = runner.addresses[0][:2]  # port 0 asks the system for a free port
+            ready(f"http://{bound_host}:{bound_port}/v1")
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
