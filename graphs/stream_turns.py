@@ -1,4 +1,4 @@
-"""Stream an episode node by node with `astream`, e.g. to show the agent/environment collaboration in a UI.
+"""Stream an episode's per-turn events (think, prompt, response, answer, end) as they happen, e.g. for a UI.
 
 python graphs/stream_turns.py --demo
 """
@@ -9,17 +9,12 @@ import asyncio
 
 from _common import loop_from_args, parser
 
+from prompt_r1.events import format_event
+
 
 async def main(graph, question: str) -> None:
-    async for update in graph.astream({"question": question}, stream_mode="updates"):
-        for node, change in update.items():
-            for turn in (change or {}).get("turns", []):
-                if node == "agent":
-                    print(f"[agent]       {turn.get('prompt') or turn.get('answer') or turn.get('defects')}")
-                elif turn.get("response") is not None:
-                    print(f"[{node}] {turn['response']}")
-            if (change or {}).get("status"):  # set by the step that ends the episode
-                print(f"[{node}]  status={change['status']} answer={change.get('answer')!r}")
+    async for event in graph.astream({"question": question}, stream_mode="custom"):
+        print(format_event(event), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ __all__ = [
     "AgentConfig",
     "EnvironmentConfig",
     "LoopConfig",
+    "configs_from_env",
     "load_config_file",
     "hub_endpoint",
     "resolve_api_key",
@@ -265,3 +266,46 @@ def load_config_file(path: str | Path) -> dict[str, dict[str, Any]]:
             )
         out[name] = dict(values)
     return out
+
+
+def _from_text(text: str, type_name: str, variable: str) -> Any:
+    parts = [p.strip() for p in type_name.split("|")]
+    if "None" in parts and text.strip().lower() in ("", "none", "null"):
+        return None
+    try:
+        if "bool" in parts:
+            lowered = text.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(text)
+            return lowered in ("1", "true", "yes", "on")
+        if "int" in parts:
+            return int(text)
+        if "float" in parts:
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{variable}={text!r}: expected {' or '.join(parts)}") from None
+    return text
+
+
+def configs_from_env(
+    environ: dict[str, str] | None = None, prefix: str = "PROMPT_R1_"
+) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
+    """Configs from environment variables, for deployments without a command line (`langgraph dev`/`up`):
+    every AgentConfig field is `PROMPT_R1_AGENT_<NAME>`, every EnvironmentConfig field `PROMPT_R1_ENV_<NAME>`,
+    every LoopConfig field `PROMPT_R1_<NAME>` (e.g. PROMPT_R1_AGENT_BASE_URL, PROMPT_R1_ENV_MODEL,
+    PROMPT_R1_MAX_TURNS). Unset variables keep the defaults; a value of the wrong type names its variable.
+
+    >>> agent, env, loop = configs_from_env({"PROMPT_R1_ENV_MODEL": "m", "PROMPT_R1_MAX_TURNS": "3"})
+    >>> env.model, loop.max_turns
+    ('m', 3)
+    """
+    environ = os.environ if environ is None else environ
+    built = []
+    for cls, section in ((AgentConfig, "AGENT_"), (EnvironmentConfig, "ENV_"), (LoopConfig, "")):
+        values = {}
+        for f in fields(cls):
+            variable = f"{prefix}{section}{f.name.upper()}"
+            if variable in environ:
+                values[f.name] = _from_text(environ[variable], str(f.type), variable)
+        built.append(cls(**values))
+    return built[0], built[1], built[2]

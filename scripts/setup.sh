@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv with prompt-r1 and the extras named in $1 (default: dev,train,eval,serve). Safe to run again: installed
+# Set up .venv with prompt-r1 and the extras named in $1 (default: dev,train,eval,serve,app). Safe to run again: installed
 # pieces are kept. Run from anywhere: bash scripts/setup.sh [EXTRAS]
 #
 # torch: on a machine without CUDA this installs the CPU build, torch==2.13.0, before anything else can pull
@@ -9,7 +9,7 @@
 # (--no-build-isolation); its ops are JIT-built on first use on GPU machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${1:-dev,train,eval,serve}"
+EXTRAS="${1:-dev,train,eval,serve,app}"
 PYTHON="${PYTHON:-python3}"
 
 if [ ! -x .venv/bin/python ]; then

@@ -16,7 +16,7 @@ GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
     [
         ("embed_in_parent.py", "Answer: Arthur's Magazine\nsteps: cleaned, formatted"),
         ("batch_questions.py", "4 episodes in"),
-        ("stream_turns.py", "[environment] Response 1: When were"),
+        ("stream_turns.py", "turn 1  response:  Response 1: When were"),
     ],
 )
 def test_example_runs(script, expected):

@@ -1,0 +1,110 @@
+"""graphs/langgraph.json served by `langgraph dev` (the in-memory LangGraph server), called with langgraph-sdk."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ANSWER, PROMPT
+
+from prompt_r1.config import configs_from_env
+from prompt_r1.errors import ConfigError
+from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
+
+GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
+EVENT_TYPES = ["think", "prompt", "response", "think", "prompt", "response", "think", "answer", "end"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_configs_from_env_reads_every_field_with_its_type():
+    agent, env, loop = configs_from_env(
+        {
+            "PROMPT_R1_AGENT_BASE_URL": "http://127.0.0.1:8001/v1",
+            "PROMPT_R1_AGENT_SEED": "7",
+            "PROMPT_R1_ENV_RATE_PERIOD": "2.5",
+            "PROMPT_R1_ENV_TOKENS_PER_MINUTE": "none",
+            "PROMPT_R1_FORCE_FINAL_ANSWER": "false",
+            "OTHER": "ignored",
+        }
+    )
+    assert (agent.base_url, agent.seed, env.rate_period, env.tokens_per_minute) == (
+        "http://127.0.0.1:8001/v1",
+        7,
+        2.5,
+        None,
+    )
+    assert loop.force_final_answer is False and loop.max_turns == 5
+    with pytest.raises(ConfigError, match="PROMPT_R1_ENV_RATE_LIMIT='many': expected int"):
+        configs_from_env({"PROMPT_R1_ENV_RATE_LIMIT": "many"})
+
+
+def test_langgraph_dev_serves_the_loop_to_the_sdk():
+    from langgraph_sdk import get_client
+
+    agent = scripted_agent([PROMPT.format(k=1), PROMPT.format(k=2), ANSWER.format(a="Paris")])
+    with ScriptedServer({"env": echo_environment(), "agent": agent}) as upstream:
+        port = free_port()
+        env = {
+            **os.environ,
+            "LANGSMITH_TRACING": "false",
+            "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+            "PROMPT_R1_AGENT_MODEL": "agent",
+            "PROMPT_R1_AGENT_BASE_URL": upstream.base_url,
+            "PROMPT_R1_AGENT_API_KEY_ENV": "APP_TEST_KEY",
+            "PROMPT_R1_ENV_MODEL": "env",
+            "PROMPT_R1_ENV_BASE_URL": upstream.base_url,
+            "PROMPT_R1_ENV_API_KEY_ENV": "APP_TEST_KEY",
+            "APP_TEST_KEY": "k",
+        }
+        langgraph = Path(sys.executable).with_name("langgraph")
+        server = subprocess.Popen(
+            [str(langgraph), "dev", "--no-browser", "--no-reload", "--port", str(port), "--host", "127.0.0.1"],
+            cwd=GRAPHS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/ok", timeout=2):
+                        break
+                except OSError:
+                    assert server.poll() is None, server.stdout.read().decode()[-3000:]
+                    assert time.monotonic() < deadline, "langgraph dev did not start in 90 s"
+                    time.sleep(0.3)
+
+            async def use_sdk():
+                client = get_client(url=url)
+                assistants = await client.assistants.search(graph_id="prompt_r1")
+                result = await client.runs.wait(None, "prompt_r1", input={"question": "Capital of France?"})
+                streamed = [
+                    part
+                    async for part in client.runs.stream(
+                        None, "prompt_r1", input={"question": "Capital of France?"}, stream_mode="custom"
+                    )
+                ]
+                return assistants, result, streamed
+
+            assistants, result, streamed = asyncio.run(use_sdk())
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(30)
+    assert [a["graph_id"] for a in assistants] == ["prompt_r1"]
+    assert result["answer"] == "Paris" and result["status"] == "answered"
+    assert [t["kind"] for t in result["turns"]] == ["prompt", "prompt", "answer"]
+    events = [part.data for part in streamed if part.event == "custom"]
+    assert [e["type"] for e in events] == EVENT_TYPES
+    assert events[2]["text"] == "Response 1: p1"
