@@ -38,6 +38,7 @@ from prompt_r1.errors import EnvironmentCallError
 __all__ = ["PromptR1Chat", "question_of"]
 
 EVENTS_KEY = "prompt_r1_events"
+STREAM_MODES = ["custom", "values"]  # the per-turn events, and the states for the final answer
 
 
 def question_of(messages: list[BaseMessage]) -> str:
@@ -204,6 +205,8 @@ class PromptR1Chat(BaseChatModel):
             )
         )
 
+    # LangChain hands `_stream`/`_astream` no run manager (it reports each chunk to the callbacks itself), so the
+    # episode of a streamed call runs without a parent run.
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -211,22 +214,13 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        state: dict = {}
-        inputs = {"question": question_of(messages)}
-        for mode, data in self.graph.stream(
-            inputs, self._config(run_manager), stream_mode=["custom", "values"]
-        ):
+        final: dict = {}
+        for mode, data in self.graph.stream({"question": question_of(messages)}, stream_mode=STREAM_MODES):
             if mode == "values":
-                state = data
-                continue
-            chunk = self._event_chunk(data)
-            if run_manager:
-                run_manager.on_llm_new_token("", chunk=chunk)
-            yield chunk
-        chunk = self._final_chunk(state)
-        if run_manager:
-            run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
-        yield chunk
+                final = data
+            else:
+                yield self._event_chunk(data)
+        yield self._final_chunk(final)
 
     async def _astream(
         self,
@@ -235,19 +229,12 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        state: dict = {}
-        inputs = {"question": question_of(messages)}
+        final: dict = {}
         async for mode, data in self.graph.astream(
-            inputs, self._config(run_manager), stream_mode=["custom", "values"]
+            {"question": question_of(messages)}, stream_mode=STREAM_MODES
         ):
             if mode == "values":
-                state = data
-                continue
-            chunk = self._event_chunk(data)
-            if run_manager:
-                await run_manager.on_llm_new_token("", chunk=chunk)
-            yield chunk
-        chunk = self._final_chunk(state)
-        if run_manager:
-            await run_manager.on_llm_new_token(str(chunk.message.content), chunk=chunk)
-        yield chunk
+                final = data
+            else:
+                yield self._event_chunk(data)
+        yield self._final_chunk(final)
