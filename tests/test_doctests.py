@@ -18,6 +18,7 @@ import pytest
         "prompt_r1.data",
         "prompt_r1.events",
         "prompt_r1.chat_model",
+        "prompt_r1.config",
     ],
 )
 def test_docstring_examples(module):
