@@ -638,6 +638,13 @@ def cmd_train(argv: list[str]) -> int:
         print(
             f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr
         )
+    # Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
+    # exit can abort a rank ("terminate called without an active exception") after the run succeeded.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        trainer.accelerator.wait_for_everyone()
+        dist.destroy_process_group()
     return EXIT_OK
 
 
