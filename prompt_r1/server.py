@@ -19,6 +19,7 @@ the answer as content. An environment that fails past its retries is a 502 (`env
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ import uuid
 from typing import Any
 
 from prompt_r1.config import LoopConfig
+from prompt_r1.errors import AgentError
 
 __all__ = ["build_app", "serve"]
 
@@ -49,16 +51,19 @@ def _question(body: dict[str, Any]) -> str:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "`messages` must be a non-empty list of chat messages", param="messages")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise RequestError(400, "every message must be an object with a string `role`", param="messages")
     for message in reversed(messages):
-        if not isinstance(message, dict) or "role" not in message:
-            raise RequestError(400, "every message must be an object with a `role`", param="messages")
         if message["role"] != "user":
             continue
         content = message.get("content")
         if isinstance(content, list):
-            if not all(isinstance(p, dict) for p in content):
-                raise RequestError(400, "content parts must be objects", param="messages")
-            content = "\n".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+            # Dropping an image or audio part would silently answer a different question: refuse it instead.
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):  # fmt: skip
+                raise RequestError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are "
+                                   "supported", param="messages")  # fmt: skip
+            content = "\n".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise RequestError(
                 400, "a user message's content must be a string or text parts", param="messages"
@@ -81,9 +86,11 @@ def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
         raise RequestError(
             400, "Prompt-R1 does not make tool calls; send the request without tools", param="tools"
         )
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise RequestError(400, "only n=1 is supported", param="n")
-    stream = body.get("stream", False)
+    # null is what several clients send for a parameter they leave unset: the default, not an error.
+    stream = False if body.get("stream") is None else body["stream"]
     if not isinstance(stream, bool):
         raise RequestError(400, "`stream` must be true or false", param="stream")
     options = body.get("stream_options") or {}
@@ -113,6 +120,16 @@ def _environment_error(state: dict[str, Any]) -> RequestError:
                         code="environment_error")  # fmt: skip
 
 
+def _episode_failure(exc: Exception, episode_id: str) -> RequestError:
+    """The error a client gets for an episode that raised: a failed agent call is the upstream's fault (502);
+    anything else is ours (500, logged with its traceback, which the client never sees)."""
+    if isinstance(exc, AgentError):
+        return RequestError(502, f"the agent failed: {exc}", kind="agent_error", code="agent_error")
+    logger.error("episode %s failed", episode_id, exc_info=exc)
+    return RequestError(500, f"the episode failed ({type(exc).__name__}); see the server log",
+                        kind="server_error", code="internal_error")  # fmt: skip
+
+
 class _Slots:
     """At most `running` episodes at once and `queued` more waiting; beyond that a request is refused at once."""
 
@@ -124,7 +141,9 @@ class _Slots:
     async def __aenter__(self) -> None:
         if self._semaphore is None:  # made on the server's loop
             self._semaphore = asyncio.Semaphore(self.running)
-        if self.in_flight >= self.running and self.waiting >= self.queued:
+        # in_flight + waiting counts every admitted request exactly (a waiter moves from one to the other with
+        # no await in between), so the queue never holds more than `queued`, even while slots change hands.
+        if self.in_flight + self.waiting >= self.running + self.queued:
             raise RequestError(429, f"the server is busy ({self.in_flight} episodes running, {self.waiting} "
                                "waiting); retry shortly", kind="rate_limit_error", code="server_busy",
                                headers={"Retry-After": "1"})  # fmt: skip
@@ -173,16 +192,20 @@ def build_app(
 
     @web.middleware
     async def errors_and_auth(request, handler):
-        authorised = request.headers.get("Authorization") == f"Bearer {api_key}"
-        if api_key is not None and request.path.startswith("/v1/") and not authorised:
-            return error_response(
-                RequestError(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer ...)",
-                    kind="authentication_error",
-                    code="invalid_api_key",
+        # /health stays open for load balancers and probes; it reveals nothing but counts.
+        if api_key is not None and request.path.startswith("/v1/"):
+            sent = request.headers.get("Authorization", "").encode()
+            # A constant-time comparison: the time taken reveals nothing about how much of the key matched.
+            if not hmac.compare_digest(sent, f"Bearer {api_key}".encode()):
+                return error_response(
+                    RequestError(
+                        401,
+                        "missing or wrong API key (Authorization: Bearer ...)",
+                        kind="authentication_error",
+                        code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
                 )
-            )
         try:
             return await handler(request)
         except RequestError as exc:
@@ -205,6 +228,8 @@ def build_app(
             raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes") from None
         except (ValueError, UnicodeDecodeError):
             raise RequestError(400, "the body is not valid JSON") from None
+        except RecursionError:  # deeply nested arrays fit in the size limit but not in json's recursion
+            raise RequestError(400, "the body is nested too deeply") from None
         question, stream, include_usage, max_turns = validate(body, model_name)
         graph = graph_for(max_turns)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -216,7 +241,10 @@ def build_app(
         head = {"id": completion_id, "created": int(time.time()), "model": model_name}
         async with slots:
             if not stream:
-                state = await graph.ainvoke({"question": question}, config)
+                try:
+                    state = await graph.ainvoke({"question": question}, config)
+                except Exception as exc:
+                    raise _episode_failure(exc, completion_id) from exc
                 if state.get("status") == "environment_error":
                     raise _environment_error(state)
                 return web.json_response({
@@ -242,15 +270,23 @@ def build_app(
 
             await send(chunk({"role": "assistant"}))
             state: dict[str, Any] = {}
-            async for mode, data in graph.astream(
-                {"question": question}, config, stream_mode=["custom", "values"]
-            ):
-                if mode == "values":
-                    state = data
-                else:
-                    await send(chunk({}, prompt_r1_event=data))
-            if state.get("status") == "environment_error":
-                await send(_environment_error(state).body())
+            failure: RequestError | None = None
+            try:
+                async for mode, data in graph.astream(
+                    {"question": question}, config, stream_mode=["custom", "values"]
+                ):
+                    if mode == "values":
+                        state = data
+                    else:
+                        await send(chunk({}, prompt_r1_event=data))
+            except ConnectionError:  # the client went away mid-write: there is no one left to tell
+                raise
+            except Exception as exc:  # the status line is sent: the error can only travel in the stream
+                failure = _episode_failure(exc, completion_id)
+            if failure is None and state.get("status") == "environment_error":
+                failure = _environment_error(state)
+            if failure is not None:
+                await send(failure.body())
             else:
                 await send(chunk({"content": state.get("answer") or ""}))
                 await send(chunk({}, _finish_reason(state.get("status")),
@@ -282,6 +318,8 @@ async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None) -
     try:
         if ready is not None:
             bound_host, bound_port = runner.addresses[0][:2]  # port 0 asks the system for a free port
+            if ":" in bound_host:  # an IPv6 address goes in brackets in a URL
+                bound_host = f"[{bound_host}]"
             ready(f"http://{bound_host}:{bound_port}/v1")
         await asyncio.Event().wait()
     finally:

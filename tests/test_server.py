@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -124,9 +126,19 @@ def test_streaming_sends_each_turn_event_then_the_answer_and_usage(upstream):
                 stream_options={"include_usage": True},
             )
         )
-    assert chunks[0].choices[0].delta.role == "assistant"
+
+    def kind(chunk) -> str:
+        if not chunk.choices:
+            return "usage"
+        if "prompt_r1_event" in (chunk.model_extra or {}):
+            return chunk.model_extra["prompt_r1_event"]["type"]
+        choice = chunk.choices[0]
+        if choice.delta.role:
+            return choice.delta.role
+        return "content" if choice.delta.content else f"finish:{choice.finish_reason}"
+
+    assert [kind(c) for c in chunks] == ["assistant", *EVENT_TYPES, "content", "finish:stop", "usage"]
     events = [c.model_extra["prompt_r1_event"] for c in chunks if "prompt_r1_event" in (c.model_extra or {})]
-    assert [e["type"] for e in events] == EVENT_TYPES
     assert [e["text"] for e in events if e["type"] == "response"] == ["Response 1: p1", "Response 2: p2"]
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == "Paris"
@@ -179,6 +191,12 @@ BAD_REQUESTS = [
     ({"messages": [{"role": "system", "content": "only system"}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "  "}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": 42}]}, 400, "messages"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "messages",
+    ),
+    ({"messages": [{"content": "no role"}]}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "q"}], "n": 2}, 400, "n"),
     ({"messages": [{"role": "user", "content": "q"}], "model": "gpt-4o"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function"}]}, 400, "tools"),
@@ -248,6 +266,8 @@ def test_an_environment_that_keeps_failing_is_a_502_or_an_error_event(upstream):
     with prompt_r1_server(upstream, env={"max_retries": 1}) as url:
         upstream.inject(Fault("500"), Fault("500"), model="env")
         status, body = post(url, {"messages": [{"role": "user", "content": "Q?"}]})
+        upstream.inject(Fault("400"), model="agent")  # an agent failure is the upstream's fault too
+        agent_status, agent_body = post(url, {"messages": [{"role": "user", "content": "Q?"}]})
         upstream.inject(Fault("500"), Fault("500"), model="env")
         request = urllib.request.Request(
             url + "/chat/completions",
@@ -267,6 +287,32 @@ def test_an_environment_that_keeps_failing_is_a_502_or_an_error_event(upstream):
         "end",
     ]
     assert payloads[-1]["error"]["type"] == "environment_error" and lines[-1] == "data: [DONE]"
+    assert agent_status == 502 and agent_body["error"]["type"] == "agent_error"
+
+
+def test_a_client_that_disconnects_cancels_its_episode():
+    with (
+        ScriptedServer({"env": echo_environment(), "agent": relay_agent()}, latency={"env": 2.0}) as upstream,
+        prompt_r1_server(upstream) as url,
+    ):
+        # Not streamed: nothing is written back before the answer, so only cancellation can stop the episode.
+        address = urllib.parse.urlsplit(url)
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+        body = json.dumps({"messages": [{"role": "user", "content": "Q?"}]})
+        connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        for _ in range(1500):  # until the first environment call is pending
+            if upstream.requests_for("env"):
+                break
+            threading.Event().wait(0.02)
+        connection.close()
+        health = url.removesuffix("/v1") + "/health"
+        for _ in range(1500):
+            with urllib.request.urlopen(health, timeout=10) as reply:
+                if json.loads(reply.read())["in_flight"] == 0:
+                    break
+            threading.Event().wait(0.02)
+    # Had the episode gone on, its slot would be freed only after a second agent turn and environment call.
+    assert len(upstream.requests_for("agent")) == 1 and len(upstream.requests_for("env")) == 1
 
 
 def test_bearer_auth(upstream):
