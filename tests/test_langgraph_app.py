@@ -12,11 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from conftest import ANSWER, PROMPT
 
-from prompt_r1.config import configs_from_env
-from prompt_r1.errors import ConfigError
 from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
@@ -27,28 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def test_configs_from_env_reads_every_field_with_its_type():
-    agent, env, loop = configs_from_env(
-        {
-            "PROMPT_R1_AGENT_BASE_URL": "http://127.0.0.1:8001/v1",
-            "PROMPT_R1_AGENT_SEED": "7",
-            "PROMPT_R1_ENV_RATE_PERIOD": "2.5",
-            "PROMPT_R1_ENV_TOKENS_PER_MINUTE": "none",
-            "PROMPT_R1_FORCE_FINAL_ANSWER": "false",
-            "OTHER": "ignored",
-        }
-    )
-    assert (agent.base_url, agent.seed, env.rate_period, env.tokens_per_minute) == (
-        "http://127.0.0.1:8001/v1",
-        7,
-        2.5,
-        None,
-    )
-    assert loop.force_final_answer is False and loop.max_turns == 5
-    with pytest.raises(ConfigError, match="PROMPT_R1_ENV_RATE_LIMIT='many': expected int"):
-        configs_from_env({"PROMPT_R1_ENV_RATE_LIMIT": "many"})
 
 
 def test_langgraph_dev_serves_the_loop_to_the_sdk():
