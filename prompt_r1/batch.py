@@ -291,6 +291,9 @@ class _Runner:
         self.seen: set[str] = set()
         self.stopping = False
         self.workers: list[asyncio.Task] = []
+        # Workers inside an episode: the only ones a stop cancels. A worker writing a row or deleting a finished
+        # episode's checkpoint thread finishes that first, so no row is half-recorded.
+        self.in_episode: set[asyncio.Task] = set()
         self.in_flight = 0
         self.handle: TextIO | None = None
 
@@ -344,7 +347,7 @@ class _Runner:
         self.stopping = True
         if cancel:
             current = asyncio.current_task()
-            for task in self.workers:
+            for task in list(self.in_episode):
                 if task is not current and not task.done():
                     task.cancel()
 
@@ -424,6 +427,13 @@ class _Runner:
             await self.checkpointer.adelete_thread(sample_id)
 
     async def _worker(self) -> None:
+        # Cancelled outside an episode (the run itself was cancelled while this worker was between episodes):
+        # nothing in flight to count, and the rows written so far stand.
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._work()
+
+    async def _work(self) -> None:
+        task = asyncio.current_task()
         while not self.stopping:
             if self._over_budget():
                 self.stop(f"budget of ${self.budget:g} reached (${self.meter.cost:.4f} spent)", cancel=False)
@@ -432,12 +442,14 @@ class _Runner:
             if sample is None:
                 return
             self.in_flight += 1
+            self.in_episode.add(task)
             try:
                 row = await self._episode(sample)
             except asyncio.CancelledError:
                 self.summary.cancelled += 1
                 return
             finally:
+                self.in_episode.discard(task)
                 self.in_flight -= 1
             self._write(row)
             if row["status"] not in FAILED_STATUSES:

@@ -367,6 +367,30 @@ def test_ctrl_c_stops_writes_a_summary_and_a_rerun_finishes(tmp_path):
     assert "HTTP Request: POST" in (tmp_path / "debug.log").read_text()
 
 
+def test_ctrl_c_with_a_checkpoint_stops_cleanly_wherever_it_lands(tmp_path):
+    """With --checkpoint, a worker spends part of each cycle deleting the finished episode's thread (a real
+    SQLite write). At 32 workers and zero latency some worker is almost always there when Ctrl-C arrives; the
+    stop must still end in the summary and exit 130, not a CancelledError traceback."""
+    n = 80
+    inp = write_questions(tmp_path / "q.jsonl", n)
+    out, checkpoint = tmp_path / "r.jsonl", tmp_path / "r.sqlite"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        args = cli_args(server.base_url, inp, out, "--concurrency", "32", "--checkpoint", str(checkpoint))
+        proc = spawn_batch(args, tmp_path / "run1.log")
+        wait_for(lambda: line_count(out) >= 10, what="10 rows")
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+        printed = (tmp_path / "run1.log").read_text()
+        assert code == 130 and "Traceback" not in printed, printed[-2000:]
+        summary = json.loads((tmp_path / "r.summary.json").read_text())
+        assert summary["stopped"] == "interrupted (SIGINT)" and "episodes" in printed
+        assert line_count(out) == summary["written"] == len(rows_of(out)) < n
+        assert main(args) == 0
+    assert sorted(r["id"] for r in rows_of(out)) == sorted(f"q{i}" for i in range(n))
+    with sqlite3.connect(checkpoint) as db:  # every thread, the interrupted ones too, deleted once finished
+        assert db.execute("select count(*) from checkpoints").fetchone()[0] == 0
+
+
 def test_api_key_is_in_no_output_log_or_checkpoint_even_with_faults(tmp_path, capsys):
     inp = write_questions(tmp_path / "q.jsonl", 40)
     out = tmp_path / "r.jsonl"
