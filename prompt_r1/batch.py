@@ -10,16 +10,17 @@ How it runs:
 - **Streaming.** The input is read lazily (parquet by record batch, JSONL by line); each finished episode is
   appended to the output as one JSON line and flushed. Memory holds the ids seen, not the rows.
 - **Nothing lost, nothing paid twice.** A rerun with the same output skips ids already finished and retries the
-  failed ones (`environment_error`, `agent_error`); a row written again supersedes the old one, and the file is
-  compacted to one row per id when the run ends. A process killed at any point loses at most the episodes in
-  flight. With `checkpoint=` (LangGraph's SQLite checkpointer, one thread per id) those too resume from their
-  last completed step, and a failed episode resumes from the environment call that failed: turns already paid
-  for are not called again. A finished episode's thread is deleted once its row is written.
+  failed ones (`environment_error`, `agent_error`, `internal_error`); a row written again supersedes the old
+  one, and the file is compacted to one row per id when the run ends. A process killed at any point loses at
+  most the episodes in flight. With `checkpoint=` (LangGraph's SQLite checkpointer, one thread per id) those too
+  resume from their last completed step, and a failed episode resumes from the environment call that failed:
+  turns already paid for are not called again. A finished episode's thread is deleted once its row is written.
 - **Faults.** The environment client retries (429 with Retry-After, 5xx, timeouts, dropped connections,
   malformed bodies); an episode whose call still fails is written with status `environment_error` and the error,
-  and the batch goes on. `max_failures` stops the run after that many; `budget` stops starting episodes once the
-  estimated cost reaches it; SIGINT/SIGTERM stop at once, cancelling the episodes in flight (the next run redoes
-  them, or resumes them from the checkpoint). Every stop writes what finished and returns a summary.
+  and the batch goes on (as it does, with status `internal_error`, for anything else one episode raises).
+  `max_failures` stops the run after that many; `budget` stops starting episodes once the estimated cost
+  reaches it; SIGINT/SIGTERM stop at once, cancelling the episodes in flight (the next run redoes them, or
+  resumes them from the checkpoint). Every stop writes what finished and returns a summary.
 - **Ids.** An input row's `id`, else `<dataset>-<row index>`. A repeated id is reported and not run again.
 """
 
@@ -48,8 +49,9 @@ from prompt_r1.errors import AgentError, ConfigError, DataError
 
 __all__ = ["FAILED_STATUSES", "BatchSummary", "compact_output", "read_output_state", "run_batch"]
 
-# Rows with these statuses are infrastructure failures: a rerun retries them.
-FAILED_STATUSES = frozenset({"environment_error", "agent_error"})
+# Rows with these statuses are failures of the infrastructure or of this code, not the episode's outcome: a
+# rerun retries them. internal_error: the episode raised something unexpected (its row holds the error).
+FAILED_STATUSES = frozenset({"environment_error", "agent_error", "internal_error"})
 _MAX_REPORTED = 10  # duplicate or conflicting ids named one by one on stderr; the rest are counted
 
 
@@ -264,6 +266,21 @@ def episode_cost(state: dict[str, Any], prices: PriceTable, agent_model: str) ->
     return total + agent
 
 
+def _failed(status: str, error: str) -> dict[str, Any]:
+    return {"answer": None, "status": status, "error": error, "turns": [], "usage": {}}
+
+
+def _describe_internal(exc: BaseException) -> str:
+    """`Type: message (at file:line)`, the line being where it was raised, for a bug report."""
+    import traceback
+
+    text = f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        text += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})"
+    return text
+
+
 class _Runner:
     def __init__(
         self,
@@ -387,29 +404,33 @@ class _Runner:
             row["golden_answers"] = sample.golden_answers
         try:
             state, resumed = await self._invoke(sample, config)
-        except AgentError as exc:
-            row.update(
-                answer=None, status="agent_error", error=f"{type(exc).__name__}: {exc}", turns=[], usage={}
-            )
-        else:
-            row.update(
-                answer=state.get("answer"),
-                status=state.get("status"),
-                error=state.get("error"),
-                turns=state.get("turns", []),
-                usage=state.get("usage", {}),
-            )
+            result: dict[str, Any] = {
+                "answer": state.get("answer"),
+                "status": state.get("status"),
+                "error": state.get("error"),
+                "turns": state.get("turns", []),
+                "usage": state.get("usage", {}),
+            }
             if resumed:
-                row["resumed"] = resumed
-                self.summary.resumed += 1
-            row["cost_usd"] = episode_cost(state, self.meter.prices, self.agent_model)
-            if sample.golden_answers and row["answer"] is not None:
+                result["resumed"] = resumed
+            result["cost_usd"] = episode_cost(state, self.meter.prices, self.agent_model)
+            if sample.golden_answers and result["answer"] is not None:
                 from prompt_r1.metrics import exact_match, f1
 
-                row["metrics"] = {
-                    "em": exact_match(row["answer"], sample.golden_answers),
-                    "f1": f1(row["answer"], sample.golden_answers),
+                result["metrics"] = {
+                    "em": exact_match(result["answer"], sample.golden_answers),
+                    "f1": f1(result["answer"], sample.golden_answers),
                 }
+        except AgentError as exc:
+            result = _failed("agent_error", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:
+            # Whatever else one episode raises (a bug, a library's unexpected error) is that episode's failure:
+            # recorded, retried by the next run, counted toward --max-failures; the other episodes go on.
+            result = _failed("internal_error", _describe_internal(exc))
+        else:
+            if resumed:
+                self.summary.resumed += 1
+        row.update(result)
         row["latency_s"] = round(time.monotonic() - started, 3)
         row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
         return row

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-failures",
         type=int,
         metavar="N",
-        help="stop the run once N episodes have failed (environment_error, agent_error)",
+        help="stop the run once N episodes have failed (environment_error, agent_error, internal_error)",
     )
     bt.add_argument(
         "--budget",

@@ -213,6 +213,45 @@ def test_max_failures_stops_the_run_cleanly(tmp_path, capsys):
     assert "not every episode finished" in capsys.readouterr().err
 
 
+class BrokenAgent(ServedAgent):
+    """A served agent whose node raises something no layer expects (not an AgentError) for some questions."""
+
+    def __init__(self, config: AgentConfig, broken: str) -> None:
+        super().__init__(config)
+        self.broken = broken
+
+    async def generate(self, request):
+        if self.broken in request.messages[0]["content"]:
+            raise RuntimeError("unexpected failure inside the agent node")
+        return await super().generate(request)
+
+
+def test_an_unexpected_exception_fails_its_episode_only_and_a_rerun_retries_it(tmp_path):
+    inp = write_questions(tmp_path / "q.jsonl", 12)
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        env = EnvironmentClient(env_config(server))
+        config = AgentConfig(model="agent", base_url=server.base_url, api_key_env="BATCH_TEST_KEY")
+
+        def go(agent, source=inp, dest=out, **kwargs):
+            return asyncio.run(
+                run_batch(source, dest, agent=agent, environment=env, concurrency=4, progress=False, **kwargs)
+            )
+
+        first = go(BrokenAgent(config, "item 3?"))
+        assert first.statuses == Counter({"answered": 11, "internal_error": 1}) and first.failed == 1
+        (broken,) = [r for r in rows_of(out) if r["status"] != "answered"]
+        assert broken["id"] == "q3" and broken["status"] == "internal_error"
+        assert broken["error"].startswith("RuntimeError: unexpected failure inside the agent node (at ")
+        second = go(served_agent(server))  # the rerun retries the failed id only
+        assert (second.skipped, second.written) == (11, 1) and second.complete
+        # Unexpected failures count toward --max-failures like any other.
+        more = write_questions(tmp_path / "more.jsonl", 40, start=100)
+        stopped = go(BrokenAgent(config, "What is"), more, tmp_path / "more.jsonl.out.jsonl", max_failures=3)
+    assert stopped.stopped.startswith("3 failed episodes reached --max-failures 3") and stopped.written < 40
+    assert all(r["answer"] == expected_answer(int(r["id"][1:])) for r in rows_of(out))
+
+
 # ---- resume -------------------------------------------------------------------------------------------------
 
 
