@@ -7,30 +7,44 @@
     chat.invoke("Which magazine was started first, Arthur's Magazine or First for Women?").content
 
 Each call runs one episode of the loop on the text of the last user message (earlier messages and system
-messages are not passed on: the agent writes the environment's prompts itself) and returns the answer as an
-`AIMessage`:
+messages are not passed on: the agent writes the environment's prompts itself; a non-text part such as an image
+raises ValueError) and returns the answer as an `AIMessage`:
 - `content`: the answer, or "" when the episode ended without one;
 - `response_metadata`: `status`, `turns` (the turn records), `error`, `finish_reason` ("stop" when answered,
   "length" when turns or tokens ran out) and `usage` (agent and environment counters, see graph.py);
 - `usage_metadata`: agent and environment tokens added up.
 
 `invoke`, `ainvoke`, `batch`, `abatch`, `stream`, `astream` and `astream_events` work as for any chat model, inside
-LCEL chains and as the model of a LangGraph agent that needs no tool calls. Streaming yields one chunk per
+LCEL chains and as the model of a LangGraph agent that needs no tool calls (`bind_tools([])` is the model itself;
+tools or `with_structured_output` raise NotImplementedError: the answer is text). Every call, streamed or not,
+traces its episode as a run named `prompt_r1_episode` under the chat model's own run. Streaming yields one chunk per
 per-turn event (think, prompt, response, ...; see events.py) with the event in
 `additional_kwargs["prompt_r1_events"]` and empty content, then the answer; added up, the chunks give the whole
-message with every event in order. An environment that fails past its retries raises `EnvironmentCallError`
+message with every event in order; `astream_events` also carries each event as a custom event named
+`prompt_r1`. An environment that fails past its retries raises `EnvironmentCallError`
 (a chat model has no other way to say it has no answer); other endings are returned with their status.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+import contextlib
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any, NamedTuple
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManager,
+    AsyncCallbackManagerForLLMRun,
+    CallbackManager,
+    CallbackManagerForLLMRun,
+)
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import RunnableConfig, ensure_config
+from langchain_core.runnables.config import var_child_runnable_config
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from prompt_r1.errors import EnvironmentCallError
@@ -39,10 +53,31 @@ __all__ = ["PromptR1Chat", "question_of"]
 
 EVENTS_KEY = "prompt_r1_events"
 STREAM_MODES = ["custom", "values"]  # the per-turn events, and the states for the final answer
+EPISODE_RUN_NAME = "prompt_r1_episode"
+NO_TOOLS = (
+    "PromptR1Chat answers with text and makes no tool calls; use it with tools=[] (e.g. as the model of an agent "
+    "without tools), or put a tool-calling model in front of it"
+)
+
+
+class _Parent(NamedTuple):
+    """What the episode's runs inherit from the chat model's run: its id and its inheritable callbacks."""
+
+    run_id: uuid.UUID
+    handlers: list
+    tags: list[str]
+    metadata: dict[str, Any]
+
+
+# The chat model's run, for a `_stream`/`_astream` that LangChain starts without it (see PromptR1Chat): set only
+# while `_stream` starts, as (model, parent) so that another PromptR1Chat called inside never takes it for its own.
+_STREAM_PARENT: ContextVar[tuple[Any, _Parent] | None] = ContextVar("prompt_r1_stream_parent", default=None)
+_END = object()
 
 
 def question_of(messages: list[BaseMessage]) -> str:
-    """The text of the last user message (string content, or the text parts of a content list).
+    """The text of the last user message (string content, or the text parts of a content list). Any other part
+    (an image, audio, a file) is refused: dropping it would answer a different question than the one asked.
 
     >>> from langchain_core.messages import HumanMessage
     >>> question_of([HumanMessage("Who wrote Hamlet?")])
@@ -55,11 +90,23 @@ def question_of(messages: list[BaseMessage]) -> str:
         if isinstance(content, str):
             text = content
         else:
-            text = "\n".join(
-                part if isinstance(part, str) else str(part.get("text", ""))
-                for part in content
-                if isinstance(part, str) or part.get("type") == "text"
-            )
+            texts = []
+            for part in content:
+                if isinstance(part, str):
+                    texts.append(part)
+                elif (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    texts.append(part["text"])
+                else:
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ValueError(
+                        f"Prompt-R1 answers text only: the last user message has a content part of type "
+                        f"{kind!r}; send its text as a string or text parts"
+                    )
+            text = "\n".join(texts)
         if not text.strip():
             raise ValueError("the last user message has no text for Prompt-R1 to answer")
         return text
@@ -101,6 +148,7 @@ class PromptR1Chat(BaseChatModel):
     )
 
     _graph: Any = PrivateAttr(default=None)
+    _graph_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @property
     def _llm_type(self) -> str:
@@ -117,38 +165,134 @@ class PromptR1Chat(BaseChatModel):
 
     @property
     def graph(self):
-        """The compiled loop, built on first use."""
+        """The compiled loop, built once on first use (a batch's threads may all ask for it at once)."""
         if self._graph is None:
-            from prompt_r1.graph import build_graph
+            with self._graph_lock:
+                if self._graph is None:
+                    from prompt_r1.graph import build_graph
 
-            self._graph = build_graph(
-                self.agent,
-                self.environment,
-                max_turns=self.max_turns,
-                force_final_answer=self.force_final_answer,
-                max_new_tokens=self.max_new_tokens,
-                max_total_tokens=self.max_total_tokens,
-            )
+                    self._graph = build_graph(
+                        self.agent,
+                        self.environment,
+                        max_turns=self.max_turns,
+                        force_final_answer=self.force_final_answer,
+                        max_new_tokens=self.max_new_tokens,
+                        max_total_tokens=self.max_total_tokens,
+                    )
         return self._graph
 
-    def _config(self, run_manager: Any) -> dict[str, Any]:
-        """The episode's run config: a child of this chat model's run, so a trace shows the episode (and its turns)
-        under the call. LangChain's LLM run managers have no `get_child` (model runs are normally leaves), so the
-        child manager is built the way `get_child` builds it for chains."""
-        callbacks = None
-        if run_manager is not None:
-            from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
+    # ---- no tools -------------------------------------------------------------------------------------------
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> PromptR1Chat:
+        """The model itself for an empty tool list (what an agent without tools binds); tools are refused."""
+        if tools:
+            raise NotImplementedError(NO_TOOLS)
+        return self
 
-            cls = (
-                AsyncCallbackManager
-                if isinstance(run_manager, AsyncCallbackManagerForLLMRun)
-                else CallbackManager
-            )
-            callbacks = cls(handlers=[], parent_run_id=run_manager.run_id)
-            callbacks.set_handlers(run_manager.inheritable_handlers)
-            callbacks.add_tags(run_manager.inheritable_tags)
-            callbacks.add_metadata(run_manager.inheritable_metadata)
-        return {"callbacks": callbacks, "run_name": "prompt_r1_episode"}
+    def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any) -> Any:
+        """Refused: structured output needs tool calls or a JSON mode."""
+        raise NotImplementedError(f"{NO_TOOLS}; for structured output, parse its text answer instead")
+
+    # ---- the episode's place in a trace ---------------------------------------------------------------------
+    # The episode runs as a child of this chat model's run, so a trace shows it (and its turns) under the call.
+    # Two things stand in the way. LangChain calls `_stream`/`_astream` without their run manager (it reports each
+    # chunk itself), from `stream`, `astream` and the streaming branch of `invoke`: those entry points hand it on
+    # through _STREAM_PARENT. And a graph started inside a caller's run (a node of a parent graph) merges its
+    # config with the caller's, whose run would win as the parent: the episode starts with the caller's config
+    # in context carrying this run's callbacks instead, as LangChain does for a chain's steps.
+
+    def _episode(
+        self, parent: _Parent | None, *, is_async: bool
+    ) -> tuple[dict[str, Any], RunnableConfig | None]:
+        """The episode's run config, and the caller's config as the graph must see it when it starts (None:
+        unchanged). LangChain's LLM run managers have no `get_child` (model runs are normally leaves), so the
+        child manager is built the way `get_child` builds it for chains."""
+        config: dict[str, Any] = {"run_name": EPISODE_RUN_NAME, "tags": ["prompt-r1"]}
+        if parent is None:
+            return config, None
+        callbacks = (AsyncCallbackManager if is_async else CallbackManager)(
+            handlers=[], parent_run_id=parent.run_id
+        )
+        callbacks.set_handlers(parent.handlers)
+        callbacks.add_tags(parent.tags)
+        callbacks.add_metadata(parent.metadata)
+        return config, {**(var_child_runnable_config.get() or {}), "callbacks": callbacks}
+
+    def _stream_parent(self, run_manager: Any) -> _Parent | None:
+        if run_manager is not None:  # LangChain's v2 streaming path does hand it on
+            return _parent_of(run_manager)
+        current = _STREAM_PARENT.get()
+        return current[1] if current is not None and current[0] is self else None
+
+    def _streamed_call(
+        self, config: RunnableConfig | None, stop: list[str] | None, **kwargs: Any
+    ) -> tuple[RunnableConfig, tuple[Any, _Parent]]:
+        """The config `stream`/`astream` hand on, naming the id their run will have and holding its inheritable
+        callbacks already set up, so that the episode's runs get the very handlers the run has (LangSmith's
+        tracer among them, which matches a child to its parent by its own records)."""
+        config = ensure_config(config)
+        config["run_id"] = config.get("run_id") or uuid.uuid4()
+        manager = CallbackManager.configure(
+            config.get("callbacks"),
+            None,
+            self.verbose,
+            config.get("tags"),
+            None,
+            {**(config.get("metadata") or {}), **self._get_ls_params(stop=stop, **kwargs)},
+        )
+        config["callbacks"] = manager
+        parent = _Parent(
+            config["run_id"],
+            manager.inheritable_handlers,
+            manager.inheritable_tags,
+            manager.inheritable_metadata,
+        )
+        return config, (self, parent)
+
+    def _generate_with_cache(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        with _set(_STREAM_PARENT, (self, _parent_of(run_manager)) if run_manager else None):
+            return super()._generate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    async def _agenerate_with_cache(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        with _set(_STREAM_PARENT, (self, _parent_of(run_manager)) if run_manager else None):
+            return await super()._agenerate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    def stream(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        config, parent = self._streamed_call(config, stop, **kwargs)
+        yield from _first_step_with(
+            _STREAM_PARENT, parent, super().stream(input, config, stop=stop, **kwargs)
+        )
+
+    async def astream(
+        self,
+        input: Any,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        config, parent = self._streamed_call(config, stop, **kwargs)
+        chunks = super().astream(input, config, stop=stop, **kwargs)
+        async for chunk in _afirst_step_with(_STREAM_PARENT, parent, chunks):
+            yield chunk
 
     def _message(self, state: dict) -> AIMessage:
         if state.get("status") == "environment_error":
@@ -175,7 +319,10 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        state = self.graph.invoke({"question": question_of(messages)}, self._config(run_manager))
+        inputs = {"question": question_of(messages)}
+        config, caller = self._episode(run_manager and _parent_of(run_manager), is_async=False)
+        with _set(var_child_runnable_config, caller):
+            state = self.graph.invoke(inputs, config)
         return ChatResult(generations=[ChatGeneration(message=self._message(state))])
 
     async def _agenerate(
@@ -185,7 +332,10 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        state = await self.graph.ainvoke({"question": question_of(messages)}, self._config(run_manager))
+        inputs = {"question": question_of(messages)}
+        config, caller = self._episode(run_manager and _parent_of(run_manager), is_async=True)
+        with _set(var_child_runnable_config, caller):
+            state = await self.graph.ainvoke(inputs, config)
         return ChatResult(generations=[ChatGeneration(message=self._message(state))])
 
     # ---- streaming ------------------------------------------------------------------------------------------
@@ -205,8 +355,6 @@ class PromptR1Chat(BaseChatModel):
             )
         )
 
-    # LangChain hands `_stream`/`_astream` no run manager (it reports each chunk to the callbacks itself), so the
-    # episode of a streamed call runs without a parent run.
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -214,8 +362,11 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        inputs = {"question": question_of(messages)}
+        config, caller = self._episode(self._stream_parent(run_manager), is_async=False)
+        states = self.graph.stream(inputs, config, stream_mode=STREAM_MODES)
         final: dict = {}
-        for mode, data in self.graph.stream({"question": question_of(messages)}, stream_mode=STREAM_MODES):
+        for mode, data in _first_step_with(var_child_runnable_config, caller, states):
             if mode == "values":
                 final = data
             else:
@@ -229,12 +380,69 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        inputs = {"question": question_of(messages)}
+        config, caller = self._episode(self._stream_parent(run_manager), is_async=True)
+        states = self.graph.astream(inputs, config, stream_mode=STREAM_MODES)
         final: dict = {}
-        async for mode, data in self.graph.astream(
-            {"question": question_of(messages)}, stream_mode=STREAM_MODES
-        ):
+        async for mode, data in _afirst_step_with(var_child_runnable_config, caller, states):
             if mode == "values":
                 final = data
             else:
                 yield self._event_chunk(data)
         yield self._final_chunk(final)
+
+
+def _parent_of(run_manager: Any) -> _Parent:
+    return _Parent(
+        run_manager.run_id,
+        run_manager.inheritable_handlers,
+        run_manager.inheritable_tags,
+        run_manager.inheritable_metadata,
+    )
+
+
+@contextlib.contextmanager
+def _set(var: ContextVar, value: Any) -> Iterator[None]:
+    """`var` set to `value` inside the block (left as it is for None)."""
+    if value is None:
+        yield
+        return
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+# A generator reads such context when it starts, within its first step. Set for that step only, the variable
+# never outlives it, however the caller interleaves or abandons the iteration (whose later steps may even run in
+# another context, where resetting it would fail).
+def _first_step_with(var: ContextVar, value: Any, iterator: Iterator) -> Iterator:
+    """The items of `iterator`, with `var` set to `value` (unless None) while it makes the first."""
+    try:
+        with _set(var, value):
+            first = next(iterator, _END)
+        if first is _END:
+            return
+        yield first
+        yield from iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+async def _afirst_step_with(var: ContextVar, value: Any, iterator: AsyncIterator) -> AsyncIterator:
+    """The items of `iterator`, with `var` set to `value` (unless None) while it makes the first."""
+    try:
+        with _set(var, value):
+            first = await anext(iterator, _END)
+        if first is _END:
+            return
+        yield first
+        async for item in iterator:
+            yield item
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -15,7 +15,8 @@ Two ways to receive them, both standard LangGraph/LangChain:
 - `graph.astream(inputs, stream_mode="custom")` (or `["custom", "values"]` to get the final state as well);
   when the loop is a subgraph of a parent graph, pass `subgraphs=True` to the parent's `astream`.
 - `graph.astream_events(inputs, version="v2")`: events named `prompt_r1` (`on_custom_event`) carry the same dicts,
-  also from inside a parent graph or a `PromptR1Chat` model.
+  also from inside a parent graph or from a `PromptR1Chat` model's `astream_events` (its episode runs as a child
+  of the model's run, so the events reach the model's listeners).
 
     async for mode, data in graph.astream({"question": q}, stream_mode=["custom", "values"]):
         if mode == "custom":

@@ -100,6 +100,9 @@ def test_inside_an_lcel_chain(server):
     )
 
 
+# `langchain.agents.create_agent` replaces it, but `langchain` is no dependency of this project; LangGraph's
+# prebuilt agent still works and is what the installed packages offer.
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 def test_as_the_model_of_a_prebuilt_agent_and_a_node_of_a_parent_graph(server):
     from langgraph.prebuilt import create_react_agent
 
@@ -253,3 +256,156 @@ def test_one_trace_per_episode_with_each_agent_and_environment_call(server):
     for r in roots:
         assert [c.name for c in r.child_runs] == ["prompt_r1_episode"]
         assert sum(1 for x in walk(r) if x.name == "agent" and x.run_type == "llm") == 3
+
+
+def walk(run):
+    yield run
+    for child in run.child_runs:
+        yield from walk(child)
+
+
+def assert_episode_nested(chat_run, episode_id: str) -> None:
+    """Under the chat model's run: one `prompt_r1_episode` run, and under it every agent turn and environment call
+    with their turn index, tags and the caller's metadata."""
+    (episode,) = chat_run.child_runs
+    assert episode.name == "prompt_r1_episode" and "prompt-r1" in episode.tags
+    runs = list(walk(episode))
+    agent_runs = [r for r in runs if r.name == "agent" and r.run_type == "llm"]
+    env_runs = [r for r in runs if r.name == "environment" and r.run_type == "llm"]
+    assert [r.extra["metadata"]["prompt_r1_turn"] for r in agent_runs] == [0, 1, 2]
+    assert [r.extra["metadata"]["prompt_r1_turn"] for r in env_runs] == [0, 1]
+    assert all("agent" in r.tags for r in agent_runs) and all("environment" in r.tags for r in env_runs)
+    assert all(r.extra["metadata"]["episode_id"] == episode_id for r in agent_runs + env_runs)
+
+
+def test_streamed_calls_nest_the_episode_under_the_chat_models_run():
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        chat = chat_model(server)
+        collector = RunCollectorCallbackHandler()
+        config = {"callbacks": [collector], "metadata": {"episode_id": "s"}}
+        # Two sync streams interleaved: each episode still nests under its own call.
+        first, second = chat.stream("Q1?", config=config), chat.stream("Q2?", config=config)
+        chunks = [next(first), next(second)]
+        chunks += [*first, *second]
+        roots = collector.traced_runs
+        assert [r.name for r in roots] == ["PromptR1Chat", "PromptR1Chat"]
+        for root in roots:
+            assert_episode_nested(root, "s")
+        assert {c.content for c in chunks} == {"", "Response 2: Q1? / part 2", "Response 2: Q2? / part 2"}
+
+        collector = RunCollectorCallbackHandler()
+        asyncio.run(
+            _collect(chat.astream("Q?", config={"callbacks": [collector], "metadata": {"episode_id": "a"}}))
+        )
+        (root,) = collector.traced_runs
+        assert root.name == "PromptR1Chat"
+        assert_episode_nested(root, "a")
+
+
+def test_inside_a_parent_graph_streamed_as_messages_the_episode_nests_under_the_chat_model():
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        chat = chat_model(server)
+
+        def sync_node(state: MessagesState) -> dict:
+            return {"messages": [chat.invoke(state["messages"])]}
+
+        async def async_node(state: MessagesState) -> dict:
+            return {"messages": [await chat.ainvoke(state["messages"])]}
+
+        def parent_of(node):
+            parent = StateGraph(MessagesState)
+            parent.add_node("answer", node)
+            parent.add_edge(START, "answer")
+            parent.add_edge("answer", END)
+            return parent.compile()
+
+        inputs = {"messages": [HumanMessage("Q?")]}
+        collector = RunCollectorCallbackHandler()
+        config = {"callbacks": [collector], "metadata": {"episode_id": "m"}}
+        streamed = list(parent_of(sync_node).stream(inputs, config, stream_mode="messages"))
+
+        async def run_async():
+            return [
+                part async for part in parent_of(async_node).astream(inputs, config, stream_mode="messages")
+            ]
+
+        streamed_async = asyncio.run(run_async())
+    for parts in (streamed, streamed_async):
+        # The chat model streams one chunk per event, then the answer; the episode's own model calls stay inside.
+        assert len(parts) == len(EVENT_TYPES) + 1 and parts[-1][0].content == "Response 2: Q? / part 2"
+        assert {meta["langgraph_node"] for _, meta in parts} == {"answer"}
+    assert len(collector.traced_runs) == 2
+    for root in collector.traced_runs:
+        (node,) = root.child_runs
+        (chat_run,) = node.child_runs
+        assert chat_run.name == "PromptR1Chat"
+        assert_episode_nested(chat_run, "m")
+
+
+def test_astream_events_of_the_chat_model_carry_the_custom_events_under_its_run(server):
+    async def run():
+        return [e async for e in chat_model(server).astream_events("Capital of France?", version="v2")]
+
+    events = asyncio.run(run())
+    (start,) = [e for e in events if e["event"] == "on_chat_model_start" and e["name"] == "PromptR1Chat"]
+    custom = [e for e in events if e["event"] == "on_custom_event" and e["name"] == EVENT_NAME]
+    assert [e["data"]["type"] for e in custom] == EVENT_TYPES
+    assert all(e["parent_ids"][0] == start["run_id"] for e in custom)
+    episode = next(e for e in events if e["event"] == "on_chain_start" and e["name"] == "prompt_r1_episode")
+    assert episode["parent_ids"] == [start["run_id"]]
+
+
+def test_tools_are_refused_clearly_and_an_empty_tool_list_is_the_model_itself(server):
+    from langchain_core.tools import tool
+
+    @tool
+    def lookup(query: str) -> str:
+        """Look something up."""
+        return query
+
+    chat = chat_model(server)
+    assert chat.bind_tools([]) is chat and chat.bind_tools([], tool_choice="auto") is chat
+    with pytest.raises(NotImplementedError, match="makes no tool calls; use it with tools=\\[\\]"):
+        chat.bind_tools([lookup])
+    with pytest.raises(NotImplementedError, match="makes no tool calls.*parse its text answer"):
+        chat.with_structured_output({"title": "Answer", "type": "object", "properties": {}})
+
+
+def test_a_non_text_content_part_is_refused_by_name(server):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(ValueError, match="content part of type 'image_url'"):
+        question_of([HumanMessage([{"type": "text", "text": "What is in this picture?"}, image])])
+    with pytest.raises(ValueError, match="content part of type 'image_url'"):
+        chat_model(server).invoke([HumanMessage([{"type": "text", "text": "What is this?"}, image])])
+    assert server.requests_for("agent") == []  # refused before any work
+
+
+def test_the_graph_is_built_once_when_threads_ask_for_it_at_once(server, monkeypatch):
+    import threading
+    import time
+
+    import prompt_r1.graph
+
+    built = []
+    real = prompt_r1.graph.build_graph
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.05)  # long enough for every thread to find no graph yet, were there no lock
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(prompt_r1.graph, "build_graph", slow_build)
+    chat = chat_model(server)
+    barrier = threading.Barrier(8)
+    graphs = []
+
+    def ask() -> None:
+        barrier.wait()
+        graphs.append(chat.graph)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(built) == 1 and len(graphs) == 8 and all(g is built[0] for g in graphs)
