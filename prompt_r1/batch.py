@@ -266,6 +266,22 @@ def episode_cost(state: dict[str, Any], prices: PriceTable, agent_model: str) ->
     return total + agent
 
 
+def priced_models(environment: Any, agent: AgentBackend) -> dict[str, str]:
+    """What a budget is spent on: label → model name, for every environment model (each pool member's) and for a
+    served agent (an in-process agent makes no paid calls)."""
+    members = getattr(environment, "members", None) or [environment]
+    models = {}
+    for member in members:
+        model = str(getattr(member, "model_name", None) or "environment")
+        name = getattr(member, "name", None)
+        label = f"environment model {model!r}" + (f" (pool member {name})" if len(members) > 1 else "")
+        models[label] = model
+    config = getattr(agent, "config", None)
+    if getattr(config, "resolved_backend", None) == "served":
+        models[f"agent model {config.model!r}"] = str(config.model)
+    return models
+
+
 def _failed(status: str, error: str) -> dict[str, Any]:
     return {"answer": None, "status": status, "error": error, "turns": [], "usage": {}}
 
@@ -564,15 +580,7 @@ async def run_batch(
     out = Path(out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"the output must be a .jsonl file, got {out}")
-    path, _ = resolve_source(source)
-    input_rows = count_rows(path) if path.exists() else None
-    if input_rows is not None and limit is not None:
-        input_rows = min(input_rows, limit)
-    samples = iter_samples(source, limit=limit, require_answers=False)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    existing = read_output_state(out)
     prices = prices or PriceTable.load()
-    meter = UsageMeter(prices)
 
     from langchain_core.language_models import BaseChatModel
 
@@ -580,6 +588,22 @@ async def run_batch(
         environment = EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
     agent_config = getattr(agent, "config", None)
     agent_model = str(getattr(agent_config, "model", None) or "agent")
+    if budget is not None:
+        # An unpriced model's spending would count as nothing, and the budget would never stop the run.
+        missing = prices.unpriced(priced_models(environment, agent))
+        if missing:
+            raise ConfigError(
+                f"a budget needs a price for every model it pays for; there is none for {', '.join(missing)}: "
+                f"{prices.edit_hint()}, as MODEL: {{input: $, output: $}} per 1M tokens"
+            )
+    path, _ = resolve_source(source)
+    input_rows = count_rows(path) if path.exists() else None
+    if input_rows is not None and limit is not None:
+        input_rows = min(input_rows, limit)
+    samples = iter_samples(source, limit=limit, require_answers=False)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    existing = read_output_state(out)
+    meter = UsageMeter(prices)
     metered_env = _MeteredEnvironment(environment, meter)
     metered_agent = _MeteredAgent(agent, meter, agent_model)
 

@@ -27,8 +27,19 @@ class Price:
 
 
 class PriceTable:
-    def __init__(self, prices: Mapping[str, Price]) -> None:
+    def __init__(self, prices: Mapping[str, Price], path: str | Path | None = None) -> None:
         self.prices = dict(prices)
+        self.path = None if path is None else Path(path)  # the user's file (--prices), when one was loaded
+
+    def edit_hint(self) -> str:
+        """Where a missing price goes, for error messages."""
+        if self.path is not None:
+            return f"add it to {self.path} (--prices)"
+        return "add it to a YAML file and pass it with --prices FILE (its entries add to the bundled prices.yaml)"
+
+    def unpriced(self, models: Mapping[str, str]) -> list[str]:
+        """The labels of `models` (label → model name) whose model has no price."""
+        return [label for label, model in models.items() if self.price(model) is None]
 
     @classmethod
     def parse(cls, data: Any, source: str) -> PriceTable:
@@ -69,6 +80,7 @@ class PriceTable:
             except yaml.YAMLError as exc:
                 raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
             table.prices.update(cls.parse(data, str(path)).prices)
+            table.path = path
         return table
 
     def price(self, model: str) -> Price | None:

@@ -537,6 +537,44 @@ def test_price_table_and_budget(tmp_path):
     assert len(rows_of(out)) == 100
 
 
+def test_a_budget_with_an_unpriced_model_is_refused_at_start(tmp_path, capsys):
+    """Spending on a model without a price would count as $0 and the budget would never stop the run."""
+    inp = write_questions(tmp_path / "q.jsonl", 5)
+    out = tmp_path / "r.jsonl"
+    prices = tmp_path / "prices.yaml"
+    responders = {"env": echo_environment(), "agent": relay_agent()}
+    with ScriptedServer(responders) as server, ScriptedServer(responders) as other:
+        # Neither model priced: both named, and the file to edit is the one given with --prices.
+        prices.write_text("gpt-4o-mini: {input: 1, output: 1}\n")
+        assert main(cli_args(server.base_url, inp, out, "--budget", "1", "--prices", str(prices))) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("prompt-r1: error: a budget needs a price"), err
+        assert "environment model 'env'" in err and "agent model 'agent'" in err
+        assert f"add it to {prices} (--prices)" in err
+        # The served agent's model priced, the environment's not: only the environment's named.
+        prices.write_text("agent: {input: 0, output: 0}\n")
+        assert main(cli_args(server.base_url, inp, out, "--budget", "1", "--prices", str(prices))) == 2
+        err = capsys.readouterr().err
+        assert "environment model 'env'" in err and "agent model" not in err
+        # Without --prices: how to pass a price file.
+        assert main(cli_args(server.base_url, inp, out, "--budget", "1")) == 2
+        assert "pass it with --prices FILE" in capsys.readouterr().err
+        pool_prices = tmp_path / "pool-prices.yaml"
+        pool_prices.write_text("agent: {input: 0, output: 0}\nenv: {input: 1, output: 1}\n")
+        # A pool member whose model has no price is named too.
+        pool = tmp_path / "pool.yaml"
+        pool.write_text(
+            "environments:\n"
+            f"  - {{name: priced, base_url: '{server.base_url}'}}\n"
+            f"  - {{name: free-ride, model: large, base_url: '{other.base_url}'}}\n"
+        )
+        args = ["--budget", "1", "--prices", str(pool_prices), "--env-pool", str(pool)]
+        assert main(cli_args(server.base_url, inp, out, *args)) == 2
+        err = capsys.readouterr().err
+        assert "environment model 'large' (pool member free-ride)" in err and "'env' " not in err
+        assert server.counts == {} and other.counts == {} and not out.exists()  # refused before any call
+
+
 def test_bad_price_table_and_pool_files_are_one_line(tmp_path, capsys):
     bad = tmp_path / "p.yaml"
     bad.write_text("env: {input: cheap}\n")
