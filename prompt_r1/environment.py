@@ -342,7 +342,8 @@ class EnvironmentPool:
     model and a rerun routes the same episode the same way. Calls without a session id are routed at random.
 
     Fallback: a member's own retries come first; when a call still fails, the next member (in pool order) takes
-    it. A member that fails `trip_after` calls in a row is skipped by every episode for `cooldown` seconds, then
+    it. A member that fails `trip_after` calls in a row with retryable failures (429, 5xx, timeouts, dropped
+    connections: the endpoint's fault, not the request's) is skipped by every episode for `cooldown` seconds, then
     tried again; when all members are skipped, the least recently failed one is used.
     """
 
@@ -484,9 +485,13 @@ class EnvironmentPool:
                 reply = await member.respond(prompt, history, run_config=run_config)
             except EnvironmentCallError as exc:
                 last_error = exc
-                self._failures[index] += 1
-                if self._failures[index] >= self.trip_after:
-                    self._tripped_at[index] = time.monotonic()
+                # Only failures of the endpoint count toward its trip. A rejected request (a 4xx such as a bad
+                # request) says nothing about the endpoint's health: a run of them, e.g. episodes whose prompts
+                # are too long, must not take a working endpoint out of every other episode's rotation.
+                if is_retryable(exc):
+                    self._failures[index] += 1
+                    if self._failures[index] >= self.trip_after:
+                        self._tripped_at[index] = time.monotonic()
                 continue
             self._failures[index] = 0
             self._tripped_at[index] = None

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from prompt_r1.config import EnvironmentConfig, resolve_api_key
-from prompt_r1.environment import EnvironmentClient
+from prompt_r1.environment import EnvironmentClient, EnvironmentPool
 from prompt_r1.errors import (
     ConfigError,
     ContextOverflow,
@@ -226,3 +226,31 @@ async def test_any_chat_model_failure_becomes_a_final_environment_error():
     with pytest.raises(EnvironmentCallError, match="RuntimeError: Event loop is closed") as info:
         await client.respond("p")
     assert not info.value.retryable and info.value.attempts == 1
+
+
+async def test_pool_trips_a_member_on_its_own_failures_not_on_rejected_requests():
+    with (
+        ScriptedServer({"env": echo_environment()}) as home,
+        ScriptedServer({"env": echo_environment()}) as backup,
+    ):
+        # Weight 0: the backup takes calls only as the fallback.
+        pool = EnvironmentPool(
+            [client_for(home, max_retries=0), client_for(backup)],
+            [1, 0],
+            names=["home", "backup"],
+            trip_after=2,
+            cooldown=60,
+        )
+
+        async def ask(i: int) -> str:
+            reply = await pool.respond(f"p{i}", run_config={"configurable": {"thread_id": f"t{i}"}})
+            return reply.endpoint
+
+        # Three requests in a row that home rejects (400: the request's fault) fall back, but home stays in use.
+        home.inject(*[Fault("400")] * 3)
+        assert [await ask(i) for i in range(3)] == ["backup"] * 3
+        assert await ask(3) == "home"
+        # Two server errors in a row (the endpoint's fault) trip it: the next call goes straight to the backup.
+        home.inject(*[Fault("500")] * 2)
+        assert [await ask(i) for i in range(4, 7)] == ["backup"] * 3
+        assert [r.fault for r in home.requests_for("env")] == ["400"] * 3 + [None] + ["500"] * 2
