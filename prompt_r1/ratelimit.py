@@ -47,6 +47,7 @@ class LimiterStats:
     waiting: int = 0
     in_flight: int = 0
     completed: int = 0
+    rate_waited: int = 0  # requests that found the request window full (or others queued for it) and waited
     held_seconds: float = 0.0  # summed over completed requests, from their rate slot to their stamp
 
     @property
@@ -107,12 +108,13 @@ class CompletionStampedThrottler(Throttler):
             except RuntimeError:  # its loop is closed: nothing will ever await it
                 self._waiters.popleft()
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> bool:
+        """Take a slot; True when this request had to wait for it."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if not self._waiters and self._has_room():
                 self.in_flight += 1
-                return
+                return False
             turn = loop.create_future()
             self._waiters.append(turn)
             if self._waiters[0] is turn:
@@ -125,7 +127,7 @@ class CompletionStampedThrottler(Throttler):
                         self._waiters.popleft()  # this waiter, the head
                         self.in_flight += 1
                         self._wake_head()
-                        return
+                        return True
                     wait = self.retry_interval
                     if self._task_logs:
                         wait = self._task_logs[0] + self.period - time.monotonic()
@@ -223,7 +225,8 @@ class EndpointLimiter:
                 if self._tokens is not None:
                     await self._tokens.acquire(tokens)
                     reserved = True
-                await self._throttler.acquire()
+                if await self._throttler.acquire():
+                    self.stats.rate_waited += 1
             except BaseException:  # also when cancelled while waiting
                 if reserved:
                     self._tokens.release(tokens, 0)

@@ -127,7 +127,9 @@ def line_count(path: Path) -> int:
 
 
 def test_faults_leave_every_answer_as_a_fault_free_run_and_the_rate_limit_holds(tmp_path):
-    n, limit, period = 300, 100, 0.5
+    # 80 environment requests/s: below what this process can drive on a loaded 2-core machine (~120/s with the
+    # server in a thread beside it), so the limiter, not the CPU, is what bounds the rate.
+    n, limit, period = 150, 40, 0.5
     inp = write_questions(tmp_path / "q.jsonl", n)
     answers = {}
     for label, faults in (("clean", None), ("faulty", FAULTS)):
@@ -157,17 +159,22 @@ def test_faults_leave_every_answer_as_a_fault_free_run_and_the_rate_limit_holds(
                 )
             )
             env_requests = server.requests_for("env")
+            stats = environment.limiter.stats
         rows = rows_of(out)
         errors = Counter(r["error"] for r in rows if r["status"] != "answered")
         assert summary.complete and summary.written == n, (label, summary.statuses, errors.most_common(3))
         assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(n))  # each id exactly once
         assert {r["status"] for r in rows} == {"answered"}
         answers[label] = {r["id"]: r["answer"] for r in rows}
-        # The server never saw more environment requests in any window than the limit (+5%).
-        assert max_in_window([r.received_at for r in env_requests], period) <= limit * 1.05
+        # The server never saw more environment requests in any window than the limit (+5%) ...
+        busiest = max_in_window([r.received_at for r in env_requests], period)
+        assert busiest <= limit * 1.05
+        # ... and the limit was what bound: requests queued for the window, and the busiest window was near full
+        # (an upper bound alone would also hold for a runner that never came near the limit).
+        assert stats.rate_waited > 0 and busiest >= 0.8 * limit, (busiest, stats)
         if faults:
             kinds = Counter(r.fault for r in env_requests)
-            assert all(kinds[k] > 0 for k in ("429", "500", "timeout", "malformed")), kinds
+            assert all(kinds[k] > 0 for k in FAULTS), kinds  # every injected kind, dropped connections too
             assert summary.retries >= sum(v for k, v in kinds.items() if k)
     assert answers["faulty"] == answers["clean"]
     assert answers["clean"]["q17"] == expected_answer(17)
