@@ -13,12 +13,15 @@ OpenAI-style error body and never disturbs the others. A client that disconnects
 
 Responses are OpenAI `chat.completion` objects with one extension field, `prompt_r1` (status, turns, usage,
 error); streamed responses carry each per-turn event (see events.py) in a chunk's `prompt_r1_event` field, then
-the answer as content. An environment that fails past its retries is a 502 (`environment_error`).
+the answer as content; while an episode waits on a slow call, a `: keep-alive` comment line goes out every
+`keepalive` seconds (15) so that proxies keep the connection open. An environment that fails past its retries is
+a 502 (`environment_error`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -79,21 +82,32 @@ def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(400, "`model` must be a string", param="model")
     if model is not None and model != model_name:
         raise RequestError(404, f"model {model!r} is not served here; use {model_name!r}", param="model",
                            code="model_not_found")  # fmt: skip
-    if body.get("tools") or body.get("tool_choice") not in (None, "none"):
+    if body.get("tools"):
         raise RequestError(
             400, "Prompt-R1 does not make tool calls; send the request without tools", param="tools"
         )
+    # "auto" and "none" with no tools both mean a plain text answer, which is what every reply is.
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise RequestError(400, "Prompt-R1 does not make tool calls; `tool_choice` can only be \"none\" or "
+                           "\"auto\" (with no tools)", param="tool_choice")  # fmt: skip
     n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != 1):
         raise RequestError(400, "only n=1 is supported", param="n")
     # null is what several clients send for a parameter they leave unset: the default, not an error.
     stream = False if body.get("stream") is None else body["stream"]
     if not isinstance(stream, bool):
         raise RequestError(400, "`stream` must be true or false", param="stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is not None and not stream:  # as OpenAI answers it
+        raise RequestError(
+            400, "`stream_options` is only allowed when `stream` is true", param="stream_options"
+        )
+    options = options or {}
     if not isinstance(options, dict):
         raise RequestError(400, "`stream_options` must be an object", param="stream_options")
     max_turns = body.get("max_turns")
@@ -168,14 +182,21 @@ def build_app(
     max_concurrency: int = 32,
     max_queue: int = 256,
     api_key: str | None = None,
+    keepalive: float | None = 15.0,
 ):
-    """The aiohttp application serving the loop for `agent` and `environment` (shared by every request)."""
+    """The aiohttp application serving the loop for `agent` and `environment` (shared by every request).
+
+    `keepalive`: seconds a streamed response may stay silent (waiting for a slow environment call) before the
+    server sends an SSE comment line, `: keep-alive`, which clients skip; proxies and load balancers cut
+    connections idle for longer than their timeout (often 30–60 s). None or 0: never."""
     from aiohttp import web
 
     from prompt_r1.graph import build_graph
 
     if max_concurrency < 1 or max_queue < 0:
         raise ValueError(f"max_concurrency must be ≥ 1 and max_queue ≥ 0, got {max_concurrency}, {max_queue}")
+    if keepalive is not None and keepalive < 0:
+        raise ValueError(f"keepalive must be ≥ 0 seconds, got {keepalive}")
     options = (loop or LoopConfig()).graph_options()
     graphs: dict[int, Any] = {}
 
@@ -259,10 +280,28 @@ def build_app(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await response.prepare(request)
+            clock = asyncio.get_running_loop().time
+            written = clock()  # when the last bytes went out
+            lock = asyncio.Lock()  # a keep-alive line never lands inside a payload
+
+            async def write(data: bytes) -> None:
+                nonlocal written
+                async with lock:
+                    await response.write(data)
+                    written = clock()
 
             async def send(payload: dict[str, Any] | str) -> None:
                 data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-                await response.write(f"data: {data}\n\n".encode())
+                await write(f"data: {data}\n\n".encode())
+
+            async def keep_alive(every: float) -> None:
+                with contextlib.suppress(
+                    ConnectionError
+                ):  # the client went away: the handler is cancelled too
+                    while True:
+                        await asyncio.sleep(max(written + every - clock(), 0.0))
+                        if clock() - written >= every:
+                            await write(b": keep-alive\n\n")
 
             def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict[str, Any]:
                 return {**head, "object": "chat.completion.chunk",
@@ -271,6 +310,7 @@ def build_app(
             await send(chunk({"role": "assistant"}))
             state: dict[str, Any] = {}
             failure: RequestError | None = None
+            pinger = asyncio.create_task(keep_alive(keepalive)) if keepalive else None
             try:
                 async for mode, data in graph.astream(
                     {"question": question}, config, stream_mode=["custom", "values"]
@@ -283,6 +323,11 @@ def build_app(
                 raise
             except Exception as exc:  # the status line is sent: the error can only travel in the stream
                 failure = _episode_failure(exc, completion_id)
+            finally:
+                if pinger is not None:
+                    pinger.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await pinger
             if failure is None and state.get("status") == "environment_error":
                 failure = _environment_error(state)
             if failure is not None:
