@@ -248,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VAR",
         help="require `Authorization: Bearer <key>` with the key held in environment variable VAR",
     )
+    sv.add_argument(
+        "--keepalive",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="in a streamed response, send an SSE comment line after this long without an event, so proxies do "
+        "not cut the idle connection (default: 15; 0: never)",
+    )
     add_run_flags(sv)
 
     sub.add_parser(
@@ -310,10 +318,19 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
 
 async def _run_episode(graph, question: str, live: bool, out) -> dict:
     """Run one episode, printing each event (think, prompt, response, answer, end) as it happens."""
+    import uuid
+
     from prompt_r1.events import format_event
 
+    # Named and tagged as `batch` and `serve` name theirs, so a tracer (LangSmith's environment variables) files
+    # every episode the same way.
+    config = {
+        "run_name": "prompt_r1_episode",
+        "tags": ["prompt-r1", "run"],
+        "metadata": {"episode_id": f"run-{uuid.uuid4().hex}"},
+    }
     state: dict[str, Any] = {}
-    async for mode, data in graph.astream({"question": question}, stream_mode=["custom", "values"]):
+    async for mode, data in graph.astream({"question": question}, config, stream_mode=["custom", "values"]):
         if mode == "values":
             state = data
         elif live:
@@ -391,6 +408,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--max-concurrency must be ≥ 1 and --max-queue ≥ 0")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be 0..65535, got {args.port}")
+    if not args.keepalive >= 0:  # also refuses nan
+        raise ConfigError(f"--keepalive must be ≥ 0 seconds, got {args.keepalive}")
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -408,6 +427,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
         api_key=api_key,
+        keepalive=args.keepalive,
     )
 
     def ready(url: str) -> None:
