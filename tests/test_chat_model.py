@@ -409,3 +409,19 @@ def test_the_graph_is_built_once_when_threads_ask_for_it_at_once(server, monkeyp
     for thread in threads:
         thread.join(30)
     assert len(built) == 1 and len(graphs) == 8 and all(g is built[0] for g in graphs)
+
+
+def test_prompt_r1_run_names_and_tags_its_episode_trace(server, capsys):
+    from langchain_core.tracers.context import collect_runs
+
+    from prompt_r1.cli import main
+
+    argv = ["run", "Capital of France?", "--agent-model", "agent", "--agent-base-url", server.base_url,
+            "--env-model", "env", "--env-base-url", server.base_url]  # fmt: skip
+    with collect_runs() as collector:  # the same hook LangSmith's environment variables use
+        assert main(argv) == 0
+    # (collect_runs' handler is not inherited, so the runs inside the episode show up beside it here)
+    (root,) = [r for r in collector.traced_runs if r.run_type == "chain"]
+    assert root.name == "prompt_r1_episode" and {"prompt-r1", "run"} <= set(root.tags)
+    assert root.extra["metadata"]["episode_id"].startswith("run-")
+    assert "answer: Paris" in capsys.readouterr().out
