@@ -35,7 +35,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -47,7 +47,7 @@ from prompt_r1.data import Sample, count_rows, iter_samples, resolve_source, tru
 from prompt_r1.environment import EnvironmentClient, EnvironmentReply
 from prompt_r1.errors import AgentError, ConfigError, DataError
 
-__all__ = ["FAILED_STATUSES", "BatchSummary", "compact_output", "read_output_state", "run_batch"]
+__all__ = ["FAILED_STATUSES", "BatchSummary", "Redactor", "compact_output", "read_output_state", "run_batch"]
 
 # Rows with these statuses are failures of the infrastructure or of this code, not the episode's outcome: a
 # rerun retries them. internal_error: the episode raised something unexpected (its row holds the error).
@@ -220,13 +220,18 @@ class BatchSummary:
 
 
 class _MeteredEnvironment:
-    """The environment, with every successful call added to the meter as it returns (for --budget)."""
+    """The environment, with every successful call added to the meter as it returns (for --budget), and the API
+    keys cut out of its errors before the graph keeps them (in the episode's state, and so in checkpoints)."""
 
-    def __init__(self, inner: Any, meter: UsageMeter) -> None:
-        self.inner, self.meter = inner, meter
+    def __init__(self, inner: Any, meter: UsageMeter, redact: Redactor) -> None:
+        self.inner, self.meter, self.redact = inner, meter, redact
 
     async def respond(self, prompt: str, history=(), *, run_config=None) -> EnvironmentReply:
-        reply = await self.inner.respond(prompt, history, run_config=run_config)
+        try:
+            reply = await self.inner.respond(prompt, history, run_config=run_config)
+        except Exception as exc:
+            self.redact.exception(exc)
+            raise
         self.meter.add("environment", reply.model or "environment", reply.input_tokens, reply.output_tokens)
         return reply
 
@@ -235,11 +240,18 @@ class _MeteredEnvironment:
 
 
 class _MeteredAgent:
-    def __init__(self, inner: AgentBackend, meter: UsageMeter, model: str) -> None:
-        self.inner, self.meter, self.model = inner, meter, model
+    """The agent, metered, with the API keys cut out of its errors (LangGraph writes a failed node's error to
+    the checkpoint)."""
+
+    def __init__(self, inner: AgentBackend, meter: UsageMeter, model: str, redact: Redactor) -> None:
+        self.inner, self.meter, self.model, self.redact = inner, meter, model, redact
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
-        output = await self.inner.generate(request)
+        try:
+            output = await self.inner.generate(request)
+        except Exception as exc:
+            self.redact.exception(exc)
+            raise
         self.meter.add("agent", self.model, output.prompt_tokens, output.completion_tokens)
         return output
 
@@ -282,6 +294,61 @@ def priced_models(environment: Any, agent: AgentBackend) -> dict[str, str]:
     return models
 
 
+def api_keys(environment: Any, agent: AgentBackend) -> list[str]:
+    """The API keys the run sends: the values of the variables the environment (each pool member) and the agent
+    name as theirs (`api_key_env`)."""
+    configs = [getattr(m, "config", None) for m in getattr(environment, "members", None) or [environment]]
+    configs.append(getattr(agent, "config", None))
+    names = {getattr(c, "api_key_env", None) for c in configs}
+    return [os.environ[name] for name in names if name and os.environ.get(name)]
+
+
+class Redactor:
+    """Cuts secrets out of text before it is written anywhere. A server or proxy may repeat the request's
+    Authorization header in an error body, and error text goes into result rows, the summary and stderr."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        from prompt_r1.config import NO_KEY
+
+        # Longest first, so a key that contains another is cut whole; the no-key placeholder is no secret.
+        kept = {s for s in secrets if s and len(s) >= 4 and s != NO_KEY}
+        self.secrets = sorted(kept, key=len, reverse=True)
+        # In a JSON line a secret appears JSON-escaped (quotes, backslashes, control characters).
+        self._escaped = [json.dumps(s, ensure_ascii=False)[1:-1] for s in self.secrets]
+
+    def __call__(self, text: str | None) -> str | None:
+        if text is None:
+            return None
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def exception(self, exc: BaseException) -> BaseException:
+        """`exc` with the secrets cut out of its message (in place: its type and attributes stay)."""
+        if self.secrets and any(s in str(exc) for s in self.secrets):
+            exc.args = tuple(self(a) if isinstance(a, str) else a for a in exc.args)
+        return exc
+
+    def json_line(self, row: dict[str, Any]) -> str:
+        line = json.dumps(row, ensure_ascii=False)
+        for escaped in self._escaped:
+            line = line.replace(escaped, "***")
+        return line + "\n"
+
+
+class _RedactedStream:
+    """A text stream (stderr, the progress bar's) that passes everything through a `Redactor`."""
+
+    def __init__(self, inner: TextIO, redact: Redactor) -> None:
+        self.inner, self.redact = inner, redact
+
+    def write(self, text: str) -> int:
+        return self.inner.write(self.redact(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def _failed(status: str, error: str) -> dict[str, Any]:
     return {"answer": None, "status": status, "error": error, "turns": [], "usage": {}}
 
@@ -315,12 +382,13 @@ class _Runner:
         agent_model: str,
         bar: Any,
         log: TextIO,
+        redact: Redactor,
     ) -> None:
         self.graph, self.checkpointer, self.samples = graph, checkpointer, samples
         self.out, self.existing, self.summary, self.meter = out, existing, summary, meter
         self.environment = environment
         self.concurrency, self.max_failures, self.budget = concurrency, max_failures, budget
-        self.agent_model, self.bar, self.log = agent_model, bar, log
+        self.agent_model, self.bar, self.log, self.redact = agent_model, bar, log, redact
         self.seen: set[str] = set()
         self.stopping = False
         self.workers: list[asyncio.Task] = []
@@ -452,7 +520,7 @@ class _Runner:
         return row
 
     def _write(self, row: dict[str, Any]) -> None:
-        self.handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.handle.write(self.redact.json_line(row))
         self.handle.flush()
         self.summary.written += 1
         self.summary.statuses[row["status"]] += 1
@@ -564,12 +632,17 @@ async def run_batch(
     limit: int | None = None,
     progress: bool = True,
     log: TextIO | None = None,
+    secrets: Sequence[str] = (),
 ) -> BatchSummary:
     """Run the loop on every question of `source` (a bundled set's name or a parquet/JSONL/JSON file) not yet
-    finished in `out`, appending one JSON row per episode. Returns the summary (also when stopped early)."""
+    finished in `out`, appending one JSON row per episode. Returns the summary (also when stopped early).
+
+    The API keys named by the environment's and the agent's `api_key_env`, and any `secrets` given, are cut out
+    of everything written: rows, the summary, `log`."""
     from prompt_r1.graph import build_graph
 
-    log = log if log is not None else sys.stderr
+    redact = Redactor([*api_keys(environment, agent), *secrets])
+    log = _RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
     if concurrency < 1:
         raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -604,8 +677,8 @@ async def run_batch(
     out.parent.mkdir(parents=True, exist_ok=True)
     existing = read_output_state(out)
     meter = UsageMeter(prices)
-    metered_env = _MeteredEnvironment(environment, meter)
-    metered_agent = _MeteredAgent(agent, meter, agent_model)
+    metered_env = _MeteredEnvironment(environment, meter, redact)
+    metered_agent = _MeteredAgent(agent, meter, agent_model, redact)
 
     summary = BatchSummary(out=str(out), input_rows=input_rows)
     bar = None
@@ -637,6 +710,7 @@ async def run_batch(
             agent_model=agent_model,
             bar=bar,
             log=log,
+            redact=redact,
         )
         try:
             with _stop_on_signals(runner, log):
@@ -648,6 +722,7 @@ async def run_batch(
             summary.retries = getattr(environment, "retries", 0)
             summary.fallbacks = getattr(environment, "fallbacks", 0)
             summary.usage = meter.to_dict()
+            summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
             if existing.superseded:
                 compact_output(out)
     return summary

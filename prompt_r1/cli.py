@@ -445,7 +445,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     import os
 
-    from prompt_r1.batch import run_batch
+    from prompt_r1.batch import Redactor, run_batch
     from prompt_r1.costs import PriceTable
     from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentPool
 
@@ -469,24 +469,31 @@ def cmd_batch(args: argparse.Namespace) -> int:
     else:
         agent, environment = _prepare(agent_cfg, env_cfg)
         key_vars = [env_cfg.api_key_env]
+    secrets = [os.environ.get(v, "") for v in [*key_vars, agent_cfg.api_key_env] if v]
     if args.log_file:
-        _log_to_file(args.log_file, [os.environ.get(v, "") for v in [*key_vars, agent_cfg.api_key_env]])
-    summary = asyncio.run(
-        run_batch(
-            args.input,
-            out,
-            agent=agent,
-            environment=environment,
-            loop=loop_cfg,
-            concurrency=args.concurrency,
-            checkpoint=args.checkpoint,
-            max_failures=args.max_failures,
-            budget=args.budget,
-            prices=prices,
-            limit=args.limit,
-            progress=not args.no_progress,
+        _log_to_file(args.log_file, secrets)
+    try:
+        summary = asyncio.run(
+            run_batch(
+                args.input,
+                out,
+                agent=agent,
+                environment=environment,
+                loop=loop_cfg,
+                concurrency=args.concurrency,
+                checkpoint=args.checkpoint,
+                max_failures=args.max_failures,
+                budget=args.budget,
+                prices=prices,
+                limit=args.limit,
+                progress=not args.no_progress,
+                secrets=secrets,
+            )
         )
-    )
+    except PromptR1Error as exc:  # printed by main(): without the keys a server may have echoed into it
+        redact = Redactor(secrets)
+        exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
+        raise
     summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
     summary_path.write_text(
         json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

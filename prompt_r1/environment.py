@@ -40,7 +40,7 @@ from pydantic import SecretStr
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from prompt_r1.aio import PerLoop
-from prompt_r1.config import EnvironmentConfig, resolve_api_key
+from prompt_r1.config import NO_KEY, EnvironmentConfig, resolve_api_key
 from prompt_r1.errors import (
     ConfigError,
     ContextOverflow,
@@ -261,10 +261,19 @@ class EnvironmentClient:
                     slot.actual = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
                 return message
             except Exception as exc:
-                mapped = classify_error(exc)
+                mapped = self._redacted(classify_error(exc))
                 if mapped is exc:
                     raise
                 raise mapped from exc
+
+    def _redacted(self, exc: BaseException) -> BaseException:
+        """`exc` with this client's API key cut out of its message. A server (or a proxy before it) may repeat
+        the request's Authorization header in an error body, and the message is written to results, checkpoints
+        and logs."""
+        key = self._openai_kwargs["api_key"].get_secret_value() if self.chat_model is None else ""
+        if len(key) >= 4 and key != NO_KEY and key in str(exc):
+            exc.args = tuple(a.replace(key, "***") if isinstance(a, str) else a for a in exc.args)
+        return exc
 
     async def respond(
         self,

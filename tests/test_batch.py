@@ -467,6 +467,62 @@ def test_api_key_is_in_no_output_log_or_checkpoint_even_with_faults(tmp_path, ca
         assert SECRET.encode() not in path.read_bytes(), path
 
 
+class EchoingServer(ScriptedServer):
+    """A server (or a careless proxy before it) whose error bodies repeat the request's Authorization header:
+    fault kinds "echo-401" and "echo-400"."""
+
+    async def _reply(self, request, body, model, route, fault):
+        if fault is not None and fault.kind.startswith("echo-"):
+            from aiohttp import web
+
+            message = f"invalid request with Authorization: {request.headers.get('Authorization')}"
+            error = {"message": message, "type": "invalid_request_error"}
+            return web.json_response({"error": error}, status=int(fault.kind.removeprefix("echo-")))
+        return await super()._reply(request, body, model, route, fault)
+
+
+def test_a_key_echoed_in_error_bodies_is_redacted_everywhere(tmp_path, capsys):
+    inp = write_questions(tmp_path / "q.jsonl", 12)
+    out, checkpoint = tmp_path / "r.jsonl", tmp_path / "c.sqlite"
+
+    def echo_for_some(model: str, body: dict) -> Fault | None:
+        question = body["messages"][-1]["content"] if model == "env" else body["messages"][0]["content"]
+        if model == "env" and ("item 1?" in question or "item 2?" in question):
+            return Fault("echo-401")
+        if model == "agent" and "item 3?" in question:  # a served agent's 400 (AgentError)
+            return Fault("echo-400")
+        return None
+
+    with EchoingServer(
+        {"env": echo_environment(), "agent": relay_agent()}, fault_rule=echo_for_some
+    ) as server:
+        code = main(
+            cli_args(server.base_url, inp, out, "--checkpoint", str(checkpoint), "--max-failures", "3")
+        )
+        assert server.requests[0].headers["Authorization"] == f"Bearer {SECRET}"
+    assert code == 1
+    captured = capsys.readouterr()
+    rows = {r["id"]: r for r in rows_of(out)}
+    # The servers did echo the key, and what they said is kept, with the key cut out.
+    assert {rows[i]["status"] for i in ("q1", "q2")} == {"environment_error"}
+    assert "(401)" in rows["q1"]["error"] and "Authorization: Bearer ***" in rows["q1"]["error"]
+    assert rows["q3"]["status"] == "agent_error" and "Authorization: Bearer ***" in rows["q3"]["error"]
+    summary = (tmp_path / "r.summary.json").read_text()
+    assert "3 failed episodes reached --max-failures 3" in summary
+    assert SECRET not in captured.out + captured.err
+    for path in (out, tmp_path / "r.summary.json", checkpoint):
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_the_redactor_cuts_every_key_also_json_escaped():
+    from prompt_r1.batch import Redactor
+
+    redact = Redactor(["sk-short", "sk-short-and-longer", 'odd"key\\1', "EMPTY", ""])
+    assert redact("a sk-short-and-longer b sk-short c EMPTY") == "a *** b *** c EMPTY"
+    line = redact.json_line({"error": 'echo: odd"key\\1 and sk-short'})
+    assert json.loads(line) == {"error": "echo: *** and ***"}
+
+
 def test_duplicate_ids_are_reported_not_merged(tmp_path, capsys):
     inp = tmp_path / "q.jsonl"
     rows = [

@@ -254,3 +254,18 @@ async def test_pool_trips_a_member_on_its_own_failures_not_on_rejected_requests(
         home.inject(*[Fault("500")] * 2)
         assert [await ask(i) for i in range(4, 7)] == ["backup"] * 3
         assert [r.fault for r in home.requests_for("env")] == ["400"] * 3 + [None] + ["500"] * 2
+
+
+async def test_a_key_echoed_in_an_error_body_is_cut_from_the_error():
+    class Echoing(
+        ScriptedServer
+    ):  # a server (or proxy) that repeats the Authorization header when it refuses
+        async def _reply(self, request, body, model, route, fault):
+            from aiohttp import web
+
+            message = f"bad key {request.headers.get('Authorization')}"
+            return web.json_response({"error": {"message": message}}, status=401)
+
+    with Echoing({"env": echo_environment()}) as echoing, pytest.raises(EnvironmentRejected) as info:
+        await client_for(echoing).respond("p")
+    assert "bad key Bearer ***" in str(info.value) and "sk-test-secret-123" not in str(info.value)
