@@ -759,3 +759,25 @@ def test_usage_meter_and_output_state(tmp_path):
     assert set(state.finished) == {"a", "b"} and state.failed == {"c"} and state.superseded == 1
     assert compact_output(out) == 1
     assert [r["id"] for r in rows_of(out)] == ["b", "a", "c"]
+
+
+def test_the_readme_names_every_batch_flag():
+    """Every flag `prompt-r1 batch` takes is in the README's batch section (its own) or the `run` flag table."""
+    import argparse
+
+    from prompt_r1.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Batch inference") : readme.index("## OpenAI-compatible server")]
+    run_table = readme[
+        readme.index("| flag | meaning (default) |") : readme.index("Exit codes: 0 the episode ran")
+    ]
+    missing = []
+    for action in commands.choices["batch"]._actions:
+        for flag in action.option_strings:
+            positive = flag.replace("--no-", "--")
+            named = f"`{flag}" in section or f"`{flag}`" in run_table or f"`{flag} " in run_table
+            if flag != "-h" and flag != "--help" and not named and f"--[no-]{positive[2:]}" not in run_table:
+                missing.append(flag)
+    assert not missing, missing
