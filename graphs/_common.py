@@ -33,8 +33,8 @@ def parser(description: str, *, question: bool = False) -> argparse.ArgumentPars
 
 
 @contextlib.contextmanager
-def loop_from_args(args: argparse.Namespace):
-    """Yield a compiled Prompt-R1 graph for the flags (or for a scripted demo server)."""
+def parts_from_args(args: argparse.Namespace):
+    """Yield the (agent, environment) pair for the flags (or for a scripted demo server)."""
     with contextlib.ExitStack() as stack:
         if args.demo:
             server = stack.enter_context(
@@ -44,4 +44,11 @@ def loop_from_args(args: argparse.Namespace):
             args.env_model, args.env_base_url = "env", server.base_url
         agent = load_agent(AgentConfig(model=args.agent_model, base_url=args.agent_base_url))
         environment = EnvironmentClient(EnvironmentConfig(model=args.env_model, base_url=args.env_base_url))
+        yield agent, environment
+
+
+@contextlib.contextmanager
+def loop_from_args(args: argparse.Namespace):
+    """Yield a compiled Prompt-R1 graph for the flags (or for a scripted demo server)."""
+    with parts_from_args(args) as (agent, environment):
         yield build_graph(agent, environment, max_turns=args.max_turns)

@@ -1,0 +1,55 @@
+"""`PromptR1Chat`, the loop as a LangChain chat model: in an LCEL chain, as the model of a prebuilt agent, and
+streamed turn by turn with `astream`.
+
+python graphs/chat_model_demo.py --demo
+python graphs/chat_model_demo.py --agent-model ./my-agent --env-model gpt-4o-mini "Your question"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+
+from _common import parser, parts_from_args
+from langchain_core.messages import HumanMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+
+from prompt_r1 import PromptR1Chat
+from prompt_r1.events import format_event
+
+
+def in_a_chain(chat: PromptR1Chat, question: str) -> str:
+    # Only the last user message is answered: the agent writes the environment's prompts itself.
+    chain = ChatPromptTemplate.from_messages([("human", "{question}")]) | chat | StrOutputParser()
+    return chain.invoke({"question": question})
+
+
+def as_an_agents_model(chat: PromptR1Chat, question: str) -> str:
+    """The model of a prebuilt agent without tools (PromptR1Chat makes no tool calls)."""
+    try:
+        from langchain.agents import create_agent  # langchain 1.x, where the prebuilt agent now lives
+    except ImportError:
+        from langgraph.prebuilt import create_react_agent as create_agent
+
+        warnings.filterwarnings("ignore", message="create_react_agent has been moved")
+    agent = create_agent(chat, tools=[])
+    return agent.invoke({"messages": [HumanMessage(question)]})["messages"][-1].content
+
+
+async def turn_by_turn(chat: PromptR1Chat, question: str) -> None:
+    """One chunk per per-turn event (in additional_kwargs["prompt_r1_events"]), then one with the answer."""
+    async for chunk in chat.astream(question):
+        for event in chunk.additional_kwargs.get("prompt_r1_events", []):
+            print(format_event(event), flush=True)
+        if chunk.content:
+            print(f"streamed answer: {chunk.content}")
+
+
+if __name__ == "__main__":
+    args = parser(__doc__, question=True).parse_args()
+    with parts_from_args(args) as (agent, environment):
+        chat = PromptR1Chat(agent=agent, environment=environment, max_turns=args.max_turns)
+        print(f"chain: {in_a_chain(chat, args.question)}")
+        print(f"agent: {as_an_agents_model(chat, args.question)}")
+        asyncio.run(turn_by_turn(chat, args.question))
