@@ -399,11 +399,20 @@ _TINY_CORPUS = [
 
 
 def build_tiny_model(
-    path: str | Path, *, hidden_size: int = 32, layers: int = 2, vocab_size: int = 512, seed: int = 0
+    path: str | Path,
+    *,
+    hidden_size: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int = 512,
+    seed: int = 0,
 ) -> Path:
-    """Save a tiny random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
+    """Save a random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
 
-    Everything is built in-process; loading it back uses the ordinary `from_pretrained` path.
+    Everything is built in-process; loading it back uses the ordinary `from_pretrained` path. The defaults make a
+    model of a few thousand parameters for tests; the GPU benchmark asks for one of a few hundred million.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -429,10 +438,10 @@ def build_tiny_model(
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
+        intermediate_size=intermediate_size or hidden_size * 2,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,
@@ -454,13 +463,17 @@ def build_protocol_model(
     steps: int = 400,
     lr: float = 3e-3,
     seed: int = 0,
+    device: str = "cpu",
+    **model_shape: int,
 ) -> Path:
     """A tiny model fine-tuned (seconds, on CPU) to play two-turn episodes, saved to `path`.
 
     Each episode is (question, first turn, environment response, second turn). The model is trained on the
     token-exact trajectory the graph builds (agent turns as targets, the rendered environment message masked), so
     sampling through the graph reproduces the script; where several episodes share a question and first turn but
-    end differently, the model learns to choose among their endings.
+    end differently, the model learns to choose among their endings. `model_shape` (layers, heads, kv_heads,
+    intermediate_size) goes to `build_tiny_model`; `device` is where the fine-tuning runs (the model is saved in
+    float32 either way).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -468,9 +481,9 @@ def build_protocol_model(
     from prompt_r1.prompts import interaction_response, question_message
     from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
 
-    path = build_tiny_model(path, hidden_size=hidden_size, seed=seed)
+    path = build_tiny_model(path, hidden_size=hidden_size, seed=seed, **model_shape)
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).to(device)
     rows, labels = [], []
     for question, turn1, response, turn2 in episodes:
         prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
@@ -487,6 +500,7 @@ def build_protocol_model(
         ids[i, : len(row)] = torch.tensor(row)
         target[i, : len(label)] = torch.tensor(label)
         attention[i, : len(row)] = 1
+    ids, target, attention = ids.to(device), target.to(device), attention.to(device)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
@@ -495,5 +509,5 @@ def build_protocol_model(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    model.save_pretrained(path)
+    model.to("cpu").save_pretrained(path)
     return path

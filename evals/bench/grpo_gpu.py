@@ -1,0 +1,282 @@
+"""A short real GRPO training on a GPU under DeepSpeed: step time, tokens per second and peak memory, with TRL's own
+single-turn GRPO on the same model and launch as the baseline, side by side in one run.
+
+    python evals/bench/grpo_gpu.py [--steps 8] [--batch 16] [--latency 0.2] [--zero 2] [--processes 1]
+                                   [--hidden 1024] [--layers 28] [--heads 16] [--kv-heads 8] [--intermediate 3072]
+
+It builds a Qwen2-shaped model of the given size (default about 0.35 B parameters, Qwen3-0.6B's shape without its
+large vocabulary: nothing can come from a hub here) with an in-process tokenizer, fine-tunes it on the GPU for a
+few seconds to play the two-turn protocol, starts a scripted environment on 127.0.0.1 whose every reply takes
+`--latency` seconds, and then runs each trainer under `accelerate launch` with the project's DeepSpeed config
+(`training/accelerate/deepspeed_zero{2,3}.yaml`) in bf16:
+
+- Prompt-R1: `build_trainer` (GraphRollout over the LangGraph loop, policy `generate` on the trainer's model);
+- TRL single-turn GRPO: as many tokens per completion as the Prompt-R1 agent generated per episode, forced with
+  min_new_tokens, and the same batch, group and optimizer.
+
+Printed per run: median seconds per step over steps 2..N, agent tokens generated per second, trajectory tokens
+(agent + environment) trained per second, peak GPU memory allocated and reserved, and the step-time ratio.
+Runs on CPU too (gloo, fp32), which is how it is checked where no GPU is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+ROOT = Path(__file__).resolve().parents[2]
+
+NAME_QUESTION = "Which name does the item have?"
+TURN_1 = "<think>ask</think><interaction_prompt>Which name?</interaction_prompt>"
+RESPONSE = "The name is Ada."
+NAMES = ("Ada", "Bob", "Cy", "Dee")
+
+
+def _rows(n: int, *, golden: bool) -> list[dict]:
+    from prompt_r1.prompts import question_message
+
+    row = {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}]}
+    if golden:
+        row["golden_answers"] = ["Ada"]
+    return [dict(row) for _ in range(n)]
+
+
+def _common(args, out: Path, cuda: bool) -> dict:
+    return dict(
+        output_dir=str(out),
+        per_device_train_batch_size=args.batch,
+        num_generations=args.batch,
+        max_steps=args.steps,
+        learning_rate=1e-5,
+        temperature=1.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        bf16=cuda,
+        use_cpu=not cuda,
+    )
+
+
+class _PeakMemory:
+    """Trainer callback: peak GPU memory over the run, read at the end (0 on CPU)."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        class _Callback(TrainerCallback):
+            peak_allocated = peak_reserved = 0
+
+            def on_step_end(self, args, state, control, **kwargs):
+                import torch
+
+                if torch.cuda.is_available():
+                    self.peak_allocated = max(self.peak_allocated, torch.cuda.max_memory_allocated())
+                    self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
+
+        self.callback = _Callback()
+
+
+def worker(args) -> None:
+    """One trainer under `accelerate launch`; the main process writes its figures to args.result."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    out = Path(args.result).parent / f"run-{args.worker}"
+    memory = _PeakMemory()
+    if args.worker == "multi":
+        from prompt_r1.agents.batching import BatchingBackend
+        from prompt_r1.training.config import PromptR1GRPOConfig
+
+        BatchingBackend.batch_wait = args.batch_wait
+        from prompt_r1.training.trainer import build_trainer
+
+        config = PromptR1GRPOConfig(
+            **_common(args, out, cuda),
+            model_name_or_path=args.model,
+            agent_dtype="bfloat16" if cuda else "float32",
+            env_model="env",
+            env_base_url=args.base_url,
+            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
+            env_max_in_flight=256,
+            env_rate_limit=100_000,
+            max_turns=2,
+            max_turn_tokens=args.turn_tokens,
+            max_total_tokens=4 * args.turn_tokens + 64,
+            reward_preset="reference",
+        )
+        trainer = build_trainer(
+            config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory.callback]
+        )
+    else:
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        config = GRPOConfig(
+            **_common(args, out, cuda),
+            max_completion_length=args.tokens,
+            generation_kwargs={"min_new_tokens": args.tokens},
+            model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
+        )
+        trainer = GRPOTrainer(
+            model=args.model,
+            reward_funcs=[lambda completions, **_: [float(len(c[0]["content"]) % 3) for c in completions]],
+            args=config,
+            train_dataset=Dataset.from_list(_rows(args.batch * args.steps, golden=False)),
+            callbacks=[memory.callback],
+        )
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    if not trainer.accelerator.is_main_process:
+        return
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    steps = [h["step_time"] for h in logs]
+
+    def mean(key: str) -> float:
+        values = [h[key] for h in logs if key in h]
+        return statistics.mean(values) if values else float("nan")
+
+    result = {
+        "step_times": steps,
+        "median_step": statistics.median(steps[1:] if len(steps) > 1 else steps),
+        "wall": wall,
+        "completion_tokens": mean("completions/mean_length"),  # agent + environment tokens of a trajectory
+        "agent_tokens": mean("episode/agent_completion_tokens") if args.worker == "multi" else args.tokens,
+        "reward": mean("reward"),
+        "turns": mean("episode/turns"),
+        "answered": mean("episode/status_answered"),
+        "generate_calls": mean("rollout/generate_calls") if args.worker == "multi" else 1.0,
+        "peak_allocated": memory.callback.peak_allocated,
+        "peak_reserved": memory.callback.peak_reserved,
+        "params": sum(p.numel() for p in trainer.model.parameters()),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "processes": trainer.accelerator.num_processes,
+    }
+    Path(args.result).write_text(json.dumps(result))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(
+    args, mode: str, model: Path, base_url: str, tmp: Path, tokens: int = 0, batch_wait: float = 0.5
+) -> dict:
+    result = tmp / f"{mode}-{batch_wait}.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    import torch
+
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ROOT / f"training/accelerate/deepspeed_zero{args.zero}.yaml"),
+        "--num_processes", str(args.processes),
+        "--main_process_port", str(_free_port()),
+        *([] if torch.cuda.is_available() else ["--cpu"]),
+        __file__, "--worker", mode, "--model", str(model), "--base-url", base_url,
+        "--result", str(result), "--steps", str(args.steps), "--batch", str(args.batch),
+        "--turn-tokens", str(args.turn_tokens), "--tokens", str(tokens), "--batch-wait", str(batch_wait),
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    subprocess.run(command, env=env, check=True)
+    print(f"{mode}: launched and trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return json.loads(result.read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=16, help="episodes per step and process (one group)")
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds per environment reply")
+    parser.add_argument("--turn-tokens", type=int, default=64, help="most agent tokens per turn")
+    parser.add_argument("--zero", type=int, choices=(2, 3), default=2, help="DeepSpeed ZeRO stage")
+    parser.add_argument("--processes", type=int, default=1, help="processes (GPUs) under accelerate launch")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--sft-steps", type=int, default=120, help="protocol fine-tuning steps before GRPO")
+    parser.add_argument("--sft-lr", type=float, default=2e-4, help="protocol fine-tuning learning rate")
+    parser.add_argument("--worker", choices=("multi", "single"), help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--tokens", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-wait", type=float, default=0.5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+
+    import torch
+
+    from prompt_r1.testing import ScriptedServer, build_protocol_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        episodes = [
+            (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+        ]
+        model = build_protocol_model(
+            tmp / "model", episodes, hidden_size=args.hidden, layers=args.layers, heads=args.heads,
+            kv_heads=args.kv_heads, intermediate_size=args.intermediate, steps=args.sft_steps, lr=args.sft_lr,
+            device=device,
+        )  # fmt: skip
+        print(f"built and fine-tuned the protocol model in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        with ScriptedServer({"env": lambda body: RESPONSE}, latency=args.latency) as server:
+            multi = _launch(args, "multi", model, server.base_url, tmp)
+            # The same run with the batcher's wait for live episodes off: each turn's requests go out as they come.
+            eager = _launch(args, "multi", model, server.base_url, tmp, batch_wait=0.0)
+        tokens = max(1, round(multi["agent_tokens"]))
+        single = _launch(args, "single", model, "", tmp, tokens=tokens)
+
+    episodes = args.batch * args.processes
+    gib = 1024**3
+    print(
+        f"\nGRPO on {multi['device']} x{multi['processes']}, DeepSpeed ZeRO-{args.zero}, "
+        f"{'bf16' if device == 'cuda' else 'fp32'}, model {multi['params'] / 1e6:.0f} M parameters, "
+        f"{episodes} episodes per step, median of steps 2..{args.steps}, env latency {args.latency:.2f} s"
+    )
+    header = f"{'run':46} {'s/step':>7} {'agent tok/s':>11} {'trained tok/s':>13} {'peak alloc GiB':>14} {'peak resv GiB':>13} {'ratio':>6}"
+    print(header)
+    for label, r in (
+        (f"TRL single-turn GRPO, {tokens} tokens per completion", single),
+        ("Prompt-R1 two-turn rollout (LangGraph loop)", multi),
+        ("  the same, batcher not waiting (batch_wait 0)", eager),
+    ):
+        step = r["median_step"]
+        print(
+            f"{label:46} {step:7.3f} {episodes * r['agent_tokens'] / step:11.1f} "
+            f"{episodes * r['completion_tokens'] / step:13.1f} {r['peak_allocated'] / gib:14.2f} "
+            f"{r['peak_reserved'] / gib:13.2f} {step / single['median_step']:6.2f}"
+        )
+    print(
+        f"Prompt-R1 episodes: {multi['turns']:.2f} turns, {multi['generate_calls']:.2f} policy generate calls per "
+        f"step, {multi['answered']:.0%} answered, mean reward "
+        f"{multi['reward']:.3f}; agent tokens per episode {multi['agent_tokens']:.1f}, trajectory tokens "
+        f"{multi['completion_tokens']:.1f}"
+    )
+    print(f"policy generate calls per step without the wait: {eager['generate_calls']:.2f}")
+    print(f"step times (s): multi {[round(t, 3) for t in multi['step_times']]}")
+    print(f"                eager {[round(t, 3) for t in eager['step_times']]}")
+    print(f"               single {[round(t, 3) for t in single['step_times']]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
