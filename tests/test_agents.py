@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 
 import pytest
 from conftest import TINY_QUESTION, TINY_RESPONSE_1, TINY_TURN_1, TINY_TURN_2
 
 from prompt_r1.agents import AgentRequest, load_agent
+from prompt_r1.agents.base import AgentOutput
+from prompt_r1.agents.batching import BatchingBackend
 from prompt_r1.agents.local import TransformersAgent
 from prompt_r1.agents.served import ServedAgent
 from prompt_r1.config import AgentConfig, EnvironmentConfig
@@ -242,3 +245,55 @@ def test_one_agent_serves_two_event_loops_at_once(trained_tiny_model_path):
         results["async"] = asyncio.run(asyncio.wait_for(graph.ainvoke({"question": TINY_QUESTION}), 60))
         sync.join(60)
     assert results["sync"]["answer"] == results["async"]["answer"] == "Ada Lovelace"
+
+
+class _TimedBackend(BatchingBackend):
+    """A batching backend whose every generate call costs a fixed time, whatever its size: what a decoding pass
+    on an accelerator costs. It answers each row with its own prompt, so callers can check what they got."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def _generate_locked(self, batch):
+        import time
+
+        time.sleep(self.seconds)
+        return [
+            AgentOutput(text=str(item.prompt_ids[0]), token_ids=[], logprobs=[], finish_reason="stop")
+            for item in batch
+        ]
+
+
+async def _staggered_turns(backend, delays, *, register: bool) -> list[str]:
+    """Each episode asks once together (turn 1), then again after its own 'environment' delay (turn 2)."""
+
+    async def episode(i: int, delay: float) -> str:
+        with backend.episode() if register else contextlib.nullcontext():
+            await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+            await asyncio.sleep(delay)
+            out = await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+            return out.text
+
+    return await asyncio.gather(*(episode(i, d) for i, d in enumerate(delays)))
+
+
+async def test_registered_episodes_join_one_batch_when_their_turns_arrive_apart():
+    delays = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05]  # environment replies landing tens of ms apart
+    registered = _TimedBackend(0.2)
+    assert await _staggered_turns(registered, delays, register=True) == [str(i) for i in range(6)]
+    assert registered.batches == [6, 6]  # the second turn waited for every live episode: one call, not six
+    unregistered = _TimedBackend(0.2)  # the control: without registration each arrival makes its own call
+    await _staggered_turns(unregistered, delays, register=False)
+    assert len(unregistered.batches) > 2
+
+
+async def test_a_straggling_episode_does_not_hold_the_batch_past_the_wait():
+    import time
+
+    backend = _TimedBackend(0.1)
+    start = time.monotonic()
+    await _staggered_turns(backend, [0.0, 0.0, 0.0, 3.0], register=True)
+    # Turn 2 of the three quick episodes waited at most batch_wait x 0.1 s for the fourth, then went without it.
+    assert backend.batches == [4, 3, 1]
+    assert time.monotonic() - start < 3.0 + 4 * 0.1 + 0.5

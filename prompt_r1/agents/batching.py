@@ -4,12 +4,21 @@ Episodes run as independent coroutines; each awaits `generate` for its own turn.
 itself (a `transformers` model, the trainer's policy, TRL's vLLM in colocate or server mode) collects the requests
 made while the event loop runs the other episodes' environment calls and answers them with one blocking call in a
 worker thread, so the loop never blocks on the accelerator and the model sees full batches.
+
+On an accelerator a decoding pass costs about the same for 1 row as for 64, so a turn whose requests arrive a few
+milliseconds apart (environment replies land on different passes of the event loop) must not become several
+generate calls. Callers that know how many episodes are running register them (`with backend.episode(): ...`);
+the drainer then waits for the live episodes that have not asked yet, at most `batch_wait` times the duration of
+a recent generate call (what one more call would cost), and dispatches at once when every live episode is waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +44,8 @@ class PendingRequest:
 class _Queue:
     pending: list[PendingRequest] = field(default_factory=list)
     drainer: asyncio.Task | None = None
+    live: int = 0  # registered episodes still running (see BatchingBackend.episode)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # a request arrived or an episode ended
 
 
 class BatchingBackend:
@@ -47,6 +58,8 @@ class BatchingBackend:
     max_context: int | None = None
     default_max_new_tokens: int = 1024
     max_batch_size: int = 64
+    # Longest wait for registered episodes to join a batch, as a fraction of a recent generate call's duration.
+    batch_wait: float = 0.5
 
     def __init__(self) -> None:
         # Requests and their drainer belong to the event loop they came from: futures must be resolved on it.
@@ -54,6 +67,18 @@ class BatchingBackend:
         # One generate at a time, whichever loop's worker thread calls it.
         self._generate_lock = threading.Lock()
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
+        self.generate_seconds = 0.0  # moving average of one generate call's duration
+
+    @contextlib.contextmanager
+    def episode(self) -> Iterator[None]:
+        """Register one running episode on this event loop, so that batches wait for it (see the module doc)."""
+        queue = self._queues.get()
+        queue.live += 1
+        try:
+            yield
+        finally:
+            queue.live -= 1
+            queue.changed.set()
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
         prompt_ids = (
@@ -71,6 +96,7 @@ class BatchingBackend:
         queue = self._queues.get()
         future = asyncio.get_running_loop().create_future()
         queue.pending.append(PendingRequest(list(prompt_ids), max_new, tuple(request.stop), future))
+        queue.changed.set()
         if queue.drainer is None or queue.drainer.done():
             queue.drainer = asyncio.create_task(self._drain(queue))
         return await future
@@ -79,6 +105,7 @@ class BatchingBackend:
         while queue.pending:
             # Let every episode that is ready to generate enqueue first: one pass of the loop per step.
             await asyncio.sleep(0)
+            await self._wait_for_live_episodes(queue)
             # Rows of one batch share their stop strings: a row must not stop on a string it did not ask for.
             stop = queue.pending[0].stop
             batch, rest = [], []
@@ -101,10 +128,31 @@ class BatchingBackend:
                 if not item.future.done():
                     item.future.set_result(output)
 
+    async def _wait_for_live_episodes(self, queue: _Queue) -> None:
+        """Hold the batch while registered episodes that have not asked yet may still join it cheaply."""
+        if queue.live <= 0 or self.batch_wait <= 0 or not self.batches:
+            return  # nothing registered, or no generate timed yet (a step's first turn arrives all at once)
+        deadline = time.monotonic() + self.batch_wait * self.generate_seconds
+        while len(queue.pending) < min(queue.live, self.max_batch_size):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            queue.changed.clear()
+            try:
+                await asyncio.wait_for(queue.changed.wait(), remaining)
+            except TimeoutError:
+                return
+
     def _generate_batch(self, batch: list[PendingRequest]) -> list[AgentOutput]:
         with self._generate_lock:
             self.batches.append(len(batch))
-            return self._generate_locked(batch)
+            start = time.monotonic()
+            try:
+                return self._generate_locked(batch)
+            finally:
+                seconds = time.monotonic() - start
+                first = len(self.batches) == 1
+                self.generate_seconds = seconds if first else 0.7 * self.generate_seconds + 0.3 * seconds
 
     def _generate_locked(self, batch: list[PendingRequest]) -> list[AgentOutput]:
         raise NotImplementedError

@@ -16,6 +16,7 @@ whose environment calls failed after their retries a None reward, which TRL leav
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -83,7 +84,7 @@ class GraphRollout:
         output = self.to_trajectories(results, tokenizer)
         self.calls += 1
         self.last_results = results
-        log_episode_metrics(trainer, results)
+        log_episode_metrics(trainer, results, generate_calls=len(self.last_batch_sizes))
         return output
 
     def run_episodes(self, agent: Any, questions: list[str]) -> list[dict]:
@@ -98,8 +99,14 @@ class GraphRollout:
             token_exact=True,
         )
 
+        async def one(question: str) -> dict:
+            # Registered episodes let the batcher wait for each other's turns (see prompt_r1.agents.batching).
+            registered = getattr(agent, "episode", None)
+            with registered() if registered else contextlib.nullcontext():
+                return await graph.ainvoke({"question": question})
+
         async def run_all() -> list[dict]:
-            return await asyncio.gather(*(graph.ainvoke({"question": q}) for q in questions))
+            return await asyncio.gather(*(one(q) for q in questions))
 
         return run_sync(run_all())
 
@@ -188,8 +195,9 @@ def episode_statistics(results: list[dict]) -> list[float]:
     ]
 
 
-def log_episode_metrics(trainer: Any, results: list[dict]) -> None:
-    """Add per-episode means over all processes to the trainer's logged metrics (TRL's `report_to`)."""
+def log_episode_metrics(trainer: Any, results: list[dict], *, generate_calls: int | None = None) -> None:
+    """Add per-episode means over all processes to the trainer's logged metrics (TRL's `report_to`), and this
+    process's number of policy generate calls in the step (fewer, fuller batches are faster on an accelerator)."""
     metrics = getattr(trainer, "_metrics", None)
     if metrics is None:
         return
@@ -207,3 +215,5 @@ def log_episode_metrics(trainer: Any, results: list[dict]) -> None:
         metrics[mode][f"episode/{key}"].append(value / episodes)
     for status, value in zip(STATUSES, values[2 + len(_USAGE_KEYS) :], strict=True):
         metrics[mode][f"episode/status_{status}"].append(value / episodes)
+    if generate_calls is not None:
+        metrics[mode]["rollout/generate_calls"].append(float(generate_calls))
