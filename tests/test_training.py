@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from collections import defaultdict
@@ -347,11 +348,22 @@ def test_every_recipe_parses(tmp_path):
     assert (paper.max_turns, paper.max_turn_tokens, paper.max_total_tokens) == (5, 1024, 8192)
 
 
+def _failure_lines(stderr: str) -> str:
+    """The lines of a failed launch that say why, without the progress bars and deprecation warnings."""
+    noise = ("it/s]", "s/it]", "Warning", "warnings.warn", "return func(")
+    lines = [line for line in stderr.splitlines() if line.strip() and not any(n in line for n in noise)]
+    return "\n".join(lines[-60:])
+
+
 def _launch(args: list[str], tmp_path: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     accelerate = Path(sys.executable).parent / "accelerate"
+    # A free port rather than accelerate's fixed 29500, so that no other launch on the machine can collide.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     return subprocess.run(
-        [str(accelerate), "launch", *args],
+        [str(accelerate), "launch", "--main_process_port", str(port), *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -402,7 +414,7 @@ def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model
             tmp_path,
         )
         requests = len(server.requests_for("env"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"exit {done.returncode}: {_failure_lines(done.stderr)}"
     assert "trained 2 steps" in done.stderr
     assert 0 < requests <= 2 * 2 * 4  # 2 steps x 2 processes x 4 episodes, at most one environment call each
     before = load_file(protocol_model_path / "model.safetensors")
