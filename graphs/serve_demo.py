@@ -8,43 +8,12 @@ python graphs/serve_demo.py --url http://127.0.0.1:8000/v1 "Your question"   # a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-
 import openai
 from _common import parser, parts_from_args
 
 from prompt_r1 import LoopConfig
 from prompt_r1.events import format_event
-from prompt_r1.server import build_app, serve
-
-
-@contextlib.contextmanager
-def serving(app):
-    """Serve `app` on a free port of 127.0.0.1 from a thread of its own; yield its base URL."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    urls: list[str] = []
-
-    def ready(url: str) -> None:
-        urls.append(url)
-        started.set()
-
-    async def run() -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # cancelled to stop, as Ctrl-C stops the command
-            await serve(app, "127.0.0.1", 0, ready=ready)
-
-    task = loop.create_task(run())
-    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
-    thread.start()
-    if not started.wait(30):
-        raise RuntimeError("the server did not start")
-    try:
-        yield urls[0]
-    finally:
-        loop.call_soon_threadsafe(task.cancel)
-        thread.join(30)
+from prompt_r1.server import build_app, serving_in_thread
 
 
 def ask(url: str, question: str, model: str = "prompt-r1") -> None:
@@ -74,5 +43,5 @@ if __name__ == "__main__":
             app = build_app(
                 agent, environment, loop=LoopConfig(max_turns=args.max_turns), model_name="prompt-r1"
             )
-            with serving(app) as url:
+            with serving_in_thread(app) as url:
                 ask(url, args.question)

@@ -27,12 +27,13 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from prompt_r1.config import LoopConfig
 from prompt_r1.errors import AgentError
 
-__all__ = ["build_app", "serve"]
+__all__ = ["build_app", "serve", "serving_in_thread"]
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any question, small enough that a flood cannot exhaust memory
@@ -369,3 +370,35 @@ async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None) -
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve `app` from a thread and event loop of its own (port 0: a free one); yield its base URL, stop on exit.
+
+    For embedding the server in a synchronous program (a demo, a test, a notebook) without `prompt-r1 serve`.
+    """
+    import threading
+
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    urls: list[str] = []
+
+    def ready(url: str) -> None:
+        urls.append(url)
+        started.set()
+
+    async def run() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled to stop, as Ctrl-C stops the command
+            await serve(app, host, port, ready=ready)
+
+    task = loop.create_task(run())
+    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
+    thread.start()
+    if not started.wait(30):
+        raise RuntimeError("the server did not start")
+    try:
+        yield urls[0]
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(30)

@@ -23,7 +23,7 @@ from conftest import ANSWER, PROMPT
 from prompt_r1.agents.served import ServedAgent
 from prompt_r1.config import AgentConfig, EnvironmentConfig
 from prompt_r1.environment import EnvironmentClient
-from prompt_r1.server import build_app, serve
+from prompt_r1.server import build_app, serving_in_thread
 from prompt_r1.testing import (
     Fault,
     ScriptedServer,
@@ -45,27 +45,8 @@ def prompt_r1_server(upstream: ScriptedServer, **options):
     environment = EnvironmentClient(EnvironmentConfig(**env_settings), api_key="k")
     agent = ServedAgent(AgentConfig(model="agent", base_url=upstream.base_url), api_key="k")
     app = build_app(agent, environment, **options)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    urls: list[str] = []
-
-    def ready(url: str) -> None:
-        urls.append(url)
-        started.set()
-
-    async def run() -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # cancelled to stop, as Ctrl-C stops the command
-            await serve(app, "127.0.0.1", 0, ready=ready)
-
-    task = loop.create_task(run())
-    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
-    thread.start()
-    assert started.wait(30), "the server did not start"
-    try:
-        yield urls[0]
-    finally:
-        loop.call_soon_threadsafe(task.cancel)
-        thread.join(30)
+    with serving_in_thread(app) as url:
+        yield url
 
 
 @pytest.fixture
