@@ -14,8 +14,8 @@ few seconds to play the two-turn protocol, starts a scripted environment on 127.
 - TRL single-turn GRPO: as many tokens per completion as the Prompt-R1 agent generated per episode, forced with
   min_new_tokens, and the same batch, group and optimizer.
 
-Printed per run: median seconds per step over steps 2..N, agent tokens generated per second, trajectory tokens
-(agent + environment) trained per second, peak GPU memory allocated and reserved, and the step-time ratio.
+Printed per run: median seconds per step over steps 2..N, agent tokens generated per second, peak GPU memory
+allocated and reserved, and the step-time ratio.
 Runs on CPU too (gloo, fp32), which is how it is checked where no GPU is present.
 """
 
@@ -67,23 +67,20 @@ def _common(args, out: Path, cuda: bool) -> dict:
     )
 
 
-class _PeakMemory:
-    """Trainer callback: peak GPU memory over the run, read at the end (0 on CPU)."""
+def _peak_memory_callback():
+    """A trainer callback that keeps the peak GPU memory over the run (0 on CPU)."""
+    import torch
+    from transformers import TrainerCallback
 
-    def __init__(self):
-        from transformers import TrainerCallback
+    class PeakMemory(TrainerCallback):
+        peak_allocated = peak_reserved = 0
 
-        class _Callback(TrainerCallback):
-            peak_allocated = peak_reserved = 0
+        def on_step_end(self, args, state, control, **kwargs):
+            if torch.cuda.is_available():
+                self.peak_allocated = max(self.peak_allocated, torch.cuda.max_memory_allocated())
+                self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
 
-            def on_step_end(self, args, state, control, **kwargs):
-                import torch
-
-                if torch.cuda.is_available():
-                    self.peak_allocated = max(self.peak_allocated, torch.cuda.max_memory_allocated())
-                    self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved())
-
-        self.callback = _Callback()
+    return PeakMemory()
 
 
 def worker(args) -> None:
@@ -92,7 +89,7 @@ def worker(args) -> None:
 
     cuda = torch.cuda.is_available()
     out = Path(args.result).parent / f"run-{args.worker}"
-    memory = _PeakMemory()
+    memory = _peak_memory_callback()
     if args.worker == "multi":
         from prompt_r1.agents.batching import BatchingBackend
         from prompt_r1.training.config import PromptR1GRPOConfig
@@ -115,7 +112,7 @@ def worker(args) -> None:
             reward_preset="reference",
         )
         trainer = build_trainer(
-            config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory.callback]
+            config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory]
         )
     else:
         from datasets import Dataset
@@ -132,7 +129,7 @@ def worker(args) -> None:
             reward_funcs=[lambda completions, **_: [float(len(c[0]["content"]) % 3) for c in completions]],
             args=config,
             train_dataset=Dataset.from_list(_rows(args.batch * args.steps, golden=False)),
-            callbacks=[memory.callback],
+            callbacks=[memory],
         )
     t0 = time.perf_counter()
     trainer.train()
@@ -150,14 +147,13 @@ def worker(args) -> None:
         "step_times": steps,
         "median_step": statistics.median(steps[1:] if len(steps) > 1 else steps),
         "wall": wall,
-        "completion_tokens": mean("completions/mean_length"),  # agent + environment tokens of a trajectory
         "agent_tokens": mean("episode/agent_completion_tokens") if args.worker == "multi" else args.tokens,
         "reward": mean("reward"),
         "turns": mean("episode/turns"),
         "answered": mean("episode/status_answered"),
         "generate_calls": mean("rollout/generate_calls") if args.worker == "multi" else 1.0,
-        "peak_allocated": memory.callback.peak_allocated,
-        "peak_reserved": memory.callback.peak_reserved,
+        "peak_allocated": memory.peak_allocated,
+        "peak_reserved": memory.peak_reserved,
         "params": sum(p.numel() for p in trainer.model.parameters()),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "processes": trainer.accelerator.num_processes,
@@ -252,7 +248,7 @@ def main() -> int:
         f"{'bf16' if device == 'cuda' else 'fp32'}, model {multi['params'] / 1e6:.0f} M parameters, "
         f"{episodes} episodes per step, median of steps 2..{args.steps}, env latency {args.latency:.2f} s"
     )
-    header = f"{'run':46} {'s/step':>7} {'agent tok/s':>11} {'trained tok/s':>13} {'peak alloc GiB':>14} {'peak resv GiB':>13} {'ratio':>6}"
+    header = f"{'run':46} {'s/step':>7} {'agent tok/s':>11} {'peak alloc GiB':>14} {'peak resv GiB':>13} {'ratio':>6}"
     print(header)
     for label, r in (
         (f"TRL single-turn GRPO, {tokens} tokens per completion", single),
@@ -262,14 +258,13 @@ def main() -> int:
         step = r["median_step"]
         print(
             f"{label:46} {step:7.3f} {episodes * r['agent_tokens'] / step:11.1f} "
-            f"{episodes * r['completion_tokens'] / step:13.1f} {r['peak_allocated'] / gib:14.2f} "
+            f"{r['peak_allocated'] / gib:14.2f} "
             f"{r['peak_reserved'] / gib:13.2f} {step / single['median_step']:6.2f}"
         )
     print(
         f"Prompt-R1 episodes: {multi['turns']:.2f} turns, {multi['generate_calls']:.2f} policy generate calls per "
         f"step, {multi['answered']:.0%} answered, mean reward "
-        f"{multi['reward']:.3f}; agent tokens per episode {multi['agent_tokens']:.1f}, trajectory tokens "
-        f"{multi['completion_tokens']:.1f}"
+        f"{multi['reward']:.3f}; agent tokens per episode {multi['agent_tokens']:.1f}"
     )
     print(f"policy generate calls per step without the wait: {eager['generate_calls']:.2f}")
     print(f"step times (s): multi {[round(t, 3) for t in multi['step_times']]}")
