@@ -2,6 +2,8 @@
 
 Malformed output is data, not an exception: `parse_agent_output` always returns an `AgentTurn`, whose
 `defects` say what is missing or wrong, so the graph can end the episode and the reward can score it.
+Parsing takes time linear in the text (plain string searches, no backtracking regex) and never raises, whatever
+the text; a generation over `MAX_TURN_CHARS` is a malformed turn, not parsed.
 
     >>> turn = parse_agent_output("<think>short</think><interaction_prompt>Explain X</interaction_prompt> junk")
     >>> turn.kind, turn.prompt, turn.truncated
@@ -11,12 +13,12 @@ Malformed output is data, not an exception: `parse_agent_output` always returns 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 __all__ = [
     "ANSWER_CLOSE",
+    "MAX_TURN_CHARS",
     "PROMPT_CLOSE",
     "STOP_SEQUENCES",
     "AgentTurn",
@@ -29,6 +31,10 @@ __all__ = [
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PROMPT_OPEN, PROMPT_CLOSE = "<interaction_prompt>", "</interaction_prompt>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+# A generation longer than this (in characters) is a malformed turn, "too long", and is not parsed.
+MAX_TURN_CHARS = 64 * 1024
 
 # One agent generation ends at the first of these, like a stop sequence on a served model.
 STOP_SEQUENCES: tuple[str, ...] = (PROMPT_CLOSE, ANSWER_CLOSE)
@@ -124,38 +130,67 @@ def _between(text: str, open_tag: str, close_tag: str) -> tuple[str | None, list
     return content, defects
 
 
-_TOOL_CALL = re.compile(r"^\s*(?:<tool_call>)?\s*(\{.*\})\s*(?:</tool_call>)?\s*$", re.DOTALL)
+def _tool_call_body(content: str) -> str | None:
+    """The `{…}` of a tool call: whitespace, an optional <tool_call>…</tool_call> wrapper, whitespace, `{…}`.
+
+    String handling rather than a regex: the regex's adjacent `\\s*` backtracked in quadratic time on whitespace.
+    str.strip removes exactly the characters that `\\s` matches.
+
+    >>> _tool_call_body(' <tool_call>\\n{"a": 1}\\n</tool_call> ')
+    '{"a": 1}'
+    >>> _tool_call_body('{"a": 1} trailing') is None
+    True
+    """
+    body = content.strip()
+    if body.startswith(TOOL_CALL_OPEN):
+        body = body[len(TOOL_CALL_OPEN) :].lstrip()
+    if body.endswith(TOOL_CALL_CLOSE):
+        body = body[: -len(TOOL_CALL_CLOSE)].rstrip()
+    if len(body) < 2 or body[0] != "{" or body[-1] != "}":
+        return None
+    return body
+
+
+_NOT_JSON = object()
+
+
+def _json(text: str) -> object:
+    """json.loads, or _NOT_JSON for any text it refuses: invalid JSON, integers over Python's digit limit
+    (ValueError), nesting deeper than the recursion limit (RecursionError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
 
 
 def _tool_call_prompt(content: str) -> str | None:
     """The prompt inside the reference release's JSON form {"name": "prompt", "arguments": {"prompt": P}}."""
-    match = _TOOL_CALL.match(content)
-    if not match:
+    body = _tool_call_body(content)
+    if body is None:
         return None
-    try:
-        call = json.loads(match.group(1))
-    except json.JSONDecodeError:
-        return None
+    call = _json(body)
     if not isinstance(call, dict) or call.get("name") != "prompt":
         return None
     arguments = call.get("arguments")
     if isinstance(arguments, str):  # some servers double-encode tool arguments
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
+        arguments = _json(arguments)
     prompt = arguments.get("prompt") if isinstance(arguments, dict) else None
     return prompt if isinstance(prompt, str) else None
 
 
 def parse_agent_output(text: str) -> AgentTurn:
-    """Parse one agent generation. Never raises.
+    """Parse one agent generation. Never raises; time linear in len(text).
 
     >>> parse_agent_output("<think>done</think><answer>Paris</answer>").answer
     'Paris'
     >>> parse_agent_output("no tags at all").defects
     ('missing <think>…</think>', 'neither <interaction_prompt> nor <answer>')
+    >>> parse_agent_output("x" * (MAX_TURN_CHARS + 1)).defects
+    ('too long: 65537 characters, over the 64 KiB bound',)
     """
+    if len(text) > MAX_TURN_CHARS:
+        too_long = f"too long: {len(text)} characters, over the {MAX_TURN_CHARS // 1024} KiB bound"
+        return AgentTurn(kind="malformed", text=text, defects=(too_long,))
     kept, truncated = cut_at_stop(text)
     defects: list[str] = []
 
@@ -202,9 +237,6 @@ def parse_agent_output(text: str) -> AgentTurn:
     return AgentTurn(kind="malformed", defects=tuple(defects), **common)
 
 
-_ANSWER_BLOCK = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
-
-
 def last_answer(text: str) -> str | None:
     """The stripped content of the last complete `<answer>…</answer>` in free text, or None.
 
@@ -213,5 +245,14 @@ def last_answer(text: str) -> str | None:
     >>> last_answer("I think <answer>x</answer>, no: <answer> Paris </answer>")
     'Paris'
     """
-    matches = _ANSWER_BLOCK.findall(text)
-    return matches[-1].strip() if matches else None
+    # Pairs as a lazy regex's findall makes them, without its quadratic time on many unclosed openings:
+    # an opening with no closing after it ends the search, since no later opening can have one either.
+    last = None
+    start = text.find(ANSWER_OPEN)
+    while start >= 0:
+        end = text.find(ANSWER_CLOSE, start + len(ANSWER_OPEN))
+        if end < 0:
+            break
+        last = (start + len(ANSWER_OPEN), end)
+        start = text.find(ANSWER_OPEN, end + len(ANSWER_CLOSE))
+    return text[last[0] : last[1]].strip() if last else None
