@@ -47,7 +47,9 @@ from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.runnables.config import var_child_runnable_config
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from prompt_r1 import redaction
 from prompt_r1.errors import EnvironmentCallError
+from prompt_r1.text import valid
 
 __all__ = ["PromptR1Chat", "question_of"]
 
@@ -109,6 +111,8 @@ def question_of(messages: list[BaseMessage]) -> str:
             text = "\n".join(texts)
         if not text.strip():
             raise ValueError("the last user message has no text for Prompt-R1 to answer")
+        if not valid(text):
+            raise ValueError("the last user message is not valid Unicode text (it holds a lone surrogate)")
         return text
     raise ValueError("Prompt-R1 needs a user message to answer; got none")
 
@@ -296,7 +300,7 @@ class PromptR1Chat(BaseChatModel):
 
     def _message(self, state: dict) -> AIMessage:
         if state.get("status") == "environment_error":
-            raise EnvironmentCallError(state.get("error") or "the environment call failed")
+            raise EnvironmentCallError(redaction.redact(state.get("error")) or "the environment call failed")
         usage = state.get("usage", {})
         return AIMessage(
             content=state.get("answer") or "",

@@ -224,6 +224,9 @@ def resolve_api_key(api_key_env: str, base_url: str | None, *, what: str = "envi
     """
     key = os.environ.get(api_key_env, "") if api_key_env else ""
     if key:
+        from prompt_r1 import redaction
+
+        redaction.register(key)  # from here on, every surface cuts it out of what it writes
         return key
     if base_url is None:
         hint = "--env-api-key-env" if what == "environment" else "--agent-api-key-env"

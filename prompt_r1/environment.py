@@ -16,7 +16,6 @@ One `EnvironmentClient.respond(prompt, history)` call:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -24,36 +23,20 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import openai
-from langchain_core.exceptions import (
-    ContextOverflowError,
-    ModelAPIError,
-    ModelAuthenticationError,
-    ModelConnectionError,
-    ModelRateLimitError,
-    ModelTimeoutError,
-)
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from pydantic import SecretStr
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from prompt_r1 import redaction
 from prompt_r1.aio import PerLoop
-from prompt_r1.config import NO_KEY, EnvironmentConfig, resolve_api_key
-from prompt_r1.errors import (
-    ConfigError,
-    ContextOverflow,
-    EnvironmentCallError,
-    EnvironmentRejected,
-    EnvironmentServerError,
-    EnvironmentTimeout,
-    EnvironmentUnreachable,
-    RateLimited,
-    is_retryable,
-)
+from prompt_r1.config import EnvironmentConfig, resolve_api_key
+from prompt_r1.errors import ConfigError, EnvironmentCallError, EnvironmentRefused, is_retryable
+from prompt_r1.http_client import checked_async_client, classify_error, refusal_of
 from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
 from prompt_r1.ratelimit import EndpointLimiter, get_limiter
+from prompt_r1.text import repair
 
 __all__ = ["EnvironmentClient", "EnvironmentPool", "EnvironmentReply", "environment_messages", "session_key"]
 
@@ -72,6 +55,7 @@ class EnvironmentReply:
     latency_s: float  # from the first try to the answer, retries and waits included
     model: str = ""  # the model that answered, as its endpoint knows it (for price tables and pools)
     endpoint: str = ""  # which endpoint answered: the pool member's name, else base URL
+    repaired: bool = False  # the reply held text UTF-8 cannot encode (a lone surrogate), replaced by U+FFFD
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,63 +74,6 @@ def environment_messages(
         messages += [HumanMessage(earlier_prompt), AIMessage(earlier_response)]
     messages.append(HumanMessage(prompt))
     return messages
-
-
-def _retry_after_seconds(headers) -> float | None:
-    """Seconds from Retry-After (seconds form) or the retry-after-ms header some providers send."""
-    if headers is None:
-        return None
-    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value) * scale)
-        except ValueError:
-            continue  # the HTTP-date form: fall back to backoff
-    return None
-
-
-def classify_error(exc: BaseException) -> BaseException:
-    """Map an OpenAI/LangChain/asyncio failure to this package's error hierarchy (see errors.py)."""
-    if isinstance(exc, EnvironmentCallError | ContextOverflow):
-        return exc
-    if isinstance(exc, ContextOverflowError):
-        return ContextOverflow(f"environment context overflow: {exc}")
-    if isinstance(exc, openai.RateLimitError | ModelRateLimitError):
-        response = getattr(exc, "response", None)
-        return RateLimited(
-            f"rate limited (429): {exc}", retry_after=_retry_after_seconds(getattr(response, "headers", None))
-        )
-    if isinstance(exc, TimeoutError | openai.APITimeoutError | ModelTimeoutError):
-        return EnvironmentTimeout("environment call timed out")
-    if isinstance(exc, openai.APIConnectionError | ModelConnectionError):
-        return EnvironmentUnreachable(f"connection to the environment failed: {exc}")
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        retry_after = _retry_after_seconds(getattr(exc.response, "headers", None))
-        if status == 408:
-            return EnvironmentTimeout(f"environment request timeout (408): {exc.message}", status_code=408)
-        if (
-            status >= 500 or status == 409
-        ):  # 409: a conflict (e.g. a lock) that clears, as the OpenAI SDK assumes
-            return EnvironmentServerError(
-                f"environment server error ({status}): {exc.message}",
-                status_code=status,
-                retry_after=retry_after,
-            )
-        return EnvironmentRejected(
-            f"environment rejected the request ({status}): {exc.message}", status_code=status
-        )
-    if isinstance(exc, ModelAuthenticationError):
-        return EnvironmentRejected(f"environment rejected the credentials: {exc}", status_code=401)
-    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | ModelAPIError):
-        # A body that is not a chat completion is a server fault that a retry usually clears.
-        return EnvironmentServerError(f"malformed environment response: {exc}")
-    if isinstance(exc, openai.APIError):
-        return EnvironmentServerError(f"environment API error: {exc}")
-    # Anything else a chat model raises is a failure of the call, not of the loop: final, and reported as such.
-    return EnvironmentCallError(f"environment call failed: {type(exc).__name__}: {exc}")
 
 
 class _BackoffOrRetryAfter:
@@ -196,6 +123,7 @@ class EnvironmentClient:
         self.chat_model = chat_model
         if chat_model is None:
             key = api_key or resolve_api_key(config.api_key_env, config.base_url)
+            redaction.register(key)
             optional = {
                 k: v
                 for k, v in (("temperature", config.temperature), ("max_tokens", config.max_tokens))
@@ -231,10 +159,9 @@ class EnvironmentClient:
         return environment_messages(prompt, history, self.system_prompt)
 
     def _new_openai_model(self) -> BaseChatModel:
-        import httpx
         from langchain_openai import ChatOpenAI
 
-        client = httpx.AsyncClient(timeout=self.config.timeout, limits=httpx.Limits(max_connections=None))
+        client = checked_async_client(self.config.timeout)
         # Under astream_events LangChain would switch ainvoke to a streamed call: one reply is one event here,
         # and a whole response is what the retries, the timeout and the token usage are counted on.
         return ChatOpenAI(**self._openai_kwargs, http_async_client=client, disable_streaming=True)
@@ -259,21 +186,17 @@ class EnvironmentClient:
                 usage = message.usage_metadata or {}
                 if usage:
                     slot.actual = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+                refused = refusal_of(message)
+                if refused is not None:
+                    raise EnvironmentRefused(f"environment refused the prompt: {refused}")
                 return message
             except Exception as exc:
-                mapped = self._redacted(classify_error(exc))
+                # A server (or a proxy before it) may repeat the request's Authorization header in an error
+                # body, and the message is written to results, checkpoints and logs: the keys go first.
+                mapped = redaction.redact_exception(classify_error(exc))
                 if mapped is exc:
                     raise
                 raise mapped from exc
-
-    def _redacted(self, exc: BaseException) -> BaseException:
-        """`exc` with this client's API key cut out of its message. A server (or a proxy before it) may repeat
-        the request's Authorization header in an error body, and the message is written to results, checkpoints
-        and logs."""
-        key = self._openai_kwargs["api_key"].get_secret_value() if self.chat_model is None else ""
-        if len(key) >= 4 and key != NO_KEY and key in str(exc):
-            exc.args = tuple(a.replace(key, "***") if isinstance(a, str) else a for a in exc.args)
-        return exc
 
     async def respond(
         self,
@@ -309,14 +232,16 @@ class EnvironmentClient:
             exc.attempts = attempts
             raise
         usage = message.usage_metadata or {}
+        text, repaired = repair(message.text if isinstance(message.text, str) else str(message.content))
         return EnvironmentReply(
-            text=message.text if isinstance(message.text, str) else str(message.content),
+            text=text,
             input_tokens=int(usage.get("input_tokens", 0)),
             output_tokens=int(usage.get("output_tokens", 0)),
             attempts=attempts,
             latency_s=time.monotonic() - started,
             model=self.model_name,
             endpoint=self.name,
+            repaired=repaired,
         )
 
     def _count_retry(self, state: RetryCallState) -> None:

@@ -3,7 +3,8 @@
     PromptR1Error
     ├── ConfigError (also a ValueError)          bad settings; the message says how to fix them
     │   ├── MissingCredentials                   an API key variable is unset
-    │   └── DataError                            a dataset file or row that cannot be used; names the row
+    │   ├── DataError                            a dataset file or row that cannot be used; names the row
+    │   └── OutputError                          an output file that cannot be written, or is not ours to write
     ├── BackendUnavailable (also ImportError)    an optional extra (vllm, trl, ...) is not installed
     ├── AgentError                               the agent backend failed
     ├── ContextOverflow                          a prompt no longer fits a model's context or token budget
@@ -11,8 +12,9 @@
         ├── RateLimited         (retryable)     HTTP 429; carries the server's Retry-After
         ├── EnvironmentTimeout  (retryable)     no answer within the per-call timeout
         ├── EnvironmentUnreachable (retryable)  connection refused, reset or dropped
-        ├── EnvironmentServerError (retryable)  HTTP 5xx, or a body that is not a chat completion
-        └── EnvironmentRejected (final)         any other 4xx: bad request, auth, unknown model
+        ├── EnvironmentServerError (retryable)  HTTP 5xx, or a 200 whose body is not a chat completion
+        ├── EnvironmentRejected (final)         any other 4xx: bad request, auth, unknown model
+        └── EnvironmentRefused (final)          a content filter or refusal: the same prompt is refused again
 
 Only `is_retryable` decides what the retry layer retries, so the rule lives in one place.
 """
@@ -26,11 +28,13 @@ __all__ = [
     "ContextOverflow",
     "DataError",
     "EnvironmentCallError",
+    "EnvironmentRefused",
     "EnvironmentRejected",
     "EnvironmentServerError",
     "EnvironmentTimeout",
     "EnvironmentUnreachable",
     "MissingCredentials",
+    "OutputError",
     "PromptR1Error",
     "RateLimited",
     "is_retryable",
@@ -51,6 +55,11 @@ class MissingCredentials(ConfigError):
 
 class DataError(ConfigError):
     """A dataset that cannot be loaded as asked: unknown name, unreadable file, or a malformed row (named)."""
+
+
+class OutputError(ConfigError):
+    """An output path that cannot be written (a folder, a read-only or full file system) or that holds a file this
+    project did not write (the input, another file): refused before anything is written to it; names the path."""
 
 
 class BackendUnavailable(PromptR1Error, ImportError):
@@ -102,6 +111,11 @@ class EnvironmentServerError(EnvironmentCallError):
 
 class EnvironmentRejected(EnvironmentCallError):
     """A 4xx other than 429: retrying the same request cannot succeed."""
+
+
+class EnvironmentRefused(EnvironmentCallError):
+    """The provider's content filter, or the model, refused the prompt: an outcome of the episode (status
+    `refused`), not a fault to retry, so a rerun does not pay for the same refusal again."""
 
 
 def is_retryable(exc: BaseException) -> bool:

@@ -28,10 +28,11 @@ from langgraph.graph import END, START, StateGraph
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
 from prompt_r1.environment import EnvironmentClient
-from prompt_r1.errors import ContextOverflow, EnvironmentCallError
+from prompt_r1.errors import ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
 from prompt_r1.protocol import parse_agent_output
+from prompt_r1.text import repair
 from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
 
 __all__ = [
@@ -42,8 +43,15 @@ __all__ = [
     "build_graph",
 ]
 
-Status = Literal["answered", "max_turns", "format_error", "environment_error", "context_overflow"]
-STATUSES: tuple[str, ...] = ("answered", "max_turns", "format_error", "environment_error", "context_overflow")
+Status = Literal["answered", "max_turns", "format_error", "refused", "environment_error", "context_overflow"]
+STATUSES: tuple[str, ...] = (
+    "answered",
+    "max_turns",
+    "format_error",
+    "refused",  # the environment's content filter or model refused a prompt: an outcome, not retried
+    "environment_error",
+    "context_overflow",
+)
 
 
 def merge_turns(left: list[dict] | None, right: list[dict] | None) -> list[dict]:
@@ -217,9 +225,12 @@ def build_graph(
             update.update(status="context_overflow", error=str(exc), answer=None)
             await emit(config, [{"type": "error", "turn": index, "text": str(exc)}, end_event(state, update)])
             return update
-        turn = parse_agent_output(output.text)
+        text, repaired = repair(output.text)
+        turn = parse_agent_output(text)
         record = turn.to_record()
         record.update(index=index, finish_reason=output.finish_reason, agent_tokens=output.completion_tokens)
+        if repaired:  # the generation held text UTF-8 cannot encode; the record has U+FFFD in its place
+            record["text_repaired"] = True
         if state.get("final_request_sent"):
             record["after_final_request"] = True
         update["turns"] = [record]
@@ -272,7 +283,7 @@ def build_graph(
             error = f"{type(exc).__name__}: {exc}"
             await emit(config, [{"type": "error", "turn": last["index"], "text": error}])
             return {
-                "status": "environment_error",
+                "status": "refused" if isinstance(exc, EnvironmentRefused) else "environment_error",
                 "error": error,
                 "turns": [{"index": last["index"], "error": error}],
                 "usage": {"env_failed_calls": 1, "env_retries": exc.attempts - 1},

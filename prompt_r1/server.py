@@ -30,8 +30,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from prompt_r1 import redaction
 from prompt_r1.config import LoopConfig
 from prompt_r1.errors import AgentError
+from prompt_r1.text import valid
 
 __all__ = ["build_app", "serve", "serving_in_thread"]
 
@@ -74,6 +76,9 @@ def _question(body: dict[str, Any]) -> str:
             )
         if not content.strip():
             raise RequestError(400, "the last user message is empty", param="messages")
+        if not valid(content):
+            raise RequestError(400, "the last user message is not valid Unicode text (it holds a lone "
+                               "surrogate such as \\ud800)", param="messages")  # fmt: skip
         return content
     raise RequestError(400, "`messages` has no user message to answer", param="messages")
 
@@ -210,7 +215,8 @@ def build_app(
     slots = _Slots(max_concurrency, max_queue)
 
     def error_response(exc: RequestError):
-        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        # Error text may carry what an upstream server echoed, the request's Authorization header included.
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers, dumps=redaction.dumps)
 
     @web.middleware
     async def errors_and_auth(request, handler):
@@ -269,7 +275,7 @@ def build_app(
                     raise _episode_failure(exc, completion_id) from exc
                 if state.get("status") == "environment_error":
                     raise _environment_error(state)
-                return web.json_response({
+                return web.json_response(dumps=redaction.dumps, data={
                     **head,
                     "object": "chat.completion",
                     "choices": [{"index": 0, "finish_reason": _finish_reason(state.get("status")),
@@ -292,7 +298,7 @@ def build_app(
                     written = clock()
 
             async def send(payload: dict[str, Any] | str) -> None:
-                data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+                data = payload if isinstance(payload, str) else redaction.dumps(payload)
                 await write(f"data: {data}\n\n".encode())
 
             async def keep_alive(every: float) -> None:

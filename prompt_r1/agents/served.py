@@ -11,10 +11,12 @@ import asyncio
 
 import openai
 
+from prompt_r1 import redaction
 from prompt_r1.agents.base import AgentOutput, AgentRequest
 from prompt_r1.aio import PerLoop
 from prompt_r1.config import AgentConfig, resolve_api_key
 from prompt_r1.errors import AgentError, ContextOverflow
+from prompt_r1.http_client import checked_async_client
 from prompt_r1.protocol import repair_stopped_text
 
 __all__ = ["ServedAgent"]
@@ -35,6 +37,7 @@ class ServedAgent:
             raise AgentError("a served agent needs a base URL (--agent-base-url)")
         self.config = config
         self._api_key = api_key or resolve_api_key(config.api_key_env, config.base_url, what="agent")
+        redaction.register(self._api_key)
         self._timeout = timeout
         self._in_flight = max_in_flight
         # Async HTTP connections and semaphores belong to one event loop: one client and cap per loop.
@@ -42,11 +45,22 @@ class ServedAgent:
 
     def _new_client(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
         client = openai.AsyncOpenAI(
-            base_url=self.config.base_url, api_key=self._api_key, max_retries=3, timeout=self._timeout
+            base_url=self.config.base_url,
+            api_key=self._api_key,
+            max_retries=3,
+            timeout=self._timeout,
+            http_client=checked_async_client(self._timeout),
         )
         return client, asyncio.Semaphore(self._in_flight)
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
+        try:
+            return await self._generate(request)
+        except (AgentError, ContextOverflow) as exc:
+            # The server's error text may repeat the Authorization header it was sent.
+            raise redaction.redact_exception(exc) from None
+
+    async def _generate(self, request: AgentRequest) -> AgentOutput:
         cfg = self.config
         kwargs = dict(
             model=cfg.model,
@@ -71,6 +85,8 @@ class ServedAgent:
             except openai.APIConnectionError as exc:
                 raise AgentError(f"cannot reach the served agent at {cfg.base_url}: {exc}") from exc
             except openai.APIError as exc:
+                raise AgentError(f"served agent failed: {exc}") from exc
+            except openai.OpenAIError as exc:  # a refusal (prompt_r1.http_client): the agent produced nothing
                 raise AgentError(f"served agent failed: {exc}") from exc
         if not response.choices:
             raise AgentError("served agent returned no choices")
