@@ -24,13 +24,17 @@ from typing import Any, Literal
 from prompt_r1.errors import BackendUnavailable, DataError
 from prompt_r1.metrics import as_answer_list
 from prompt_r1.prompts import extract_question, question_message
+from prompt_r1.text import lone_surrogate
 
 __all__ = [
+    "ANSWER_FIELDS",
     "DATASETS",
     "SOURCES",
     "DatasetInfo",
     "Sample",
     "SourceSpec",
+    "answer_list",
+    "answer_values",
     "build_training_mix",
     "bundled_data_dir",
     "count_rows",
@@ -42,9 +46,11 @@ __all__ = [
     "read_rows",
     "release_row",
     "resolve_source",
-    "truncate_partial_line",
     "write_rows",
 ]
+
+# Where golden answers may be, in the order they are looked for.
+ANSWER_FIELDS = ("golden_answers", "answers", "reward_model.ground_truth", "answer")
 
 Task = Literal["qa", "math", "text"]
 
@@ -113,34 +119,97 @@ def bundled_data_dir() -> Path:
     return path
 
 
+def _check_file(path: Path, what: str = "dataset file") -> None:
+    """A `DataError` unless `path` is a file: missing, or a folder (or other non-file) given where a file goes."""
+    if not path.exists():
+        raise DataError(f"no such {what}: {path}")
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise DataError(f"{path} is not a file ({kind}); give the path of a {what}")
+
+
+def _unreadable(path: Path, exc: OSError) -> DataError:
+    return DataError(f"cannot read {path}: {exc.strerror or exc}")
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError, data: bytes, line_no: int = 1) -> DataError:
+    """Where `data` (a whole file, or line `line_no` of one) stops being UTF-8, as a `DataError`."""
+    line_no += data.count(b"\n", 0, exc.start)
+    column = exc.start - data.rfind(b"\n", 0, exc.start)
+    byte = data[exc.start : exc.start + 1].hex()
+    return DataError(
+        f"{path} line {line_no}: not UTF-8 text (byte 0x{byte} at column {column}); save the file as UTF-8"
+    )
+
+
+def _jsonl_objects(path: Path, *, allow_cut_last_line: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSONL file, read line by line.
+
+    Lines end at "\n" only: U+2028 and other characters `str.splitlines` breaks on are text inside a JSON string
+    (`json.dumps(..., ensure_ascii=False)` writes them raw). A UTF-8 byte order mark before the first line is
+    skipped. With `allow_cut_last_line`, a last line that is not valid JSON or not UTF-8 (a writer killed
+    mid-line, possibly mid-character) is dropped; any other bad line is a `DataError` naming the file and line.
+    """
+    _check_file(path)
+    pending: DataError | None = None  # a bad line: an error unless no non-blank line follows it
+    try:
+        with path.open("rb") as handle:
+            for line_no, raw in enumerate(handle, 1):
+                if not raw.strip():
+                    continue
+                if pending is not None:
+                    raise pending
+                try:
+                    row = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
+                except UnicodeDecodeError as exc:
+                    pending = _not_utf8(path, exc, raw, line_no)
+                    continue
+                except json.JSONDecodeError as exc:
+                    pending = DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})")
+                    continue
+                if not isinstance(row, dict):
+                    raise DataError(
+                        f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}"
+                    )
+                yield line_no, row
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    if pending is not None and not allow_cut_last_line:
+        raise pending
+
+
 def jsonl_rows(path: Path, *, allow_cut_last_line: bool = False) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of a JSONL file.
 
-    `allow_cut_last_line` drops a last line that is not valid JSON, as a process killed mid-write leaves it;
-    any other bad line is a `DataError` naming it.
+    `allow_cut_last_line` drops a last line that is not valid JSON (or not UTF-8), as a process killed mid-write
+    leaves it; any other bad line, a file that is not UTF-8, a folder or an unreadable file is a `DataError`
+    naming it.
     """
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rows = []
-    for line_no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if allow_cut_last_line and line_no == len(lines):
-                break
-            raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
-        if not isinstance(row, dict):
-            raise DataError(f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}")
-        rows.append((line_no, row))
+    return list(_jsonl_objects(Path(path), allow_cut_last_line=allow_cut_last_line))
+
+
+def _json_rows(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc, data) from None
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise DataError(f"{path}: expected a JSON list of objects")
     return rows
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a .parquet, .jsonl or .json (a list of objects) file, as plain dicts."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no such dataset file: {path}")
+    _check_file(path)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
@@ -152,16 +221,32 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         except Exception as exc:  # pyarrow's errors for bad files vary by version
             raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
     if suffix == ".jsonl":
-        return [row for _, row in jsonl_rows(path)]
+        return [row for _, row in _jsonl_objects(path)]
     if suffix == ".json":
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise DataError(f"{path}: expected a JSON list of objects")
-        return rows
+        return _json_rows(path)
     raise DataError(f"{path}: unsupported file type {suffix or '(none)'}; use .parquet, .jsonl or .json")
+
+
+def answer_list(value: Any) -> list[str]:
+    """One golden-answers value as a list of strings: a string or number is one answer, a list is several, and a
+    SQuAD-style mapping {"text": [...], "answer_start": [...]} is its `text`. A `TypeError` says what is wrong."""
+    if isinstance(value, Mapping):
+        if "text" not in value:
+            raise TypeError(f"its golden answers are a mapping without 'text': {dict(value)!r}")
+        value = value["text"]
+    return as_answer_list(value, numbers=True)
+
+
+def answer_values(row: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(field, value) for each field of `ANSWER_FIELDS` that `row` holds (not None), in that order."""
+    for name in ANSWER_FIELDS:
+        if name == "reward_model.ground_truth":
+            reward_model = row.get("reward_model")
+            value = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+        else:
+            value = row.get(name)
+        if value is not None:
+            yield name, value
 
 
 def _row_question(row: Mapping[str, Any]) -> str:
@@ -183,21 +268,10 @@ def _row_question(row: Mapping[str, Any]) -> str:
 
 
 def _row_answers(row: Mapping[str, Any]) -> list[str]:
-    reward_model = row.get("reward_model")
-    for value in (
-        row.get("golden_answers"),
-        row.get("answers"),
-        reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
-        row.get("answer"),
-    ):
-        if value is None:
-            continue
-        if isinstance(value, Mapping):  # SQuAD style: {"text": [...], "answer_start": [...]}
-            if "text" not in value:
-                raise ValueError(f"its golden answers are a mapping without 'text': {dict(value)!r}")
-            value = value["text"]
+    """The first golden-answers field the row holds; an empty or unusable one is an error, not skipped."""
+    for _, value in answer_values(row):
         try:
-            answers = as_answer_list(value, numbers=True)
+            answers = answer_list(value)
         except TypeError as exc:
             raise ValueError(str(exc)) from None
         if not answers:
@@ -219,6 +293,8 @@ def resolve_source(name_or_path: str | Path) -> tuple[Path, str]:
             f"unknown dataset {str(name_or_path)!r}: use one of {', '.join(DATASETS)} or a path to a "
             ".parquet/.jsonl/.json file"
         )
+    if path.exists():
+        _check_file(path)  # a folder named x.jsonl: refused here, before anyone opens it
     return path, path.stem
 
 
@@ -226,8 +302,7 @@ def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     """The rows of a .parquet, .jsonl or .json file, read lazily: parquet by record batch, JSONL by line, so
     memory does not grow with the file (a .json list is one document and is read whole)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no such dataset file: {path}")
+    _check_file(path)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         try:
@@ -241,19 +316,8 @@ def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
         for batch in batches:
             yield from batch.to_pylist()
     elif suffix == ".jsonl":
-        with path.open(encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
-                if not isinstance(row, dict):
-                    raise DataError(
-                        f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}"
-                    )
-                yield row
+        for _, row in _jsonl_objects(path):
+            yield row
     else:
         yield from read_rows(path)
 
@@ -261,6 +325,7 @@ def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
 def count_rows(path: str | Path) -> int:
     """How many rows `iter_rows` will yield, without holding them: parquet metadata, or one pass over the lines."""
     path = Path(path)
+    _check_file(path)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -270,8 +335,11 @@ def count_rows(path: str | Path) -> int:
         except Exception as exc:
             raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
     if suffix == ".jsonl":
-        with path.open("rb") as handle:
-            return sum(1 for line in handle if line.strip())
+        try:
+            with path.open("rb") as handle:
+                return sum(1 for line in handle if line.strip())
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
     return len(read_rows(path))
 
 
@@ -279,7 +347,8 @@ def iter_samples(
     name_or_path: str | Path, *, limit: int | None = None, require_answers: bool = True
 ) -> Iterator[Sample]:
     """Samples of a bundled set or a file, one at a time. Ids are not checked for repeats here (`load_samples`
-    refuses them; a batch run reports them); a row that cannot be read is a `DataError` naming it.
+    refuses them; a batch run reports them); a row that cannot be read is a `DataError` naming it, and so is one
+    whose id, question or golden answers hold text that cannot be written as UTF-8 (a lone surrogate).
 
     require_answers=False accepts rows without golden answers (batch inference over unlabelled questions).
     """
@@ -299,23 +368,33 @@ def iter_samples(
                 if require_answers or _has_answer_field(row):
                     raise
                 answers = []
+            row_id = row.get("id")
+            sample_id = str(row_id) if row_id is not None else f"{name}-{index}"
+            _check_writable(sample_id, question, answers)
         except ValueError as exc:
             raise DataError(f"{path} row {index}: {exc}") from None
-        row_id = row.get("id")
-        sample_id = str(row_id) if row_id is not None else f"{name}-{index}"
         yield Sample(id=sample_id, dataset=name, index=index, question=question, golden_answers=answers)
+
+
+def _check_writable(sample_id: str, question: str, answers: Sequence[str]) -> None:
+    """Refuse, at load, text that would crash the run later, when its row is written or sent."""
+    for what, text in [("its id", sample_id), ("its question", question)] + [
+        (f"golden answer {i}", answer) for i, answer in enumerate(answers)
+    ]:
+        problem = lone_surrogate(text)
+        if problem is not None:
+            raise ValueError(f"{what} is not valid Unicode text ({problem}); fix the file's \\u escapes")
 
 
 def _has_answer_field(row: Mapping[str, Any]) -> bool:
     """A row that names golden answers but whose value is unusable is an error even where answers are optional."""
-    reward_model = row.get("reward_model")
-    return any(row.get(k) is not None for k in ("golden_answers", "answers", "answer")) or (
-        isinstance(reward_model, Mapping) and reward_model.get("ground_truth") is not None
-    )
+    return next(answer_values(row), None) is not None
 
 
 def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[Sample]:
-    """Load a bundled set by name (see `DATASETS`) or any parquet/JSONL/JSON file; `limit` keeps the first rows."""
+    """Load a bundled set by name (see `DATASETS`) or any parquet/JSONL/JSON file; `limit` keeps the first rows.
+
+    A file without a single row is a `DataError` (limit=0 asks for none and gets an empty list)."""
     path, _ = resolve_source(name_or_path)
     samples = []
     seen: dict[str, int] = {}
@@ -326,31 +405,9 @@ def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[
             )
         seen[sample.id] = sample.index
         samples.append(sample)
+    if not samples and limit != 0:
+        raise DataError(f"{path} has no rows: nothing to load")
     return samples
-
-
-def truncate_partial_line(path: str | Path) -> None:
-    """Cut a last line left unfinished by a killed writer, so rows appended next start on a line of their own."""
-    path = Path(path)
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with path.open("r+b") as handle:
-        # Read backwards in blocks up to the last newline: no need to load a large file to find it.
-        size = handle.seek(0, 2)
-        handle.seek(size - 1)
-        if handle.read(1) == b"\n":
-            return
-        end = size
-        while end > 0:
-            start = max(0, end - 65536)
-            handle.seek(start)
-            block = handle.read(end - start)
-            cut = block.rfind(b"\n")
-            if cut >= 0:
-                handle.truncate(start + cut + 1)
-                return
-            end = start
-        handle.truncate(0)
 
 
 # ----------------------------------------------------------------------------------------------------------------

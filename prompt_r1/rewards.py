@@ -267,18 +267,20 @@ def score_episode(
 
 
 def golden_answers_of(row: Mapping[str, Any]) -> list[str]:
-    """Golden answers from a dataset row: `golden_answers`, the release's `reward_model.ground_truth`, or `answer`
-    (the first of them that is present and not empty; numbers become text)."""
-    reward_model = row.get("reward_model")
-    for value in (
-        row.get("golden_answers"),
-        reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
-        row.get("answer"),
-    ):
-        answers = as_answer_list(value, numbers=True) if value is not None else []
+    """Golden answers from a dataset row: `golden_answers`, `answers`, the release's `reward_model.ground_truth`,
+    or `answer` (the first of them that is present and not empty; numbers become text). A SQuAD-style mapping
+    {"text": [...], "answer_start": [...]} gives its `text`, as the dataset loader reads it.
+
+    >>> golden_answers_of({"answers": {"text": ["Paris", "Paris, France"], "answer_start": [0, 0]}})
+    ['Paris', 'Paris, France']
+    """
+    from prompt_r1.data import ANSWER_FIELDS, answer_list, answer_values
+
+    for _, value in answer_values(row):
+        answers = answer_list(value)  # a TypeError says what is wrong with it
         if answers:
             return answers
-    raise KeyError("no golden answers: expected golden_answers, reward_model.ground_truth or answer")
+    raise KeyError(f"no golden answers: expected {', '.join(ANSWER_FIELDS[:-1])} or {ANSWER_FIELDS[-1]}")
 
 
 _HEADER, _END = "<|im_start|>assistant\n", "<|im_end|>"
