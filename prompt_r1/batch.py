@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import signal
 import sys
 import time
-import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,84 +40,25 @@ from typing import Any, TextIO
 from prompt_r1.agents.base import AgentBackend, AgentOutput, AgentRequest
 from prompt_r1.config import LoopConfig
 from prompt_r1.costs import PriceTable, UsageMeter
-from prompt_r1.data import Sample, count_rows, iter_samples, resolve_source, truncate_partial_line
+from prompt_r1.data import Sample, iter_samples, resolve_source
 from prompt_r1.environment import EnvironmentClient, EnvironmentReply
-from prompt_r1.errors import AgentError, ConfigError, DataError
+from prompt_r1.errors import AgentError, ConfigError, DataError, OutputError
+from prompt_r1.redaction import RedactedStream, Redactor
+from prompt_r1.results_file import (
+    FAILED_STATUSES,
+    OutputState,
+    check_checkpoint,
+    compact_output,
+    crc,
+    open_results_file,
+)
 
-__all__ = ["FAILED_STATUSES", "BatchSummary", "Redactor", "compact_output", "read_output_state", "run_batch"]
+__all__ = ["FAILED_STATUSES", "BatchSummary", "run_batch", "scan_input"]
 
-# Rows with these statuses are failures of the infrastructure or of this code, not the episode's outcome: a
-# rerun retries them. internal_error: the episode raised something unexpected (its row holds the error).
-FAILED_STATUSES = frozenset({"environment_error", "agent_error", "internal_error"})
 _MAX_REPORTED = 10  # duplicate or conflicting ids named one by one on stderr; the rest are counted
-
-
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode("utf-8"))
-
-
-@dataclass
-class OutputState:
-    """What an existing output file already holds: finished ids (with a checksum of their question) and
-    failed ones, and how many rows an id's later row superseded."""
-
-    finished: dict[str, int] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-    superseded: int = 0
-
-
-def read_output_state(path: str | Path) -> OutputState:
-    """Stream an output file (after cutting a line a killed run left unfinished) into an `OutputState`."""
-    path = Path(path)
-    state = OutputState()
-    if not path.exists():
-        return state
-    truncate_partial_line(path)
-    seen: set[str] = set()
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                row_id, status = str(row["id"]), row.get("status")
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DataError(
-                    f"{path} line {line_no}: not a batch result row ({exc}); use another --out file"
-                ) from None
-            if row_id in seen:
-                state.superseded += 1
-            seen.add(row_id)
-            if status in FAILED_STATUSES:
-                state.failed.add(row_id)
-                state.finished.pop(row_id, None)
-            else:
-                state.failed.discard(row_id)
-                state.finished[row_id] = _crc(str(row.get("question", "")))
-    return state
-
-
-def compact_output(path: str | Path) -> int:
-    """Rewrite the output with the last row of each id only (atomically); returns the rows dropped."""
-    path = Path(path)
-    last: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle):
-            if line.strip():
-                last[str(json.loads(line)["id"])] = line_no
-    dropped = 0
-    keep = set(last.values())
-    tmp = path.with_name(path.name + ".compacting")
-    with path.open(encoding="utf-8") as src, tmp.open("w", encoding="utf-8") as dst:
-        for line_no, line in enumerate(src):
-            if line_no in keep:
-                dst.write(line)
-            elif line.strip():
-                dropped += 1
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, path)
-    return dropped
+_ROW_PREFIX = (
+    '{"id": '  # how every row this module writes begins (json.dumps of a dict whose first key is id)
+)
 
 
 @dataclass
@@ -294,59 +232,22 @@ def priced_models(environment: Any, agent: AgentBackend) -> dict[str, str]:
     return models
 
 
-def api_keys(environment: Any, agent: AgentBackend) -> list[str]:
-    """The API keys the run sends: the values of the variables the environment (each pool member) and the agent
-    name as theirs (`api_key_env`)."""
-    configs = [getattr(m, "config", None) for m in getattr(environment, "members", None) or [environment]]
-    configs.append(getattr(agent, "config", None))
-    names = {getattr(c, "api_key_env", None) for c in configs}
-    return [os.environ[name] for name in names if name and os.environ.get(name)]
-
-
-class Redactor:
-    """Cuts secrets out of text before it is written anywhere. A server or proxy may repeat the request's
-    Authorization header in an error body, and error text goes into result rows, the summary and stderr."""
-
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        from prompt_r1.config import NO_KEY
-
-        # Longest first, so a key that contains another is cut whole; the no-key placeholder is no secret.
-        kept = {s for s in secrets if s and len(s) >= 4 and s != NO_KEY}
-        self.secrets = sorted(kept, key=len, reverse=True)
-        # In a JSON line a secret appears JSON-escaped (quotes, backslashes, control characters).
-        self._escaped = [json.dumps(s, ensure_ascii=False)[1:-1] for s in self.secrets]
-
-    def __call__(self, text: str | None) -> str | None:
-        if text is None:
-            return None
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def exception(self, exc: BaseException) -> BaseException:
-        """`exc` with the secrets cut out of its message (in place: its type and attributes stay)."""
-        if self.secrets and any(s in str(exc) for s in self.secrets):
-            exc.args = tuple(self(a) if isinstance(a, str) else a for a in exc.args)
-        return exc
-
-    def json_line(self, row: dict[str, Any]) -> str:
-        line = json.dumps(row, ensure_ascii=False)
-        for escaped in self._escaped:
-            line = line.replace(escaped, "***")
-        return line + "\n"
-
-
-class _RedactedStream:
-    """A text stream (stderr, the progress bar's) that passes everything through a `Redactor`."""
-
-    def __init__(self, inner: TextIO, redact: Redactor) -> None:
-        self.inner, self.redact = inner, redact
-
-    def write(self, text: str) -> int:
-        return self.inner.write(self.redact(text))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+def scan_input(source: str | Path, limit: int | None = None) -> int:
+    """Read the input through once before anything runs: the number of rows, or a `DataError` for a row that
+    cannot be used or an id that repeats an earlier row's id with another question (which of the two to answer
+    is the user's call). An id repeated for the same question is only reported later, and run once."""
+    questions: dict[str, tuple[int, int]] = {}  # id → (checksum of its question, row index)
+    rows = 0
+    for sample in iter_samples(source, limit=limit, require_answers=False):
+        rows += 1
+        checksum = crc(sample.question)
+        earlier = questions.setdefault(sample.id, (checksum, sample.index))
+        if earlier[0] != checksum:
+            raise DataError(
+                f"input row {sample.index}: id {sample.id!r} repeats row {earlier[1]} with another question; "
+                "give each question its own id"
+            )
+    return rows
 
 
 def _failed(status: str, error: str) -> dict[str, Any]:
@@ -423,7 +324,7 @@ class _Runner:
             self.seen.add(sample.id)
             recorded = self.existing.finished.get(sample.id)
             if recorded is not None:
-                if recorded != _crc(sample.question):
+                if recorded != crc(sample.question):
                     self.summary.conflicts += 1
                     if self.summary.conflicts <= _MAX_REPORTED:
                         print(
@@ -520,8 +421,11 @@ class _Runner:
         return row
 
     def _write(self, row: dict[str, Any]) -> None:
-        self.handle.write(self.redact.json_line(row))
-        self.handle.flush()
+        try:
+            self.handle.write(self.redact.json_line(row))
+            self.handle.flush()
+        except OSError as exc:  # a full disk, a file system gone read-only: the rows written so far stand
+            raise OutputError(f"cannot write --out {self.out}: {exc.strerror or exc}") from None
         self.summary.written += 1
         self.summary.statuses[row["status"]] += 1
         if row["id"] in self.existing.failed:
@@ -577,15 +481,18 @@ class _Runner:
         )
 
     async def run(self) -> None:
-        with self.out.open("a", encoding="utf-8") as handle:
-            self.handle = handle
-            self.workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
-            try:
-                await asyncio.gather(*self.workers)
-            finally:  # an unexpected error in one worker (or our own cancellation) stops them all
-                for task in self.workers:
-                    task.cancel()
-                await asyncio.gather(*self.workers, return_exceptions=True)
+        self.handle = self.out.open("a", encoding="utf-8")
+        self.workers = [asyncio.create_task(self._worker()) for _ in range(self.concurrency)]
+        try:
+            await asyncio.gather(*self.workers)
+        finally:  # an unexpected error in one worker (or our own cancellation) stops them all
+            for task in self.workers:
+                task.cancel()
+            await asyncio.gather(*self.workers, return_exceptions=True)
+            # Every row was flushed as it was written, so closing fails only where a write already failed (a full
+            # disk), and that failure, naming the file, is the one to report.
+            with contextlib.suppress(OSError):
+                self.handle.close()
 
 
 @contextlib.contextmanager
@@ -637,12 +544,16 @@ async def run_batch(
     """Run the loop on every question of `source` (a bundled set's name or a parquet/JSONL/JSON file) not yet
     finished in `out`, appending one JSON row per episode. Returns the summary (also when stopped early).
 
-    The API keys named by the environment's and the agent's `api_key_env`, and any `secrets` given, are cut out
-    of everything written: rows, the summary, `log`."""
+    Before anything runs, the input is read through once (a bad row, or an id repeated for another question, stops
+    it with a `DataError`), and `out` and `checkpoint` are checked (`OutputError`: the input, a folder, a file
+    that is not a results file or a SQLite database, an unwritable path) without being changed.
+
+    Every API key the clients use (prompt_r1.redaction), and any `secrets` given, are cut out of everything
+    written: rows, the summary, `log`."""
     from prompt_r1.graph import build_graph
 
-    redact = Redactor([*api_keys(environment, agent), *secrets])
-    log = _RedactedStream(log if log is not None else sys.stderr, redact)
+    redact = Redactor(secrets)
+    log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
     if concurrency < 1:
         raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -670,12 +581,12 @@ async def run_batch(
                 f"{prices.edit_hint()}, as MODEL: {{input: $, output: $}} per 1M tokens"
             )
     path, _ = resolve_source(source)
-    input_rows = count_rows(path) if path.exists() else None
-    if input_rows is not None and limit is not None:
-        input_rows = min(input_rows, limit)
+    input_rows = scan_input(source, limit)
     samples = iter_samples(source, limit=limit, require_answers=False)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    existing = read_output_state(out)
+    protected = [("input file", path), ("--checkpoint file", Path(checkpoint) if checkpoint else None)]
+    existing = open_results_file(out, row_prefix=_ROW_PREFIX, protected=protected)
+    if checkpoint is not None:
+        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
     meter = UsageMeter(prices)
     metered_env = _MeteredEnvironment(environment, meter, redact)
     metered_agent = _MeteredAgent(agent, meter, agent_model, redact)

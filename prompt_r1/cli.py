@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from prompt_r1 import redaction
 from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file, unreachable_reason
-from prompt_r1.errors import AgentError, ConfigError, PromptR1Error
+from prompt_r1.errors import AgentError, ConfigError, OutputError, PromptR1Error
 
 __all__ = ["build_parser", "main"]
 
@@ -353,6 +353,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not args.question.strip():
         raise ConfigError("the question is empty")
+    from prompt_r1.text import valid
+
+    if not valid(args.question):  # undecodable bytes on the command line arrive as lone surrogates
+        raise ConfigError("the question is not valid UTF-8 text")
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     agent, environment = _prepare(agent_cfg, env_cfg)
     graph = build_graph(agent, environment, **loop_cfg.graph_options())
@@ -362,7 +366,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise _Failure(f"agent failed: {exc}", EXIT_FAILED) from exc
     if args.json:
         payload = {k: result.get(k) for k in ("question", "answer", "status", "turns", "usage", "error")}
-        print(json.dumps(payload, ensure_ascii=False))
+        print(redaction.dumps(payload))
     else:
         if result.get("answer") is not None:
             print(f"answer: {result['answer']}")
@@ -373,26 +377,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-class _Redact:
-    """A logging filter that replaces secret values in every record with ***."""
-
-    def __init__(self, secrets: list[str]) -> None:
-        self.secrets = [s for s in secrets if s and len(s) >= 4]
-
-    def filter(self, record) -> bool:
-        message = record.getMessage()
-        for secret in self.secrets:
-            message = message.replace(secret, "***")
-        record.msg, record.args = message, None
-        return True
-
-
-def _log_to_file(path: str, secrets: list[str]) -> None:
+def _log_to_file(path: str) -> None:
     import logging
 
-    handler = logging.FileHandler(path, encoding="utf-8")
+    from prompt_r1.redaction import RedactingFilter
+
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write --log-file {path}: {exc.strerror or exc}") from None
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(_Redact(secrets))
+    handler.addFilter(RedactingFilter())
     for name in ("prompt_r1", "openai", "httpx", "langchain_openai"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.DEBUG)
@@ -443,11 +438,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    import os
 
-    from prompt_r1.batch import Redactor, run_batch
+    from prompt_r1.batch import run_batch
     from prompt_r1.costs import PriceTable
+    from prompt_r1.data import resolve_source
     from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentPool
+    from prompt_r1.results_file import check_folder_of, check_summary_path, write_text_file
 
     if args.concurrency < 1:
         raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
@@ -456,6 +452,18 @@ def cmd_batch(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"--out must be a .jsonl file, got {out}")
+    summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    # Checked before any endpoint is contacted or model loaded; the input, --out and --checkpoint by run_batch.
+    check_folder_of(out, "--out")
+    check_summary_path(
+        summary_path,
+        [
+            ("input file", resolve_source(args.input)[0]),
+            ("--out file", out),
+            ("--checkpoint file", checkpoint),
+        ],
+    )
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
     if args.env_pool:
@@ -464,40 +472,28 @@ def cmd_batch(args: argparse.Namespace) -> int:
             check_reachable(
                 member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
             )
-        key_vars = [m.config.api_key_env for m in environment.members]
         agent, _ = _prepare(agent_cfg, None)
     else:
         agent, environment = _prepare(agent_cfg, env_cfg)
-        key_vars = [env_cfg.api_key_env]
-    secrets = [os.environ.get(v, "") for v in [*key_vars, agent_cfg.api_key_env] if v]
     if args.log_file:
-        _log_to_file(args.log_file, secrets)
-    try:
-        summary = asyncio.run(
-            run_batch(
-                args.input,
-                out,
-                agent=agent,
-                environment=environment,
-                loop=loop_cfg,
-                concurrency=args.concurrency,
-                checkpoint=args.checkpoint,
-                max_failures=args.max_failures,
-                budget=args.budget,
-                prices=prices,
-                limit=args.limit,
-                progress=not args.no_progress,
-                secrets=secrets,
-            )
+        _log_to_file(args.log_file)
+    summary = asyncio.run(
+        run_batch(
+            args.input,
+            out,
+            agent=agent,
+            environment=environment,
+            loop=loop_cfg,
+            concurrency=args.concurrency,
+            checkpoint=checkpoint,
+            max_failures=args.max_failures,
+            budget=args.budget,
+            prices=prices,
+            limit=args.limit,
+            progress=not args.no_progress,
         )
-    except PromptR1Error as exc:  # printed by main(): without the keys a server may have echoed into it
-        redact = Redactor(secrets)
-        exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
-        raise
-    summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
-    summary_path.write_text(
-        json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
+    write_text_file(summary_path, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
     print(summary.render(), file=sys.stderr)
     print(f"summary: {summary_path}", file=sys.stderr)
     if summary.input_error:
@@ -611,11 +607,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     from prompt_r1.errors import DataError
     from prompt_r1.evaluation import read_predictions, summarize, write_reports
     from prompt_r1.rewards import golden_answers_of
+    from prompt_r1.text import lone_surrogate
 
     path = Path(args.file)
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"no such predictions file: {path}")
-    rows = read_predictions(path)
+    if not path.is_file():
+        raise DataError(f"{path} is not a file; give a .jsonl file of predictions")
+    # Strict: a torn or unreadable line is refused, never left out (it would change the scores without a word).
+    repeats: list[tuple[int, tuple[str, str, str]]] = []
+    rows = read_predictions(path, strict=True, repeats=repeats)
     if not rows:
         raise DataError(f"{path} has no rows")
     for i, row in enumerate(rows):
@@ -623,10 +624,24 @@ def cmd_score(args: argparse.Namespace) -> int:
             raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
         if row["prediction"] is not None and not isinstance(row["prediction"], str):
             raise DataError(f"{path} row {i}: prediction is not text")
+        for what in ("prediction", "method", "dataset"):  # the names are written to the reports
+            problem = None if row[what] is None else lone_surrogate(str(row[what]))
+            if problem is not None:
+                raise DataError(f"{path} row {i}: its {what} is not valid Unicode text ({problem})")
         try:
             row["golden_answers"] = golden_answers_of(row)
         except (KeyError, TypeError) as exc:
             raise DataError(f"{path} row {i}: {exc.args[0]}") from None
+    if repeats:
+        keys = list(dict.fromkeys(key for _, key in repeats))
+        one_group = len({key[:2] for key in keys}) == 1
+        named = ", ".join(repr(key[2]) if one_group else "/".join(key) for key in keys[:5])
+        print(
+            f"prompt-r1: warning: {path}: {len(keys)} id{'s are' if len(keys) > 1 else ' is'} on more than one "
+            f"row ({named}{', …' if len(keys) > 5 else ''}); only the last row of each is scored, "
+            f"{len(repeats)} earlier row{'s' if len(repeats) > 1 else ''} left out",
+            file=sys.stderr,
+        )
     summary = summarize(rows, metrics=args.metric)
     written = write_reports(
         summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric
@@ -698,6 +713,19 @@ def main(argv: list[str] | None = None) -> int:
             "score": cmd_score,
             "merge": cmd_merge,
         }[args.command]
+    # Everything the command prints, a progress bar, a warning or a traceback included, passes through the
+    # redaction of every API key the command's clients read (prompt_r1.redaction).
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = redaction.RedactedStream(stdout), redaction.RedactedStream(stderr)
+    redaction.protect_logging()
+    try:
+        return _run_command(command, args)
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _run_command(command, args) -> int:
     try:
         return command(args)
     except _Failure as exc:
@@ -712,6 +740,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("prompt-r1: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as exc:
+        # A file problem nothing more specific caught (a full disk mid-run, a folder where a file was meant):
+        # one line naming the file; the rows written so far stand.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"prompt-r1: error: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception:
+        # A bug: its traceback is for the report, and goes out through the redacting stderr like everything else.
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

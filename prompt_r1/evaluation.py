@@ -28,13 +28,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prompt_r1 import redaction
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.config import LoopConfig
-from prompt_r1.data import DATASETS, Sample, dataset_info, jsonl_rows, truncate_partial_line
-from prompt_r1.errors import AgentError, ConfigError, ContextOverflow, EnvironmentCallError
+from prompt_r1.data import DATASETS, Sample, dataset_info, jsonl_rows
+from prompt_r1.errors import (
+    AgentError,
+    ConfigError,
+    ContextOverflow,
+    EnvironmentCallError,
+    EnvironmentRefused,
+)
 from prompt_r1.metrics import METRICS, SemanticScorer, as_answer_list
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import ANSWER_CLOSE, last_answer
+from prompt_r1.results_file import open_results_file
 from prompt_r1.rewards import PRESETS, score_episode
 
 __all__ = [
@@ -117,20 +125,32 @@ def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(row["method"]), str(row["dataset"]), str(row["id"]))
 
 
-def read_predictions(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a predictions file; when a key appears twice (a retried row), the later row wins.
+def read_predictions(
+    path: str | Path,
+    *,
+    strict: bool = False,
+    repeats: list[tuple[int, tuple[str, str, str]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of a predictions file; when a key (method, dataset, id) appears twice (a retried row), the later
+    row wins.
 
-    A last line cut short (the process was killed mid-write) is dropped; any other bad line is an error.
+    A last line cut short (the process was killed mid-write) is dropped, as a run resuming its own file needs;
+    with `strict` it is an error like any other bad line (a file to score must be whole). Bad lines, a file that
+    is not UTF-8 or not a file are `DataError`s naming the file and line. When `repeats` is a list, (line
+    number, key) of every row whose key an earlier row already had is appended to it.
     """
     path = Path(path)
     if not path.exists():
         return []
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for line_no, row in jsonl_rows(path, allow_cut_last_line=True):
+    for line_no, row in jsonl_rows(path, allow_cut_last_line=not strict):
         for key, default in (("method", "predictions"), ("dataset", path.stem), ("id", f"line-{line_no}")):
             if row.get(key) is None:
                 row[key] = default
-        rows[_key(row)] = row
+        row_key = _key(row)
+        if repeats is not None and row_key in rows:
+            repeats.append((line_no, row_key))
+        rows[row_key] = row
     return list(rows.values())
 
 
@@ -267,7 +287,8 @@ async def run_evaluation(
     )
 
     predictions_path = out_dir / PREDICTIONS
-    truncate_partial_line(predictions_path)
+    # The folder's rows are checked before anything is appended: a file there that is not ours is left untouched.
+    open_results_file(predictions_path, row_prefix='{"method": ', what="predictions file")
     questions = {(s.dataset, s.id): s.question for s in samples}
     finished = set()
     for row in read_predictions(predictions_path):
@@ -338,6 +359,8 @@ async def run_evaluation(
                 row["answer_tagged"] = tagged is not None
                 prediction = tagged if tagged is not None else text.strip()
                 status = "answered" if tagged is not None else "untagged"
+        except EnvironmentRefused as exc:  # an outcome, as in the loop: not retried by the next run
+            status, error = "refused", str(exc)
         except EnvironmentCallError as exc:
             status, error = "environment_error", str(exc)
         except ContextOverflow as exc:
@@ -369,7 +392,7 @@ async def run_evaluation(
         try:
             for next_done in asyncio.as_completed(tasks):
                 row = await next_done
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                handle.write(redaction.json_line(row))
                 handle.flush()
                 written += 1
                 if row["status"] in FAILED_STATUSES:

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.batch import compact_output, read_output_state, run_batch
+from prompt_r1.batch import run_batch
 from prompt_r1.cli import main
 from prompt_r1.config import AgentConfig, EnvironmentConfig
 from prompt_r1.costs import PriceTable, UsageMeter
 from prompt_r1.environment import EnvironmentClient, EnvironmentPool
 from prompt_r1.errors import ConfigError
 from prompt_r1.ratelimit import EndpointLimiter, TokenWindow
+from prompt_r1.results_file import compact_output, open_results_file
 from prompt_r1.testing import Fault, ScriptedServer, echo_environment, max_in_window, relay_agent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -515,7 +516,7 @@ def test_a_key_echoed_in_error_bodies_is_redacted_everywhere(tmp_path, capsys):
 
 
 def test_the_redactor_cuts_every_key_also_json_escaped():
-    from prompt_r1.batch import Redactor
+    from prompt_r1.redaction import Redactor
 
     redact = Redactor(["sk-short", "sk-short-and-longer", 'odd"key\\1', "EMPTY", ""])
     assert redact("a sk-short-and-longer b sk-short c EMPTY") == "a *** b *** c EMPTY"
@@ -528,7 +529,7 @@ def test_duplicate_ids_are_reported_not_merged(tmp_path, capsys):
     rows = [
         {"id": "a", "question": "First?"},
         {"id": "b", "question": "Second?"},
-        {"id": "a", "question": "Other?"},
+        {"id": "a", "question": "First?"},
     ]
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
@@ -536,6 +537,24 @@ def test_duplicate_ids_are_reported_not_merged(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "duplicate id 'a' at input row 2: not run again" in err and "1 duplicate ids" in err
     assert [r["question"] for r in rows_of(tmp_path / "r.jsonl") if r["id"] == "a"] == ["First?"]
+
+
+def test_an_id_repeated_for_another_question_stops_before_anything_runs(tmp_path, capsys):
+    inp = tmp_path / "q.jsonl"
+    rows = [
+        {"id": "a", "question": "First?"},
+        {"id": "b", "question": "Second?"},
+        {"id": "a", "question": "Other?"},
+    ]
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
+        assert main(cli_args(server.base_url, inp, tmp_path / "r.jsonl")) == 2
+        assert not server.requests
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "prompt-r1: error: input row 2: id 'a' repeats row 0 with another question; give each question its own id"
+    )
+    assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_an_id_finished_for_another_question_is_reported_not_rerun(tmp_path, capsys):
@@ -551,15 +570,16 @@ def test_an_id_finished_for_another_question_is_reported_not_rerun(tmp_path, cap
     assert [r["question"] for r in rows_of(tmp_path / "r.jsonl")] == ["First?"]
 
 
-def test_a_bad_input_row_stops_with_the_rows_before_it_written(tmp_path, capsys):
+def test_a_bad_input_row_stops_the_run_before_anything_runs(tmp_path, capsys):
     inp = write_questions(tmp_path / "q.jsonl", 5)
     with inp.open("a") as handle:
         handle.write('{"id": "bad", "question": ""}\n')
     with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
         code = main(cli_args(server.base_url, inp, tmp_path / "r.jsonl", "--concurrency", "2"))
+        assert not server.requests
     assert code == 2
     assert "row 5: its question is empty" in capsys.readouterr().err
-    assert len(rows_of(tmp_path / "r.jsonl")) == 5
+    assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_parquet_input_and_bundled_sets_stream(tmp_path):
@@ -755,7 +775,7 @@ def test_usage_meter_and_output_state(tmp_path):
         '{"id": "a", "question": "q", "status": "answered"}\n'
         '{"id": "c", "question": "q", "status": "agent_error"}\n{"id": "d", "sta'
     )
-    state = read_output_state(out)
+    state = open_results_file(out, row_prefix='{"id": ')
     assert set(state.finished) == {"a", "b"} and state.failed == {"c"} and state.superseded == 1
     assert compact_output(out) == 1
     assert [r["id"] for r in rows_of(out)] == ["b", "a", "c"]
