@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.ratelimit import reset_limiters
-from prompt_r1.testing import ScriptedServer, build_tiny_model, echo_environment, scripted_agent
+from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.tiny_models import build_tiny_model
 
 DATA = Path(__file__).parent / "data"
 
@@ -98,7 +99,7 @@ NAMES = ("Ada", "Bob", "Cy", "Dee")
 @pytest.fixture(scope="session")
 def protocol_model_path(tmp_path_factory) -> Path:
     """The tiny model taught the name task's format, answering any of NAMES (about 30 s on 2 cores)."""
-    from prompt_r1.testing import build_protocol_model
+    from prompt_r1.tiny_models import build_protocol_model
 
     episodes = [
         (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES

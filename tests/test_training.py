@@ -471,7 +471,7 @@ def test_cli_resumes_from_its_last_checkpoint(protocol_model_path, tmp_path, cap
 def test_mean_reward_rises_on_the_name_task(tmp_path):
     """Learning check: the environment always says Ada; the model starts out answering any of four names, with a
     format it sometimes breaks. GRPO with the double-constrained reward must raise the mean reward."""
-    from prompt_r1.testing import build_protocol_model
+    from prompt_r1.tiny_models import build_protocol_model
 
     questions = [NAME_QUESTION, "Which name is on the list?"]
     episodes = [

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_model(model: Path) -> Path:
-    from prompt_r1.testing import build_protocol_model
+    from prompt_r1.tiny_models import build_protocol_model
 
     if not (model / "config.json").is_file():
         print(f"building the tiny agent model in {model} (about a minute on 2 cores) ...", file=sys.stderr)

@@ -219,7 +219,8 @@ def main() -> int:
 
     import torch
 
-    from prompt_r1.testing import ScriptedServer, build_protocol_model
+    from prompt_r1.testing import ScriptedServer
+    from prompt_r1.tiny_models import build_protocol_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as tmp:

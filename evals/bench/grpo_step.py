@@ -115,7 +115,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny model")
     args = parser.parse_args()
 
-    from prompt_r1.testing import build_protocol_model
+    from prompt_r1.tiny_models import build_protocol_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -1,0 +1,141 @@
+"""Tiny local models for tests, examples and benchmarks, built in-process and loaded through `from_pretrained`.
+
+`build_tiny_model` writes a random Qwen2-style model and a byte-level BPE tokenizer trained here (with a chat
+template) to a folder; `build_protocol_model` fine-tunes one to play the protocol's format. Nothing comes from a
+hub. Needs the `dev` extra (tokenizers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["CHAT_TEMPLATE", "build_protocol_model", "build_tiny_model"]
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_TINY_CORPUS = [
+    "<think>The question asks about a person.</think><interaction_prompt>Who is the person in the question?</interaction_prompt>",
+    "<interaction_response>The person is Ada Lovelace.</interaction_response>",
+    "<think>The response names her.</think><answer>Ada Lovelace</answer>",
+    "Question: Who wrote the first program? First, provide a simple explanation of the question.",
+]
+
+
+def build_tiny_model(
+    path: str | Path,
+    *,
+    hidden_size: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Save a random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
+
+    Everything is built in-process; loading it back uses the ordinary `from_pretrained` path. The defaults make a
+    model of a few thousand parameters for tests; the GPU benchmark asks for one of a few hundred million.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(_TINY_CORPUS * 20, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(path)
+    return path
+
+
+def build_protocol_model(
+    path: str | Path,
+    episodes: Sequence[tuple[str, str, str, str]],
+    *,
+    hidden_size: int = 64,
+    steps: int = 400,
+    lr: float = 3e-3,
+    seed: int = 0,
+    device: str = "cpu",
+    **model_shape: int,
+) -> Path:
+    """A tiny model fine-tuned (seconds, on CPU) to play two-turn episodes, saved to `path`.
+
+    Each episode is (question, first turn, environment response, second turn). The model is trained on the
+    token-exact trajectory the graph builds (agent turns as targets, the rendered environment message masked), so
+    sampling through the graph reproduces the script; where several episodes share a question and first turn but
+    end differently, the model learns to choose among their endings. `model_shape` (layers, heads, kv_heads,
+    intermediate_size) goes to `build_tiny_model`; `device` is where the fine-tuning runs (the model is saved in
+    float32 either way).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prompt_r1.prompts import interaction_response, question_message
+    from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+
+    path = build_tiny_model(path, hidden_size=hidden_size, seed=seed, **model_shape)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    rows, labels = [], []
+    for question, turn1, response, turn2 in episodes:
+        prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
+        first = tok.encode(turn1, add_special_tokens=False)
+        env = user_turn_ids(tok, interaction_response(response), first)
+        second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id]
+        rows.append(prompt + first + env + second)
+        labels.append([-100] * len(prompt) + first + [-100] * len(env) + second)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    target = torch.full((len(rows), width), -100)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        target[i, : len(label)] = torch.tensor(label)
+        attention[i, : len(row)] = 1
+    ids, target, attention = ids.to(device), target.to(device), attention.to(device)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=attention, labels=target).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.to("cpu").save_pretrained(path)
+    return path
