@@ -584,6 +584,8 @@ async def run_batch(
     input_rows = scan_input(source, limit)
     samples = iter_samples(source, limit=limit, require_answers=False)
     protected = [("input file", path), ("--checkpoint file", Path(checkpoint) if checkpoint else None)]
+    if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
+        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
     existing = open_results_file(out, row_prefix=_ROW_PREFIX, protected=protected)
     if checkpoint is not None:
         check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])

@@ -118,6 +118,8 @@ def question_of(messages: list[BaseMessage]) -> str:
 
 
 def _finish_reason(status: str | None) -> str:
+    if status == "refused":  # OpenAI's own word for a reply a content filter withheld
+        return "content_filter"
     return "length" if status in ("max_turns", "context_overflow") else "stop"
 
 

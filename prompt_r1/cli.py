@@ -28,7 +28,7 @@ from typing import Any
 
 from prompt_r1 import redaction
 from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file, unreachable_reason
-from prompt_r1.errors import AgentError, ConfigError, OutputError, PromptR1Error
+from prompt_r1.errors import AgentError, ConfigError, PromptR1Error
 
 __all__ = ["build_parser", "main"]
 
@@ -377,23 +377,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _log_to_file(path: str) -> None:
-    import logging
-
-    from prompt_r1.redaction import RedactingFilter
-
-    try:
-        handler = logging.FileHandler(path, encoding="utf-8")
-    except OSError as exc:
-        raise OutputError(f"cannot write --log-file {path}: {exc.strerror or exc}") from None
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter())
-    for name in ("prompt_r1", "openai", "httpx", "langchain_openai"):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(handler)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -437,89 +420,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_batch(args: argparse.Namespace) -> int:
-
-    from prompt_r1.batch import run_batch
-    from prompt_r1.costs import PriceTable
-    from prompt_r1.data import resolve_source
-    from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentPool
-    from prompt_r1.results_file import check_folder_of, check_summary_path, write_text_file
-
-    if args.concurrency < 1:
-        raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
-    out = Path(args.out)
-    if out.suffix != ".jsonl":
-        raise ConfigError(f"--out must be a .jsonl file, got {out}")
-    summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    # Checked before any endpoint is contacted or model loaded; the input, --out and --checkpoint by run_batch.
-    check_folder_of(out, "--out")
-    check_summary_path(
-        summary_path,
-        [
-            ("input file", resolve_source(args.input)[0]),
-            ("--out file", out),
-            ("--checkpoint file", checkpoint),
-        ],
-    )
-    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
-    prices = PriceTable.load(args.prices)
-    if args.env_pool:
-        environment = EnvironmentPool.from_file(args.env_pool, env_cfg)
-        for member in environment.members:
-            check_reachable(
-                member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
-            )
-        agent, _ = _prepare(agent_cfg, None)
-    else:
-        agent, environment = _prepare(agent_cfg, env_cfg)
-    if args.log_file:
-        _log_to_file(args.log_file)
-    summary = asyncio.run(
-        run_batch(
-            args.input,
-            out,
-            agent=agent,
-            environment=environment,
-            loop=loop_cfg,
-            concurrency=args.concurrency,
-            checkpoint=checkpoint,
-            max_failures=args.max_failures,
-            budget=args.budget,
-            prices=prices,
-            limit=args.limit,
-            progress=not args.no_progress,
-        )
-    )
-    write_text_file(summary_path, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
-    print(summary.render(), file=sys.stderr)
-    print(f"summary: {summary_path}", file=sys.stderr)
-    if summary.input_error:
-        print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
-        return EXIT_USAGE
-    if summary.stopped and summary.stopped.startswith("interrupted"):
-        return EXIT_INTERRUPTED
-    if not summary.complete:
-        left = []
-        if summary.failed:
-            left.append(f"{summary.failed} failed")
-        if summary.cancelled:
-            left.append(f"{summary.cancelled} cancelled")
-        if summary.conflicts:
-            left.append(f"{summary.conflicts} ids finished earlier for another question")
-        if summary.stopped:
-            left.append(f"stopped: {summary.stopped}")
-        print(
-            f"prompt-r1: error: not every episode finished ({'; '.join(left)}); run the same command again to "
-            "retry the failed ones and run the rest",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    return EXIT_OK
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from prompt_r1.data import load_samples
     from prompt_r1.evaluation import (
@@ -534,6 +434,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
 
     datasets, methods = resolve_plan(args.suite, args.dataset, args.method)
+    from prompt_r1.data import resolve_source
+
+    out_dir = Path(args.out).resolve()
+    for (
+        name
+    ) in datasets:  # the folder's files are written and rewritten: an input inside it would be one of them
+        source = resolve_source(name)[0].resolve()
+        if source == out_dir or out_dir in source.parents:
+            raise ConfigError(f"the input {name} is inside the --out folder {args.out}; name another folder")
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
     if args.concurrency < 1:
@@ -698,6 +607,12 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_batch(args: argparse.Namespace) -> int:
+    from prompt_r1.cli_batch import cmd_batch
+
+    return cmd_batch(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -707,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
         command = {
             "run": cmd_run,
-            "batch": cmd_batch,
+            "batch": _cmd_batch,
             "serve": cmd_serve,
             "eval": cmd_eval,
             "score": cmd_score,

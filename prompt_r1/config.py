@@ -238,18 +238,36 @@ def resolve_api_key(api_key_env: str, base_url: str | None, *, what: str = "envi
     return NO_KEY
 
 
+def read_yaml_file(path: str | Path, what: str) -> Any:
+    """The YAML/JSON document in `path`, or a one-line `ConfigError` naming `what` and the file: missing, a
+    folder, unreadable, not UTF-8, or not valid YAML (with the line and column of the problem)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot read {what} {path}: " + ("it is a folder" if path.is_dir() else "no such file")
+        )
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{what} {path} is not valid YAML/JSON: {problem}{where}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path} is nested too deeply") from None
+
+
 def load_config_file(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read a YAML/JSON config with optional `agent`, `environment` and `loop` sections.
 
     Unknown sections or keys are errors that list the valid names, so a typo never passes silently.
     """
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML/JSON: {exc}") from exc
+    data = read_yaml_file(path, "config file") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping with agent/environment/loop sections")
     sections = {"agent": AgentConfig, "environment": EnvironmentConfig, "loop": LoopConfig}

@@ -72,13 +72,10 @@ class PriceTable:
         bundled = resources.files("prompt_r1").joinpath("prices.yaml").read_text(encoding="utf-8")
         table = cls.parse(yaml.safe_load(bundled), "prompt_r1/prices.yaml")
         if path is not None:
+            from prompt_r1.config import read_yaml_file
+
             path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"no such price table: {path}")
-            try:
-                data = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
+            data = read_yaml_file(path, "price table")
             table.prices.update(cls.parse(data, str(path)).prices)
             table.path = path
         return table

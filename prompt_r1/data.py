@@ -167,6 +167,10 @@ def _jsonl_objects(path: Path, *, allow_cut_last_line: bool = False) -> Iterator
                 except json.JSONDecodeError as exc:
                     pending = DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})")
                     continue
+                except (ValueError, RecursionError) as exc:  # nested too deep, an integer too long for Python
+                    raise DataError(
+                        f"{path} line {line_no}: JSON this reader cannot take ({_json_limit(exc)})"
+                    ) from None
                 if not isinstance(row, dict):
                     raise DataError(
                         f"{path} line {line_no}: expected a JSON object, got {type(row).__name__}"
@@ -176,6 +180,12 @@ def _jsonl_objects(path: Path, *, allow_cut_last_line: bool = False) -> Iterator
         raise _unreadable(path, exc) from None
     if pending is not None and not allow_cut_last_line:
         raise pending
+
+
+def _json_limit(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(exc).split())[:120]
 
 
 def jsonl_rows(path: Path, *, allow_cut_last_line: bool = False) -> list[tuple[int, dict[str, Any]]]:
@@ -201,6 +211,8 @@ def _json_rows(path: Path) -> list[dict[str, Any]]:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"{path}: JSON this reader cannot take ({_json_limit(exc)})") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise DataError(f"{path}: expected a JSON list of objects")
     return rows

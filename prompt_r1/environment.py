@@ -233,6 +233,9 @@ class EnvironmentClient:
             raise
         usage = message.usage_metadata or {}
         text, repaired = repair(message.text if isinstance(message.text, str) else str(message.content))
+        # A reply that repeats a key (an endpoint echoing its request) must not carry it into the state, the
+        # checkpoint, or the agent's next prompt.
+        text = redaction.redact(text)
         return EnvironmentReply(
             text=text,
             input_tokens=int(usage.get("input_tokens", 0)),
@@ -323,15 +326,10 @@ class EnvironmentPool:
         """
         import dataclasses
 
-        import yaml
+        from prompt_r1.config import read_yaml_file
 
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"no such environment pool file: {path}")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
+        data = read_yaml_file(path, "environment pool file")
         if isinstance(data, list):
             data = {"environments": data}
         if (

@@ -7,6 +7,7 @@
     │   └── OutputError                          an output file that cannot be written, or is not ours to write
     ├── BackendUnavailable (also ImportError)    an optional extra (vllm, trl, ...) is not installed
     ├── AgentError                               the agent backend failed
+    │   └── AgentRefused                         a served agent's provider refused (content filter): final
     ├── ContextOverflow                          a prompt no longer fits a model's context or token budget
     └── EnvironmentCallError                     a call to the large LLM failed
         ├── RateLimited         (retryable)     HTTP 429; carries the server's Retry-After
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError",
+    "AgentRefused",
     "BackendUnavailable",
     "ConfigError",
     "ContextOverflow",
@@ -68,6 +70,11 @@ class BackendUnavailable(PromptR1Error, ImportError):
 
 class AgentError(PromptR1Error):
     """The agent backend failed to produce a generation."""
+
+
+class AgentRefused(AgentError):
+    """A served agent's provider refused the request (content filter, refusal): an outcome of the episode (status
+    `refused`), not a failure a rerun should pay for again."""
 
 
 class ContextOverflow(PromptR1Error):

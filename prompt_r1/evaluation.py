@@ -34,6 +34,7 @@ from prompt_r1.config import LoopConfig
 from prompt_r1.data import DATASETS, Sample, dataset_info, jsonl_rows
 from prompt_r1.errors import (
     AgentError,
+    AgentRefused,
     ConfigError,
     ContextOverflow,
     EnvironmentCallError,
@@ -188,6 +189,21 @@ def _method_settings(method: str, agent_config: Any, environment_config: Any, lo
     return settings
 
 
+def _read_settings(path: Path) -> dict[str, Any]:
+    """The settings file of an evaluation folder, or a `ConfigError` when the file there is not one."""
+    if not path.exists():
+        return {"methods": {}}
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        recorded = None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("methods"), dict):
+        raise ConfigError(
+            f"{path} is not the settings file of a prompt-r1 eval folder; it was left untouched: use another --out"
+        )
+    return recorded
+
+
 def record_settings(
     out_dir: str | Path,
     methods: Sequence[str],
@@ -205,7 +221,7 @@ def record_settings(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / MANIFEST
-    recorded = json.loads(path.read_text()) if path.exists() else {"methods": {}}
+    recorded = _read_settings(path)
     for method, current in settings.items():
         before = recorded["methods"].get(method)
         if before is None or before == current:
@@ -365,6 +381,8 @@ async def run_evaluation(
             status, error = "environment_error", str(exc)
         except ContextOverflow as exc:
             status, error = "context_overflow", str(exc)
+        except AgentRefused as exc:
+            status, error = "refused", str(exc)
         except AgentError as exc:
             status, error = "agent_error", str(exc)
         row.update(

@@ -17,6 +17,7 @@ Clients and models come in through the closure, never through the state.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
@@ -28,11 +29,11 @@ from langgraph.graph import END, START, StateGraph
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
 from prompt_r1.environment import EnvironmentClient
-from prompt_r1.errors import ContextOverflow, EnvironmentCallError, EnvironmentRefused
+from prompt_r1.errors import AgentRefused, ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
 from prompt_r1.protocol import parse_agent_output
-from prompt_r1.text import repair
+from prompt_r1.text import repair, valid
 from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
 
 __all__ = [
@@ -225,8 +226,16 @@ def build_graph(
             update.update(status="context_overflow", error=str(exc), answer=None)
             await emit(config, [{"type": "error", "turn": index, "text": str(exc)}, end_event(state, update)])
             return update
+        except AgentRefused as exc:  # an outcome like the environment's refusal: recorded, never retried
+            update.update(status="refused", error=f"{type(exc).__name__}: {exc}", answer=None)
+            await emit(config, [{"type": "error", "turn": index, "text": str(exc)}, end_event(state, update)])
+            return update
         text, repaired = repair(output.text)
         turn = parse_agent_output(text)
+        if turn.prompt is not None and not valid(turn.prompt):
+            # A JSON tool call can spell half a surrogate pair as an escape (\ud800) in valid text.
+            turn = dataclasses.replace(turn, prompt=repair(turn.prompt)[0])
+            repaired = True
         record = turn.to_record()
         record.update(index=index, finish_reason=output.finish_reason, agent_tokens=output.completion_tokens)
         if repaired:  # the generation held text UTF-8 cannot encode; the record has U+FFFD in its place

@@ -54,7 +54,8 @@ __all__ = [
     "refusal_of",
 ]
 
-_REFUSAL_WORDS = ("content_filter", "content filter", "content_policy", "content policy", "refus", "safety")
+# Read in an error object's `type` and `code` only: a message is free text ("connection refused, retry").
+_REFUSAL_WORDS = ("content_filter", "content_policy", "refusal", "safety")
 _SNIPPET = 200
 
 
@@ -81,9 +82,12 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
-def _is_refusal(text: str) -> bool:
-    lowered = text.lower()
-    return any(word in lowered for word in _REFUSAL_WORDS)
+def _is_refusal(error: Any) -> bool:
+    """An error object whose `type` or `code` names a content filter or refusal."""
+    if not isinstance(error, dict):
+        return False
+    label = f"{error.get('type') or ''} {error.get('code') or ''}".lower()
+    return any(word in label for word in _REFUSAL_WORDS)
 
 
 def check_completion_body(raw: bytes, content_type: str = "") -> tuple[str, str] | None:
@@ -102,7 +106,7 @@ def check_completion_body(raw: bytes, content_type: str = "") -> tuple[str, str]
     error = body.get("error")
     if error:
         reason = _error_text(error)
-        if _is_refusal(reason):
+        if _is_refusal(error):
             return "refused", f"the provider refused the prompt ({reason})"
         return "malformed", f"the server answered 200 with an error: {reason}"
     choices = body.get("choices")
@@ -161,6 +165,9 @@ def classify_error(exc: BaseException) -> BaseException:
     """Map an OpenAI/LangChain/asyncio failure to this package's error hierarchy (see errors.py)."""
     if isinstance(exc, EnvironmentCallError | ContextOverflow):
         return exc
+    cause = exc.__cause__
+    if isinstance(exc, openai.APIConnectionError) and isinstance(cause, MalformedResponse | ResponseRefused):
+        exc = cause  # an SDK that wraps what a response hook raises: the check's own verdict is what counts
     if isinstance(exc, ResponseRefused):
         return EnvironmentRefused(f"environment refused the prompt: {exc}")
     if isinstance(exc, ContextOverflowError):

@@ -156,7 +156,10 @@ class RedactedStream:
         self.inner, self.redactor = inner, redactor or _default
 
     def write(self, text: str) -> int:
-        self.inner.write(self.redactor(text))
+        from prompt_r1.text import repair
+
+        # Repaired too: a lone surrogate (in an error a server sent, say) must not crash the write.
+        self.inner.write(repair(self.redactor(text))[0])
         return len(text)  # what the caller handed over, as a stream reports it
 
     def writelines(self, lines: Iterable[str]) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "OutputState",
     "check_checkpoint",
     "check_folder_of",
+    "check_log_file",
     "check_summary_path",
     "compact_output",
     "crc",
@@ -104,6 +105,14 @@ def _row_status(line: bytes) -> tuple[str, object] | None:
     return str(row["id"]), row
 
 
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True
+
+
 def open_results_file(
     path: str | Path,
     *,
@@ -116,7 +125,8 @@ def open_results_file(
     Every complete line must be a results row (a JSON object with `id` and `status`); a file holding anything
     else is refused untouched. An unfinished last line (no newline) that begins as this writer's rows begin
     (`row_prefix`) is what a killed run leaves: it is cut off; one that is a complete row only gets its newline.
-    `protected`: (name, path) pairs the output must not be (the input, the summary, the checkpoint)."""
+    `protected`: (name, path) pairs the output must not be (the input, the summary, the checkpoint). A last line
+    that is complete JSON but not a row (someone else's file) is refused like any other."""
     path = Path(path)
     _refuse_protected(path, what, protected)
     _check_writable(path, what)
@@ -134,7 +144,7 @@ def open_results_file(
             if not line.endswith(b"\n"):  # the last line, unfinished
                 if parsed is not None:
                     add_newline = True
-                elif line.startswith(row_prefix.encode()):
+                elif line.startswith(row_prefix.encode()) and not _is_json(line):  # a row cut mid-write
                     cut_at = start
                     break
             if parsed is None:
@@ -224,9 +234,27 @@ def write_text_file(path: str | Path, text: str, what: str) -> None:
         raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
 
 
-def check_checkpoint(path: str | Path, protected: Iterable[tuple[str, Path | None]] = ()) -> Path:
-    """Refuse a checkpoint path that is another file of the run, a folder, or a file that is not a SQLite
-    database, before any episode runs (each episode would fail on it otherwise)."""
+# The tables LangGraph's SQLite checkpointer keeps; a database holding others is someone else's.
+_CHECKPOINT_TABLES = {"checkpoints", "writes"}
+
+
+def check_log_file(path: str | Path, protected: Iterable[tuple[str, Path | None]] = ()) -> Path:
+    """Refuse a log path that is another file of the run or a folder; the log is appended to."""
+    path = Path(path)
+    _refuse_protected(path, "--log-file", protected)
+    if path.is_dir():
+        raise OutputError(f"--log-file {path} is a folder; name a file")
+    check_folder_of(path, "--log-file")
+    return path
+
+
+def check_checkpoint(
+    path: str | Path, protected: Iterable[tuple[str, Path | None]] = (), *, create: bool = True
+) -> Path:
+    """Refuse a checkpoint path that is another file of the run, a folder, a file that is not a SQLite database,
+    or a database with tables other than the checkpointer's, before any episode runs (each episode would fail on
+    it otherwise, or write into someone else's database). `create`: make the empty database now, so that an
+    unwritable place fails at once."""
     path = Path(path)
     _refuse_protected(path, "--checkpoint", protected)
     if path.is_dir():
@@ -235,14 +263,23 @@ def check_checkpoint(path: str | Path, protected: Iterable[tuple[str, Path | Non
         try:
             connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
             try:
-                connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                tables = {
+                    name
+                    for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                }
             finally:
                 connection.close()
         except sqlite3.Error as exc:
             raise OutputError(
                 f"--checkpoint {path} is not a SQLite database ({exc}); it was left untouched: name another file"
             ) from None
-    else:
+        foreign = sorted(tables - _CHECKPOINT_TABLES - {"sqlite_sequence"})
+        if foreign:
+            raise OutputError(
+                f"--checkpoint {path} is a database with other tables ({', '.join(foreign[:5])}); it was left "
+                "untouched: name another file"
+            )
+    elif create:
         try:  # create it now (an empty database), so that an unwritable place fails before any episode runs
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()  # an OSError says why (read-only, full) where SQLite only says it cannot open the file

@@ -132,6 +132,8 @@ def _usage(state: dict[str, Any]) -> dict[str, int]:
 
 
 def _finish_reason(status: str | None) -> str:
+    if status == "refused":  # OpenAI's own word for a reply a content filter withheld
+        return "content_filter"
     return "length" if status in ("max_turns", "context_overflow") else "stop"
 
 

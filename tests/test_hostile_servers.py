@@ -524,3 +524,131 @@ def test_a_checkpoint_on_a_read_only_file_system_is_one_line_before_anything_run
     assert code == 2 and "Traceback" not in err, err
     line = one_error_line(err)
     assert f"--checkpoint {mount}/c.sqlite" in line and "Read-only file system" in line
+
+
+# ---- found by review: more paths around the same promises ------------------------------------------------------
+
+
+def test_a_malformed_200_from_the_served_agent_is_retried(capsys):
+    with ScriptedServer({"env": echo_environment(), "agent": scripted_agent([ANSWER])}) as server:
+        server.inject(Fault("html"), Fault("error-200"), model="agent")
+        assert main(run_args(server, "--json")) == 0
+        assert [r.fault for r in server.requests_for("agent")] == ["html", "error-200", None]
+    assert json.loads(capsys.readouterr().out)["answer"] == "Paris"
+
+
+def test_a_served_agent_refusal_is_an_outcome_that_a_rerun_does_not_pay_for_again(tmp_path, capsys):
+    inp = tmp_path / "q.jsonl"
+    inp.write_text(json.dumps({"id": "q0", "question": "Item 0?"}) + "\n")
+    out = tmp_path / "r.jsonl"
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": relay_agent(1)},
+        fault_rule=lambda model, body: Fault("content-filter") if model == "agent" else None,
+    ) as server:
+        args = ["batch", str(inp), "--out", str(out), "--no-progress", *run_args(server)[2:]]
+        assert main(args) == 0
+        assert main(args) == 0
+        assert len(server.requests) == 1
+    row = json.loads(out.read_text())
+    assert row["status"] == "refused" and "content filter" in row["error"]
+
+
+def test_a_transient_error_that_mentions_refused_is_retried_not_taken_for_a_refusal():
+    from prompt_r1.http_client import check_completion_body
+
+    body = {"error": {"message": "upstream connection refused, please retry", "type": "server_error"}}
+    assert check_completion_body(json.dumps(body).encode())[0] == "malformed"
+    filtered = {"error": {"message": "blocked", "type": "invalid_request_error", "code": "content_filter"}}
+    assert check_completion_body(json.dumps(filtered).encode())[0] == "refused"
+
+
+def test_a_lone_surrogate_in_an_error_body_is_one_line_not_a_traceback(capsys):
+    def surrogate_error(model: str, body: dict) -> Fault | None:
+        return Fault("400") if model == "env" else None
+
+    class SurrogateErrors(ScriptedServer):
+        async def _reply(self, request, body, model, route, fault):
+            from aiohttp import web
+
+            if fault is not None and fault.kind == "400":
+                raw = '{"error": {"message": "bad request \\ud800 here", "type": "invalid_request_error"}}'
+                return web.Response(status=400, text=raw, content_type="application/json")
+            return await super()._reply(request, body, model, route, fault)
+
+    with SurrogateErrors(
+        {"env": echo_environment(), "agent": scripted_agent([PROMPT, ANSWER])}, fault_rule=surrogate_error
+    ) as server:
+        code = main(run_args(server))
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err
+    assert "bad request \ufffd here" in captured.err
+
+
+def test_a_tool_call_prompt_with_an_escaped_lone_surrogate_is_repaired_before_it_is_sent(capsys):
+    call = '<think>t</think><interaction_prompt>{"name": "prompt", "arguments": {"prompt": "half \\ud800 pair"}}</interaction_prompt>'
+    with ScriptedServer({"env": echo_environment(), "agent": scripted_agent([call, ANSWER])}) as server:
+        assert main(run_args(server, "--json")) == 0
+        sent = server.requests_for("env")[0].body["messages"][-1]["content"]
+    turn = json.loads(capsys.readouterr().out)["turns"][0]
+    assert (
+        sent == "half \ufffd pair" and turn["prompt"] == "half \ufffd pair" and turn["text_repaired"] is True
+    )
+
+
+def test_a_key_inside_a_successful_reply_reaches_neither_the_agent_nor_the_checkpoint(tmp_path, capsys):
+    import sqlite3
+
+    def says_the_keys(body: dict) -> str:
+        return f"the keys are {ENV_KEY} and {AGENT_KEY}"
+
+    calls = {"env": 0}
+
+    def second_call_fails(model: str, body: dict) -> Fault | None:
+        if model != "env":
+            return None
+        calls["env"] += 1
+        return Fault("500") if calls["env"] > 1 else None  # a failed episode keeps its checkpoint thread
+
+    inp = tmp_path / "q.jsonl"
+    inp.write_text(json.dumps({"id": "q0", "question": "Item 0?"}) + "\n")
+    out, checkpoint = tmp_path / "r.jsonl", tmp_path / "c.sqlite"
+    with ScriptedServer(
+        {"env": says_the_keys, "agent": scripted_agent([PROMPT])}, fault_rule=second_call_fails
+    ) as server:
+        args = [
+            "batch", str(inp), "--out", str(out), "--checkpoint", str(checkpoint), "--no-progress",
+            *run_args(server, "--env-max-retries", "0")[2:],
+        ]  # fmt: skip
+        assert main(args) == 1
+        agent_saw = json.dumps([r.body for r in server.requests_for("agent")])
+    assert "the keys are *** and ***" in agent_saw and no_key_in(agent_saw)
+    with sqlite3.connect(checkpoint) as db:
+        stored = b"".join(bytes(v) for (v,) in db.execute("SELECT checkpoint FROM checkpoints"))
+    assert b"the keys are *** and ***" in stored
+    assert no_key_in(stored, out.read_bytes(), capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_serve_reports_a_refusal_as_content_filter(stream):
+    import urllib.request
+
+    from prompt_r1.server import build_app, serving_in_thread
+
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": relay_agent(1)},
+        fault_rule=lambda model, body: Fault("content-filter") if model == "env" else None,
+    ) as upstream:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=upstream.base_url), api_key="x"
+        )
+        agent = ServedAgent(AgentConfig(model="agent", base_url=upstream.base_url), api_key="x")
+        with serving_in_thread(build_app(agent, environment)) as url:
+            body = json.dumps(
+                {"messages": [{"role": "user", "content": "Where?"}], "stream": stream}
+            ).encode()
+            request = urllib.request.Request(
+                url + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read().decode()
+    assert '"finish_reason": "content_filter"' in text and '"status": "refused"' in text

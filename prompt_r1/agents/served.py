@@ -8,6 +8,7 @@ parses the same way whatever served it.
 from __future__ import annotations
 
 import asyncio
+import random
 
 import openai
 
@@ -15,11 +16,13 @@ from prompt_r1 import redaction
 from prompt_r1.agents.base import AgentOutput, AgentRequest
 from prompt_r1.aio import PerLoop
 from prompt_r1.config import AgentConfig, resolve_api_key
-from prompt_r1.errors import AgentError, ContextOverflow
-from prompt_r1.http_client import checked_async_client
+from prompt_r1.errors import AgentError, AgentRefused, ContextOverflow
+from prompt_r1.http_client import MalformedResponse, ResponseRefused, checked_async_client
 from prompt_r1.protocol import repair_stopped_text
 
-__all__ = ["ServedAgent"]
+__all__ = ["MALFORMED_RETRIES", "ServedAgent"]
+
+MALFORMED_RETRIES = 3  # as many as the SDK's own retries of 429s and 5xx (max_retries below)
 
 
 class ServedAgent:
@@ -74,24 +77,12 @@ class ServedAgent:
             kwargs["seed"] = cfg.seed
         client, in_flight = self._clients.get()
         async with in_flight:
-            try:
-                response = await client.chat.completions.create(**kwargs)
-            except openai.BadRequestError as exc:
-                if "context" in str(exc).lower() and (
-                    "length" in str(exc).lower() or "maximum" in str(exc).lower()
-                ):
-                    raise ContextOverflow(f"agent context overflow: {exc.message}") from exc
-                raise AgentError(f"served agent rejected the request: {exc.message}") from exc
-            except openai.APIConnectionError as exc:
-                raise AgentError(f"cannot reach the served agent at {cfg.base_url}: {exc}") from exc
-            except openai.APIError as exc:
-                raise AgentError(f"served agent failed: {exc}") from exc
-            except openai.OpenAIError as exc:  # a refusal (prompt_r1.http_client): the agent produced nothing
-                raise AgentError(f"served agent failed: {exc}") from exc
+            response = await self._create(client, kwargs)
         if not response.choices:
             raise AgentError("served agent returned no choices")
         choice = response.choices[0]
-        text = choice.message.content or ""
+        # A served model could only have a key in its text if something put one there; it goes before the state.
+        text = redaction.redact(choice.message.content or "")
         finish = "length" if choice.finish_reason == "length" else "stop"
         if finish == "stop":
             # vLLM reports the matched stop string as `stop_reason` (None: EOS); other servers report nothing.
@@ -108,3 +99,30 @@ class ServedAgent:
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
         )
+
+    async def _create(self, client: openai.AsyncOpenAI, kwargs: dict):
+        """One chat completion. The SDK retries 429, 5xx and dropped connections itself (max_retries); a 200 whose
+        body is not a completion (prompt_r1.http_client) is retried here the same number of times, with backoff."""
+        cfg = self.config
+        for attempt in range(MALFORMED_RETRIES + 1):
+            try:
+                return await client.chat.completions.create(**kwargs)
+            except MalformedResponse as exc:
+                if attempt == MALFORMED_RETRIES:
+                    raise AgentError(f"served agent failed: {exc}") from exc
+                await asyncio.sleep(random.uniform(0.0, 0.5 * 2**attempt))
+            except ResponseRefused as exc:
+                raise AgentRefused(f"the served agent refused: {exc}") from exc
+            except openai.BadRequestError as exc:
+                if "context" in str(exc).lower() and (
+                    "length" in str(exc).lower() or "maximum" in str(exc).lower()
+                ):
+                    raise ContextOverflow(f"agent context overflow: {exc.message}") from exc
+                raise AgentError(f"served agent rejected the request: {exc.message}") from exc
+            except openai.APIConnectionError as exc:
+                raise AgentError(f"cannot reach the served agent at {cfg.base_url}: {exc}") from exc
+            except openai.APIError as exc:
+                raise AgentError(f"served agent failed: {exc}") from exc
+            except openai.OpenAIError as exc:
+                raise AgentError(f"served agent failed: {exc}") from exc
+        raise AssertionError("unreachable")
