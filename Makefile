@@ -8,8 +8,8 @@ run: setup
 	.venv/bin/prompt-r1 run "$(Q)"
 test: setup
 	.venv/bin/python -m pytest
-test-all: setup  # the slow tests too (GPU/vLLM/paid-API tests still need their markers)
-	.venv/bin/python -m pytest -m "not gpu and not vllm and not llm_call"
+test-all: setup  # the slow tests too (GPU and paid-API tests still need their markers)
+	.venv/bin/python -m pytest -m "not gpu and not llm_call"
 lint:
 	.venv/bin/ruff check prompt_r1 tests graphs && .venv/bin/ruff format --check prompt_r1 tests graphs
 format:

