@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the readable turns"
     )
+    run.add_argument(
+        "--trajectory",
+        action="store_true",
+        help="with --json, add the token ids the agent read and wrote with the environment mask and log-probabilities",
+    )
     add_run_flags(run)
 
     from prompt_r1.evaluation import METHODS, SUITES
@@ -348,6 +353,27 @@ def _summary(result: dict) -> str:
     )
 
 
+def _trajectory(agent: Any, result: dict) -> dict[str, Any]:
+    """`--trajectory`: the token ids the agent read and wrote, with the environment mask, or why there are none."""
+    if not result.get("prompt_ids"):  # the chat path: the state has empty id lists, no prompt
+        reason = getattr(agent, "token_exact", None) or "the agent backend has no tokenizer"
+        return {"trajectory": None, "trajectory_reason": reason}
+    keys = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
+    return {"trajectory": {k: result.get(k) for k in keys}}
+
+
+def _drift(agent: Any, result: dict) -> dict[str, Any]:
+    """Whether re-rendering the episode with the agent's chat template changes its tokens (agents/vllm_server.py)."""
+    tokenizer = getattr(agent, "drift_tokenizer", None) or getattr(agent, "tokenizer", None)
+    if tokenizer is None:
+        return {"checked": False, "reason": "no tokenizer for the agent (--agent-tokenizer)"}
+    if not result.get("turns"):
+        return {"checked": False, "reason": "the episode has no turns"}
+    from prompt_r1.agents.vllm_server import rendering_drift
+
+    return {"checked": True, **rendering_drift(tokenizer, result)}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from prompt_r1.graph import build_graph
 
@@ -364,8 +390,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = asyncio.run(_run_episode(graph, args.question, live=not args.json, out=sys.stdout))
     except AgentError as exc:
         raise _Failure(f"agent failed: {exc}", EXIT_FAILED) from exc
+    drift = _drift(agent, result)
+    if drift.get("differs") and getattr(agent, "tokenizer", None) is None:
+        print(
+            "prompt-r1: warning: the served agent read a re-rendered conversation that differs from what it was "
+            f"trained on (from token {drift['first_difference']}); serve it with vLLM and give --agent-tokenizer "
+            "for token-exact turns",
+            file=sys.stderr,
+        )
     if args.json:
         payload = {k: result.get(k) for k in ("question", "answer", "status", "turns", "usage", "error")}
+        payload["drift"] = drift
+        if args.trajectory:
+            payload.update(_trajectory(agent, result))
         print(redaction.dumps(payload))
     else:
         if result.get("answer") is not None:

@@ -127,9 +127,21 @@ class AgentConfig:
     )
     dtype: str = _help("Weights dtype for a local agent: auto, bfloat16, float16 or float32.", default="auto")
     seed: int | None = _help("Seed for the agent's sampling, for reproducible runs.", default=None)
+    tokenizer: str | None = _help(
+        "Tokenizer of a served agent (local path or hub id), for token-exact turns and the drift check; unset: the "
+        "model name when it is a local folder.",
+        default=None,
+    )
+    token_exact: str = _help(
+        "A served agent's turns as token ids through vLLM's completions API, as in training: auto (when the server "
+        "is vLLM and a tokenizer is found), on (required), off (chat messages).",
+        default="auto",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.token_exact not in {"auto", "on", "off"}:
+            raise ConfigError(f"agent token_exact must be auto, on or off, got {self.token_exact!r}")
         if self.backend not in {"auto", "served", "transformers", "vllm"}:
             raise ConfigError(
                 f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}"

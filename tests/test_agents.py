@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 
 import pytest
@@ -178,6 +179,33 @@ def test_trajectory_keeps_what_was_sampled_where_re_rendering_drifts(trained_tin
             "<|im_start|>assistant\n<think>a person</think><interaction_prompt>",
         )
     )
+
+
+def test_the_drift_check_says_when_re_rendering_changes_what_the_agent_read(trained_tiny_model_path):
+    from prompt_r1.agents.vllm_server import rendering_drift
+
+    agent = greedy(trained_tiny_model_path)
+    with ScriptedServer({"env": echo_environment()}) as server:
+        result = build_graph(agent, env_client(server)).invoke({"question": TINY_QUESTION})
+    plain = rendering_drift(agent.tokenizer, result)
+    assert plain["differs"] is False  # the plain template renders every turn as it was sampled
+    agent.tokenizer.chat_template = THINK_DROPPING_TEMPLATE
+    dropped = rendering_drift(agent.tokenizer, result)
+    assert dropped["differs"] is True and dropped["first_difference"] > len(result["prompt_ids"])
+    # The rebuild from turn texts is as long as the token-exact trajectory the episode kept.
+    assert plain["tokens"][1] == len(result["prompt_ids"]) + len(result["completion_ids"])
+
+
+def test_a_served_agent_elsewhere_than_vllm_keeps_chat_messages_and_says_why(trained_tiny_model_path):
+    from prompt_r1.agents.served import ServedAgent
+
+    with ScriptedServer({"agent": echo_environment()}) as server:
+        config = AgentConfig(model="agent", base_url=server.base_url, tokenizer=str(trained_tiny_model_path))
+        agent = ServedAgent(config, api_key="unused-key")
+        assert agent.tokenizer is None and agent.drift_tokenizer is not None
+        assert "not a vLLM server" in agent.token_exact
+        with pytest.raises(ConfigError, match="--agent-token-exact on: the served agent at .* is not a vLLM"):
+            ServedAgent(dataclasses.replace(config, token_exact="on"), api_key="unused-key")
 
 
 def test_per_turn_cap_defaults_to_the_agent_config(tiny_model_path):

@@ -652,3 +652,66 @@ def test_serve_reports_a_refusal_as_content_filter(stream):
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read().decode()
     assert '"finish_reason": "content_filter"' in text and '"status": "refused"' in text
+
+
+# ---- the token-exact served path (a served agent on vLLM's completions API) ----------------------------------
+
+
+def token_server(tokenizer, *, fault_rule=None) -> ScriptedServer:
+    from prompt_r1.testing import scripted_turns
+
+    return ScriptedServer(
+        {"env": echo_environment(), "agent": scripted_turns([PROMPT, ANSWER])},
+        tokenizer=tokenizer,
+        vllm_version="0.31.0",
+        fault_rule=fault_rule,
+    )
+
+
+@pytest.fixture
+def tiny_tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.mark.parametrize("kind", [None, "html", "error-200", "drop", "500"])
+def test_the_token_path_runs_and_retries_what_the_chat_path_retries(
+    kind, tiny_tokenizer, tiny_model_path, capsys
+):
+    injected = []
+
+    def once(model: str, body: dict) -> Fault | None:
+        if kind and model == "agent" and not injected:
+            injected.append(kind)
+            return Fault(kind, retry_after=0.01)
+        return None
+
+    with token_server(tiny_tokenizer, fault_rule=once) as server:
+        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
+        agent_requests = server.requests_for("agent")
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["answer"] == "Paris"
+    assert all("prompt" in r.body and isinstance(r.body["prompt"], list) for r in agent_requests)  # token ids
+    assert payload["trajectory"] is not None and 0 in payload["trajectory"]["env_mask"]
+    assert [r.fault for r in agent_requests] == ([kind] if kind else []) + [None, None]
+
+
+def test_the_token_path_never_shows_a_key_a_server_echoed(tiny_tokenizer, tiny_model_path, capsys):
+    with token_server(
+        tiny_tokenizer, fault_rule=lambda model, body: Fault("echo-401") if model == "agent" else None
+    ) as server:
+        code = main(run_args(server, "--json", "--agent-tokenizer", str(tiny_model_path)))
+    captured = capsys.readouterr()
+    assert code == 1 and "Authorization: Bearer ***" in captured.err
+    assert no_key_in(captured.out, captured.err)
+
+
+def test_a_huge_reply_on_the_token_path_ends_the_episode_cleanly(tiny_tokenizer, tiny_model_path, capsys):
+    with token_server(
+        tiny_tokenizer, fault_rule=lambda model, body: Fault("huge") if model == "agent" else None
+    ) as server:
+        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["status"] in ("format_error", "context_overflow")
+    assert len(payload["trajectory"]["completion_ids"]) <= 8192  # the token budget held

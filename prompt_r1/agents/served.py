@@ -1,7 +1,12 @@
 """A served agent behind an OpenAI-compatible endpoint, e.g. `vllm serve ./merged-checkpoint`.
 
+On a vLLM server with a tokenizer at hand (`--agent-tokenizer`, or the model name when it is a local folder), each
+turn goes as the token ids of the running trajectory through the completions API and the sampled ids come back
+with their log-probabilities: the agent reads exactly what it read in training, and the episode records its
+trajectory (`token_exact`, see agents/vllm_server.py). Anywhere else (hosted fine-tunes) turns go as chat messages.
+
 The server applies the stop sequences, so one generation ends at `</interaction_prompt>` or `</answer>`;
-OpenAI-compatible servers drop the matched stop string from the text, and it is put back here so the turn
+OpenAI-compatible chat servers drop the matched stop string from the text, and it is put back here so the turn
 parses the same way whatever served it.
 """
 
@@ -26,7 +31,8 @@ MALFORMED_RETRIES = 3  # as many as the SDK's own retries of 429s and 5xx (max_r
 
 
 class ServedAgent:
-    tokenizer = None  # text-only: the server owns the tokenizer
+    """`tokenizer` is set when turns go as token ids (the graph then keeps a token-exact trajectory); `token_exact`
+    says how turns go and why; `drift_tokenizer` (any tokenizer found) serves the drift check."""
 
     def __init__(
         self,
@@ -43,6 +49,10 @@ class ServedAgent:
         redaction.register(self._api_key)
         self._timeout = timeout
         self._in_flight = max_in_flight
+        from prompt_r1.agents.vllm_server import plan_token_exact
+
+        plan = plan_token_exact(config, self._api_key)
+        self.tokenizer, self.token_exact, self.drift_tokenizer = plan.tokenizer, plan.reason, plan.drift_tokenizer
         # Async HTTP connections and semaphores belong to one event loop: one client and cap per loop.
         self._clients: PerLoop[tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = PerLoop(self._new_client)
 
@@ -64,6 +74,8 @@ class ServedAgent:
             raise redaction.redact_exception(exc) from None
 
     async def _generate(self, request: AgentRequest) -> AgentOutput:
+        if self.tokenizer is not None and request.prompt_ids is not None:
+            return await self._generate_tokens(request)
         cfg = self.config
         kwargs = dict(
             model=cfg.model,
@@ -77,7 +89,7 @@ class ServedAgent:
             kwargs["seed"] = cfg.seed
         client, in_flight = self._clients.get()
         async with in_flight:
-            response = await self._create(client, kwargs)
+            response = await self._create(client.chat.completions.create, kwargs)
         if not response.choices:
             raise AgentError("served agent returned no choices")
         choice = response.choices[0]
@@ -100,13 +112,56 @@ class ServedAgent:
             completion_tokens=usage.completion_tokens if usage else 0,
         )
 
-    async def _create(self, client: openai.AsyncOpenAI, kwargs: dict):
-        """One chat completion. The SDK retries 429, 5xx and dropped connections itself (max_retries); a 200 whose
-        body is not a completion (prompt_r1.http_client) is retried here the same number of times, with backoff."""
+    async def _generate_tokens(self, request: AgentRequest) -> AgentOutput:
+        """One turn from token ids: vLLM's completions API with the running trajectory as the prompt."""
+        cfg = self.config
+        kwargs = dict(
+            model=cfg.model,
+            prompt=list(request.prompt_ids),
+            stop=list(request.stop),
+            max_tokens=request.max_new_tokens or cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            logprobs=0,
+            # vLLM's extensions: the sampled ids, the stop string kept in them (it was sampled), nothing skipped.
+            extra_body={"return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": False},
+        )
+        if cfg.seed is not None:
+            kwargs["seed"] = cfg.seed
+        client, in_flight = self._clients.get()
+        async with in_flight:
+            response = await self._create(client.completions.create, kwargs)
+        if not response.choices:
+            raise AgentError("served agent returned no choices")
+        choice = response.choices[0]
+        ids = (choice.model_extra or {}).get("token_ids")
+        if not isinstance(ids, list):
+            raise AgentError(
+                "the served agent returned no token ids (vLLM's return_token_ids); upgrade the server, or run with "
+                "--agent-token-exact off"
+            )
+        token_logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else None
+        logprobs = [float(x) if x is not None else 0.0 for x in token_logprobs] if token_logprobs else None
+        if logprobs is not None and len(logprobs) != len(ids):
+            logprobs = None  # not aligned with the ids: better none than wrong
+        usage = response.usage
+        return AgentOutput(
+            text=redaction.redact(self.tokenizer.decode(ids, skip_special_tokens=True)),
+            token_ids=[int(i) for i in ids],
+            logprobs=logprobs,
+            finish_reason="length" if choice.finish_reason == "length" else "stop",
+            prompt_tokens=usage.prompt_tokens if usage else len(request.prompt_ids),
+            completion_tokens=usage.completion_tokens if usage else len(ids),
+        )
+
+    async def _create(self, call, kwargs: dict):
+        """One completion (`call`: the chat or the completions endpoint). The SDK retries 429, 5xx and dropped
+        connections itself (max_retries); a 200 whose body is not a completion (prompt_r1.http_client) is retried
+        here the same number of times, with backoff."""
         cfg = self.config
         for attempt in range(MALFORMED_RETRIES + 1):
             try:
-                return await client.chat.completions.create(**kwargs)
+                return await call(**kwargs)
             except MalformedResponse as exc:
                 if attempt == MALFORMED_RETRIES:
                     raise AgentError(f"served agent failed: {exc}") from exc

@@ -1,0 +1,108 @@
+"""What a served agent needs to be token-exact: is the server vLLM, and which tokenizer renders its turns.
+
+Re-rendering a conversation through a chat template is not what training saw: Qwen3's template, the paper's
+agent's, drops the `<think>` blocks of earlier assistant turns, so an agent trained on token-exact trajectories and
+served through the chat API reads a different context at inference. vLLM's completions API takes a prompt as token
+ids and returns the sampled ids with their log-probabilities (`return_token_ids`), so a served agent on vLLM can be
+driven exactly as in training; other OpenAI-compatible endpoints (hosted fine-tunes) keep the chat path.
+
+`rendering_drift` tells, for one episode, whether re-rendering its conversation with the chat template gives
+other tokens than the token-exact trajectory: what a chat-path agent actually reads differs from training there.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.errors import ConfigError
+
+__all__ = ["TokenExactPlan", "plan_token_exact", "rendering_drift", "vllm_version"]
+
+
+def vllm_version(base_url: str, api_key: str | None = None, timeout: float = 5.0) -> str | None:
+    """The version a vLLM OpenAI-compatible server reports at `/version` beside its `/v1`, or None for any other
+    server (or none reachable)."""
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(root + "/version", headers=headers), timeout=timeout) as r:
+            body = json.loads(r.read(65536))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return version if isinstance(version, str) else None
+
+
+class TokenExactPlan:
+    """How a served agent's turns go: `tokenizer` set means as token ids; `reason` says why not, or how."""
+
+    def __init__(self, tokenizer: Any, reason: str, drift_tokenizer: Any = None) -> None:
+        self.tokenizer, self.reason = tokenizer, reason
+        self.drift_tokenizer = drift_tokenizer if drift_tokenizer is not None else tokenizer
+
+
+def _load_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the agent tokenizer {source!r} (--agent-tokenizer): {exc}") from None
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"the agent tokenizer {source!r} has no chat template")
+    return tokenizer
+
+
+def plan_token_exact(config: Any, api_key: str | None) -> TokenExactPlan:
+    """Decide, once at start, whether a served agent's turns go as token ids (see the module docstring)."""
+    source = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
+    tokenizer = _load_tokenizer(source) if source else None
+    if config.token_exact == "off":
+        return TokenExactPlan(None, "turned off (--agent-token-exact off): chat messages", tokenizer)
+    # Without a tokenizer the turns cannot be token ids, whatever serves them: no need to ask the server.
+    version = vllm_version(config.base_url, api_key) if tokenizer is not None else None
+    missing = None
+    if tokenizer is None:
+        missing = "no tokenizer for the served model: name one with --agent-tokenizer"
+    elif version is None:
+        missing = f"the served agent at {config.base_url} is not a vLLM server (no /version)"
+    if missing is not None:
+        if config.token_exact == "on":
+            raise ConfigError(f"--agent-token-exact on: {missing}")
+        return TokenExactPlan(None, f"{missing}: chat messages", tokenizer)
+    return TokenExactPlan(tokenizer, f"token ids through vLLM {version}'s completions API")
+
+
+def rendering_drift(tokenizer: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """Whether re-rendering the episode's conversation with the chat template gives the tokens of its token-exact
+    trajectory: {"differs": bool, "first_difference": index or None, "tokens": (rendered, exact)}.
+
+    The token-exact trajectory is rebuilt from the turn texts (the agent's turns encoded, the environment's
+    messages rendered as training renders them), so this also works for an episode that ran on the chat path."""
+    from prompt_r1.graph import agent_messages
+    from prompt_r1.prompts import interaction_response
+    from prompt_r1.tokens import _ids, initial_prompt_ids, user_turn_ids
+
+    messages = agent_messages(state)
+    exact = initial_prompt_ids(tokenizer, messages[:1])
+    for turn in state.get("turns", []):
+        sampled = list(tokenizer.encode(turn["text"], add_special_tokens=False))
+        exact += sampled
+        response = turn.get("response")
+        if response is not None:
+            body = interaction_response(response) if turn.get("response_source") == "environment" else response
+            exact += user_turn_ids(tokenizer, body, sampled)
+    last = state.get("turns", [])[-1:] or [None]
+    open_turn = last[0] is not None and last[0].get("response") is not None
+    rendered = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=open_turn, tokenize=True))
+    if not open_turn:  # the conversation ends on the agent's turn: compare up to its end
+        rendered = rendered[: len(exact)]
+    first = next((i for i, (a, b) in enumerate(zip(rendered, exact, strict=False)) if a != b), None)
+    if first is None and len(rendered) != len(exact):
+        first = min(len(rendered), len(exact))
+    return {"differs": first is not None, "first_difference": first, "tokens": [len(rendered), len(exact)]}
