@@ -1,7 +1,7 @@
 """A short real GRPO training on a GPU under DeepSpeed: step time, tokens per second and peak memory, with TRL's own
 single-turn GRPO on the same model and launch as the baseline, side by side in one run.
 
-    python evals/bench/grpo_gpu.py [--steps 8] [--batch 16] [--latency 0.2] [--zero 2] [--processes 1]
+    python evals/bench/grpo_gpu.py [--steps 8] [--batch 16] [--latency 0.2] [--zero 2] [--processes 1] [--vllm]
                                    [--hidden 1024] [--layers 28] [--heads 16] [--kv-heads 8] [--intermediate 3072]
 
 It builds a Qwen2-shaped model of the given size (default about 0.35 B parameters, Qwen3-0.6B's shape without its
@@ -15,7 +15,9 @@ few seconds to play the two-turn protocol, starts a scripted environment on 127.
   min_new_tokens, and the same batch, group and optimizer.
 
 Printed per run: median seconds per step over steps 2..N, agent tokens generated per second, peak GPU memory
-allocated and reserved, and the step-time ratio.
+allocated and reserved, and the step-time ratio. `--vllm` adds both trainers again with TRL's colocated vLLM engine
+(`use_vllm: true, vllm_mode: colocate`, prefix caching on, vLLM's default), with the ratio of the two vLLM runs:
+the target on a GPU is the multi-turn step within 1.25x of the single-turn one.
 Runs on CPU too (gloo, fp32), which is how it is checked where no GPU is present.
 """
 
@@ -51,7 +53,9 @@ def _rows(n: int, *, golden: bool) -> list[dict]:
 
 
 def _common(args, out: Path, cuda: bool) -> dict:
+    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3 if cuda else 0.25)
     return dict(
+        **(vllm if args.vllm else {}),
         output_dir=str(out),
         per_device_train_batch_size=args.batch,
         num_generations=args.batch,
@@ -121,7 +125,8 @@ def worker(args) -> None:
         config = GRPOConfig(
             **_common(args, out, cuda),
             max_completion_length=args.tokens,
-            generation_kwargs={"min_new_tokens": args.tokens},
+            # The forced length, in each backend's own word for it.
+            generation_kwargs={"min_tokens" if args.vllm else "min_new_tokens": args.tokens},
             model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
         )
         trainer = GRPOTrainer(
@@ -168,9 +173,16 @@ def _free_port() -> int:
 
 
 def _launch(
-    args, mode: str, model: Path, base_url: str, tmp: Path, tokens: int = 0, batch_wait: float = 0.5
+    args,
+    mode: str,
+    model: Path,
+    base_url: str,
+    tmp: Path,
+    tokens: int = 0,
+    batch_wait: float = 0.5,
+    vllm: bool = False,
 ) -> dict:
-    result = tmp / f"{mode}-{batch_wait}.json"
+    result = tmp / f"{mode}-{batch_wait}-{'vllm' if vllm else 'generate'}.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     import torch
@@ -184,6 +196,7 @@ def _launch(
         __file__, "--worker", mode, "--model", str(model), "--base-url", base_url,
         "--result", str(result), "--steps", str(args.steps), "--batch", str(args.batch),
         "--turn-tokens", str(args.turn_tokens), "--tokens", str(tokens), "--batch-wait", str(batch_wait),
+        *(["--vllm"] if vllm else []),
     ]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(command, env=env, check=True)
@@ -212,6 +225,9 @@ def main() -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--batch-wait", type=float, default=0.5, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--vllm", action="store_true", help="also run both trainers with TRL's colocated vLLM"
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -239,8 +255,10 @@ def main() -> int:
             multi = _launch(args, "multi", model, server.base_url, tmp)
             # The same run with the batcher's wait for live episodes off: each turn's requests go out as they come.
             eager = _launch(args, "multi", model, server.base_url, tmp, batch_wait=0.0)
+            multi_vllm = _launch(args, "multi", model, server.base_url, tmp, vllm=True) if args.vllm else None
         tokens = max(1, round(multi["agent_tokens"]))
         single = _launch(args, "single", model, "", tmp, tokens=tokens)
+        single_vllm = _launch(args, "single", model, "", tmp, tokens=tokens, vllm=True) if args.vllm else None
 
     episodes = args.batch * args.processes
     gib = 1024**3
@@ -251,16 +269,28 @@ def main() -> int:
     )
     header = f"{'run':46} {'s/step':>7} {'agent tok/s':>11} {'peak alloc GiB':>14} {'peak resv GiB':>13} {'ratio':>6}"
     print(header)
-    for label, r in (
-        (f"TRL single-turn GRPO, {tokens} tokens per completion", single),
-        ("Prompt-R1 two-turn rollout (LangGraph loop)", multi),
-        ("  the same, batcher not waiting (batch_wait 0)", eager),
-    ):
+    rows = [
+        (f"TRL single-turn GRPO, {tokens} tokens per completion", single, single),
+        ("Prompt-R1 two-turn rollout (LangGraph loop)", multi, single),
+        ("  the same, batcher not waiting (batch_wait 0)", eager, single),
+    ]
+    if args.vllm:
+        rows += [
+            (f"TRL single-turn GRPO, vLLM colocate, {tokens} tokens", single_vllm, single_vllm),
+            ("Prompt-R1 two-turn rollout, vLLM colocate", multi_vllm, single_vllm),
+        ]
+    for label, r, base in rows:
         step = r["median_step"]
         print(
             f"{label:46} {step:7.3f} {episodes * r['agent_tokens'] / step:11.1f} "
             f"{r['peak_allocated'] / gib:14.2f} "
-            f"{r['peak_reserved'] / gib:13.2f} {step / single['median_step']:6.2f}"
+            f"{r['peak_reserved'] / gib:13.2f} {step / base['median_step']:6.2f}"
+        )
+    if args.vllm:
+        print(
+            f"vLLM / generate, step time: two-turn {multi_vllm['median_step'] / multi['median_step']:.2f}, "
+            f"single-turn {single_vllm['median_step'] / single['median_step']:.2f} (ratio column: against the "
+            "single-turn run of the same backend)"
         )
     print(
         f"Prompt-R1 episodes: {multi['turns']:.2f} turns, {multi['generate_calls']:.2f} policy generate calls per "

@@ -1,6 +1,6 @@
 """Time per GRPO step: Prompt-R1's multi-turn rollout versus TRL's own single-turn GRPO, side by side in one run.
 
-    python evals/bench/grpo_step.py [--steps 6] [--batch 8] [--latency 0.2] [--hidden 64]
+    python evals/bench/grpo_step.py [--steps 6] [--batch 8] [--latency 0.2] [--hidden 64] [--vllm]
 
 Both trainers use the same tiny model, batch, group size and optimizer. The multi-turn run plays the two-turn
 name task against a scripted environment on 127.0.0.1 whose every reply takes `--latency` seconds; the
@@ -9,6 +9,10 @@ single-turn run has TRL generate, in one call, as many tokens per completion as 
 first), agent tokens per second, and the ratio multi-turn / single-turn, for the simulated latency and for a
 zero-latency environment (orchestration cost alone). On CPU the tiny model makes generation cheap, so the
 environment's latency dominates; the ratio at latency 0 is the loop's own overhead.
+
+`--vllm` runs every row twice, with `generate` on the trainer's model and with TRL's colocated vLLM engine (vLLM's
+CPU build here; the model then has attention heads 64 wide, as vLLM's CPU attention needs), and adds the ratio
+vLLM / generate per row.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ def _median_step(trainer) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
-def multi_turn(model: Path, args, latency: float, out: Path) -> tuple[float, float]:
+def _vllm_settings(vllm: bool) -> dict:
+    # On CPU `vllm_gpu_memory_utilization` is the share of the machine's memory the engine may hold.
+    return dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.25) if vllm else {}
+
+
+def multi_turn(model: Path, args, latency: float, out: Path, vllm: bool = False) -> tuple[float, float]:
     from prompt_r1.prompts import question_message
     from prompt_r1.testing import ScriptedServer
     from prompt_r1.training.config import PromptR1GRPOConfig
@@ -64,6 +73,7 @@ def multi_turn(model: Path, args, latency: float, out: Path) -> tuple[float, flo
             use_cpu=True,
             save_strategy="no",
             seed=0,
+            **_vllm_settings(vllm),
         )
         trainer = build_trainer(config, train_rows=rows * (args.batch * args.steps))
         trainer.train()
@@ -73,7 +83,7 @@ def multi_turn(model: Path, args, latency: float, out: Path) -> tuple[float, flo
     return _median_step(trainer), tokens
 
 
-def single_turn(model: Path, args, tokens: int, out: Path) -> float:
+def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False) -> float:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -88,7 +98,8 @@ def single_turn(model: Path, args, tokens: int, out: Path) -> float:
         num_generations=args.batch,
         max_steps=args.steps,
         max_completion_length=tokens,
-        generation_kwargs={"min_new_tokens": tokens},
+        # The same forced length, in each backend's own word for it.
+        generation_kwargs={"min_tokens": tokens} if vllm else {"min_new_tokens": tokens},
         learning_rate=1e-4,
         temperature=1.0,
         logging_steps=1,
@@ -96,6 +107,7 @@ def single_turn(model: Path, args, tokens: int, out: Path) -> float:
         use_cpu=True,
         save_strategy="no",
         seed=0,
+        **_vllm_settings(vllm),
     )
     trainer = GRPOTrainer(
         model=str(model),
@@ -113,7 +125,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8, help="episodes per step (one group)")
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per environment reply")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny model")
+    parser.add_argument(
+        "--vllm", action="store_true", help="also run every row with TRL's colocated vLLM engine"
+    )
     args = parser.parse_args()
+    shape = dict(hidden_size=128, heads=2, kv_heads=1) if args.vllm else dict(hidden_size=args.hidden)
 
     from prompt_r1.tiny_models import build_protocol_model
 
@@ -123,23 +139,33 @@ def main() -> int:
         episodes = [
             (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
         ]
-        model = build_protocol_model(tmp / "model", episodes, hidden_size=args.hidden, steps=150)
+        model = build_protocol_model(tmp / "model", episodes, steps=150, **shape)
         print(f"built the tiny protocol model in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        results = []
-        for latency in (args.latency, 0.0):
-            step, tokens = multi_turn(model, args, latency, tmp / f"multi-{latency}")
-            results.append((latency, step, tokens))
-        n = max(1, round(statistics.mean(t for _, _, t in results)))
-        base = single_turn(model, args, n, tmp / "single")
+        backends = (False, True) if args.vllm else (False,)
+        results = {}  # (backend, latency) -> (s/step, tokens)
+        for vllm in backends:
+            for latency in (args.latency, 0.0):
+                results[vllm, latency] = multi_turn(
+                    model, args, latency, tmp / f"multi-{vllm}-{latency}", vllm
+                )
+        n = max(1, round(statistics.mean(t for _, t in results.values())))
+        base = {vllm: single_turn(model, args, n, tmp / f"single-{vllm}", vllm) for vllm in backends}
 
     print(f"\nGRPO step time, {args.batch} episodes per step, median of steps 2..{args.steps} (CPU, 2 cores)")
-    print(f"{'run':44} {'s/step':>8} {'agent tok/s':>12} {'ratio':>7}")
-    print(
-        f"{'TRL single-turn GRPO, ' + str(n) + ' tokens per completion':44} {base:8.3f} {args.batch * n / base:12.1f} {1.0:7.2f}"
-    )
-    for latency, step, tokens in results:
-        label = f"Prompt-R1 two-turn rollout, env latency {latency:.2f} s"
-        print(f"{label:44} {step:8.3f} {args.batch * tokens / step:12.1f} {step / base:7.2f}")
+    header = f"{'run':52} {'s/step':>8} {'agent tok/s':>12} {'vs single':>10}"
+    print(header + (f" {'vLLM/generate':>14}" if args.vllm else ""))
+    for vllm in backends:
+        name = "vLLM" if vllm else "generate"
+        single = f"TRL single-turn GRPO ({name}), {n} tokens per completion"
+        extra = f" {base[True] / base[False]:14.2f}" if vllm else ""
+        print(f"{single:52} {base[vllm]:8.3f} {args.batch * n / base[vllm]:12.1f} {1.0:10.2f}{extra}")
+        for latency in (args.latency, 0.0):
+            step, tokens = results[vllm, latency]
+            label = f"Prompt-R1 two-turn ({name}), env latency {latency:.2f} s"
+            extra = f" {step / results[False, latency][0]:14.2f}" if vllm else ""
+            print(
+                f"{label:52} {step:8.3f} {args.batch * tokens / step:12.1f} {step / base[vllm]:10.2f}{extra}"
+            )
     return 0
 
 
