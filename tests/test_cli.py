@@ -33,7 +33,8 @@ def test_run_readable(server, capsys):
 def test_run_json(server, capsys):
     assert main(served(server, "--json", "--max-turns", "1")) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert set(payload) == {"question", "answer", "status", "turns", "usage", "error"}
+    assert set(payload) == {"question", "answer", "status", "turns", "usage", "error", "drift"}
+    assert payload["drift"] == {"checked": False, "reason": "no tokenizer for the agent (--agent-tokenizer)"}
     assert payload["status"] == "answered" and payload["answer"] == "Paris"
     assert payload["usage"]["env_calls"] == 1  # --max-turns 1, then the final-answer request
     assert payload["turns"][1]["response_source"] == "final_request"
