@@ -137,6 +137,16 @@ def _finish_reason(status: str | None) -> str:
     return "length" if status in ("max_turns", "context_overflow") else "stop"
 
 
+def _extension(state: dict[str, Any], keys: tuple[str, ...], trajectory: bool) -> dict[str, Any]:
+    """The `prompt_r1` field of a response; with `prompt_r1_trajectory: true` in the request, the token ids the
+    agent read and wrote (`prompt_ids`, `completion_ids`, `env_mask`, `logprobs`), null for an agent without them."""
+    extension = {k: state.get(k) for k in keys}
+    if trajectory:
+        ids = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
+        extension["trajectory"] = {k: state.get(k) for k in ids} if state.get("prompt_ids") else None
+    return extension
+
+
 def _environment_error(state: dict[str, Any]) -> RequestError:
     return RequestError(502, state.get("error") or "the environment call failed", kind="environment_error",
                         code="environment_error")  # fmt: skip
@@ -261,6 +271,9 @@ def build_app(
         except RecursionError:  # deeply nested arrays fit in the size limit but not in json's recursion
             raise RequestError(400, "the body is nested too deeply") from None
         question, stream, include_usage, max_turns = validate(body, model_name)
+        trajectory = body.get("prompt_r1_trajectory", False)
+        if not isinstance(trajectory, bool):
+            raise RequestError(400, "`prompt_r1_trajectory` must be true or false", param="prompt_r1_trajectory")
         graph = graph_for(max_turns)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         config = {
@@ -283,7 +296,7 @@ def build_app(
                     "choices": [{"index": 0, "finish_reason": _finish_reason(state.get("status")),
                                  "message": {"role": "assistant", "content": state.get("answer") or ""}}],
                     "usage": _usage(state),
-                    "prompt_r1": {k: state.get(k) for k in ("status", "turns", "usage", "error")},
+                    "prompt_r1": _extension(state, ("status", "turns", "usage", "error"), trajectory),
                 })  # fmt: skip
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -344,7 +357,7 @@ def build_app(
             else:
                 await send(chunk({"content": state.get("answer") or ""}))
                 await send(chunk({}, _finish_reason(state.get("status")),
-                                 prompt_r1={k: state.get(k) for k in ("status", "usage", "error")}))  # fmt: skip
+                                 prompt_r1=_extension(state, ("status", "usage", "error"), trajectory)))  # fmt: skip
                 if include_usage:
                     await send(
                         {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(state)}

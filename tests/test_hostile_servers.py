@@ -715,3 +715,40 @@ def test_a_huge_reply_on_the_token_path_ends_the_episode_cleanly(tiny_tokenizer,
     payload = json.loads(capsys.readouterr().out)
     assert code == 0 and payload["status"] in ("format_error", "context_overflow")
     assert len(payload["trajectory"]["completion_ids"]) <= 8192  # the token budget held
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_serve_returns_the_trajectory_of_a_token_exact_served_agent_on_request(
+    stream, tiny_tokenizer, tiny_model_path
+):
+    import urllib.request
+
+    from prompt_r1.server import build_app, serving_in_thread
+
+    with token_server(tiny_tokenizer) as upstream:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=upstream.base_url), api_key="x"
+        )
+        config = AgentConfig(model="agent", base_url=upstream.base_url, tokenizer=str(tiny_model_path))
+        agent = ServedAgent(config, api_key="x")
+        with serving_in_thread(build_app(agent, environment)) as url:
+            body = {
+                "messages": [{"role": "user", "content": "Where?"}],
+                "stream": stream,
+                "prompt_r1_trajectory": True,
+            }
+            request = urllib.request.Request(
+                url + "/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read().decode()
+    if stream:
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        extension = next(e["prompt_r1"] for e in events if "prompt_r1" in e)
+    else:
+        extension = json.loads(text)["prompt_r1"]
+    trajectory = extension["trajectory"]
+    assert len(trajectory["completion_ids"]) == len(trajectory["env_mask"]) == len(trajectory["logprobs"]) > 0
+    assert 0 in trajectory["env_mask"] and trajectory["prompt_ids"]

@@ -161,8 +161,6 @@ def _colocate_config(tmp_path: Path, model: Path, server: ScriptedServer, **over
         temperature=1.0,
         use_vllm=True,
         vllm_mode="colocate",
-        # On CPU this is the share of the machine's memory the engine may hold, the test process's own included.
-        vllm_gpu_memory_utilization=0.25,
         vllm_sync_check=True,
         report_to=[],
         logging_steps=1,
@@ -306,8 +304,6 @@ def test_colocated_vllm_under_accelerate_with_two_zero2_processes(wide_head_mode
                 "true",
                 "--vllm_mode",
                 "colocate",
-                "--vllm_gpu_memory_utilization",
-                "0.05",
                 "--vllm_sync_check",
                 "true",
             ],  # fmt: skip

@@ -53,7 +53,7 @@ def _rows(n: int, *, golden: bool) -> list[dict]:
 
 
 def _common(args, out: Path, cuda: bool) -> dict:
-    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3 if cuda else 0.25)
+    vllm = dict(use_vllm=True, vllm_mode="colocate")
     return dict(
         **(vllm if args.vllm else {}),
         output_dir=str(out),
@@ -129,13 +129,20 @@ def worker(args) -> None:
             generation_kwargs={"min_tokens" if args.vllm else "min_new_tokens": args.tokens},
             model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
         )
-        trainer = GRPOTrainer(
-            model=args.model,
-            reward_funcs=[lambda completions, **_: [float(len(c[0]["content"]) % 3) for c in completions]],
-            args=config,
-            train_dataset=Dataset.from_list(_rows(args.batch * args.steps, golden=False)),
-            callbacks=[memory],
-        )
+        from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
+
+        # The model's dtype for a colocated engine, and on CPU a sync that can reload prepacked weights (GPU: TRL's).
+        with same_dtype_engine("bfloat16" if cuda else "float32"):
+            trainer = GRPOTrainer(
+                model=args.model,
+                reward_funcs=[
+                    lambda completions, **_: [float(len(c[0]["content"]) % 3) for c in completions]
+                ],
+                args=config,
+                train_dataset=Dataset.from_list(_rows(args.batch * args.steps, golden=False)),
+                callbacks=[memory],
+            )
+        install_cpu_weight_sync(trainer)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0

@@ -39,8 +39,8 @@ def _median_step(trainer) -> float:
 
 
 def _vllm_settings(vllm: bool) -> dict:
-    # On CPU `vllm_gpu_memory_utilization` is the share of the machine's memory the engine may hold.
-    return dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.25) if vllm else {}
+    # On CPU the engine gets an explicit KV cache (prompt_r1/training/vllm_sync.py), whatever this process holds.
+    return dict(use_vllm=True, vllm_mode="colocate") if vllm else {}
 
 
 def multi_turn(model: Path, args, latency: float, out: Path, vllm: bool = False) -> tuple[float, float]:
@@ -109,12 +109,18 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False) -
         seed=0,
         **_vllm_settings(vllm),
     )
-    trainer = GRPOTrainer(
-        model=str(model),
-        reward_funcs=[lambda completions, **_: [float(len(c[0]["content"]) % 3) for c in completions]],
-        args=config,
-        train_dataset=Dataset.from_list(rows),
-    )
+    from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
+
+    # TRL's own trainer, given the same two things a vLLM engine on CPU needs under build_trainer: the model's
+    # dtype and a weight sync that can reload prepacked CPU weights (no-ops without vLLM, or on a GPU).
+    with same_dtype_engine("float32"):
+        trainer = GRPOTrainer(
+            model=str(model),
+            reward_funcs=[lambda completions, **_: [float(len(c[0]["content"]) % 3) for c in completions]],
+            args=config,
+            train_dataset=Dataset.from_list(rows),
+        )
+    install_cpu_weight_sync(trainer)
     trainer.train()
     return _median_step(trainer)
 
@@ -152,19 +158,19 @@ def main() -> int:
         base = {vllm: single_turn(model, args, n, tmp / f"single-{vllm}", vllm) for vllm in backends}
 
     print(f"\nGRPO step time, {args.batch} episodes per step, median of steps 2..{args.steps} (CPU, 2 cores)")
-    header = f"{'run':52} {'s/step':>8} {'agent tok/s':>12} {'vs single':>10}"
+    header = f"{'run':58} {'s/step':>8} {'agent tok/s':>12} {'vs single':>10}"
     print(header + (f" {'vLLM/generate':>14}" if args.vllm else ""))
     for vllm in backends:
         name = "vLLM" if vllm else "generate"
         single = f"TRL single-turn GRPO ({name}), {n} tokens per completion"
         extra = f" {base[True] / base[False]:14.2f}" if vllm else ""
-        print(f"{single:52} {base[vllm]:8.3f} {args.batch * n / base[vllm]:12.1f} {1.0:10.2f}{extra}")
+        print(f"{single:58} {base[vllm]:8.3f} {args.batch * n / base[vllm]:12.1f} {1.0:10.2f}{extra}")
         for latency in (args.latency, 0.0):
             step, tokens = results[vllm, latency]
             label = f"Prompt-R1 two-turn ({name}), env latency {latency:.2f} s"
             extra = f" {step / results[False, latency][0]:14.2f}" if vllm else ""
             print(
-                f"{label:52} {step:8.3f} {args.batch * tokens / step:12.1f} {step / base[vllm]:10.2f}{extra}"
+                f"{label:58} {step:8.3f} {args.batch * tokens / step:12.1f} {step / base[vllm]:10.2f}{extra}"
             )
     return 0
 

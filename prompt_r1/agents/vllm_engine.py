@@ -23,9 +23,10 @@ from prompt_r1.tokens import initial_prompt_ids
 
 __all__ = ["VLLMAgent"]
 
-# On CPU vLLM reserves this fraction of the machine's memory for its KV cache (`gpu_memory_utilization`, despite
-# its name); its default of 0.9 would take nearly all of it. A GPU keeps vLLM's own default.
-CPU_MEMORY_FRACTION = 0.1
+# On CPU vLLM sizes its KV cache as `gpu_memory_utilization` (despite its name) x the machine's memory minus what
+# the process already holds, and refuses to start below zero: an explicit size (VLLM_CPU_KVCACHE_SPACE, in GiB, if
+# set) does not depend on what else the process holds. A GPU keeps vLLM's own default.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def _import_vllm():
@@ -55,8 +56,8 @@ def _engine_defaults(vllm: Any, config: AgentConfig) -> dict[str, Any]:
         dtype = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
         if dtype is not None:
             defaults["dtype"] = str(dtype).removeprefix("torch.")
-    if current_platform.is_cpu():
-        defaults["gpu_memory_utilization"] = CPU_MEMORY_FRACTION
+    if current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     return defaults
 
 

@@ -20,21 +20,29 @@ The engine also has to compute in the trained model's dtype for its log-probabil
 TRL builds the colocated `LLM` without a dtype, and vLLM's "auto" picks bfloat16 on a CPU that has it, even for a
 float32 checkpoint (the engine then disagrees with the trained model by ~1e-1 in log-probability after a step).
 `same_dtype_engine` passes the trainer's dtype to that constructor.
+
+On CPU it also gives the engine an explicit KV cache (`CPU_KV_CACHE_BYTES`, unless `VLLM_CPU_KVCACHE_SPACE` or the
+call names one): otherwise vLLM sizes it as `gpu_memory_utilization` x the machine's memory minus everything the
+process already holds (the trained model, the optimizer), which in a training process is easily negative.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "CPU_KV_CACHE_BYTES",
     "install_cpu_weight_sync",
     "install_sync_check",
     "refresh_prepacked_embeddings",
     "same_dtype_engine",
     "vllm_on_cpu",
 ]
+
+CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: thousands of tokens of context for a small agent
 
 
 def vllm_on_cpu() -> bool:
@@ -97,6 +105,8 @@ def same_dtype_engine(dtype: str | None) -> Iterator[None]:
         return
 
     def build(*args: Any, **kwargs: Any) -> Any:
+        if vllm_on_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
         if dtype and dtype != "auto":
             kwargs.setdefault("dtype", dtype)
         else:
