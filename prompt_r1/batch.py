@@ -396,7 +396,9 @@ class _Runner:
                 "turns": state.get("turns", []),
                 "usage": state.get("usage", {}),
             }
-            if state.get("prompt_ids"):  # a token-exact agent: what it read and wrote, for training or checking
+            if state.get(
+                "prompt_ids"
+            ):  # a token-exact agent: what it read and wrote, for training or checking
                 keys = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
                 result["trajectory"] = {k: state.get(k) for k in keys}
             if resumed:

@@ -273,7 +273,9 @@ def build_app(
         question, stream, include_usage, max_turns = validate(body, model_name)
         trajectory = body.get("prompt_r1_trajectory", False)
         if not isinstance(trajectory, bool):
-            raise RequestError(400, "`prompt_r1_trajectory` must be true or false", param="prompt_r1_trajectory")
+            raise RequestError(
+                400, "`prompt_r1_trajectory` must be true or false", param="prompt_r1_trajectory"
+            )
         graph = graph_for(max_turns)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         config = {

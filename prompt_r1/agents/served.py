@@ -52,7 +52,11 @@ class ServedAgent:
         from prompt_r1.agents.vllm_server import plan_token_exact
 
         plan = plan_token_exact(config, self._api_key)
-        self.tokenizer, self.token_exact, self.drift_tokenizer = plan.tokenizer, plan.reason, plan.drift_tokenizer
+        self.tokenizer, self.token_exact, self.drift_tokenizer = (
+            plan.tokenizer,
+            plan.reason,
+            plan.drift_tokenizer,
+        )
         # Async HTTP connections and semaphores belong to one event loop: one client and cap per loop.
         self._clients: PerLoop[tuple[openai.AsyncOpenAI, asyncio.Semaphore]] = PerLoop(self._new_client)
 
@@ -124,7 +128,11 @@ class ServedAgent:
             top_p=cfg.top_p,
             logprobs=0,
             # vLLM's extensions: the sampled ids, the stop string kept in them (it was sampled), nothing skipped.
-            extra_body={"return_token_ids": True, "include_stop_str_in_output": True, "skip_special_tokens": False},
+            extra_body={
+                "return_token_ids": True,
+                "include_stop_str_in_output": True,
+                "skip_special_tokens": False,
+            },
         )
         if cfg.seed is not None:
             kwargs["seed"] = cfg.seed

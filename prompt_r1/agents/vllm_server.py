@@ -30,7 +30,9 @@ def vllm_version(base_url: str, api_key: str | None = None, timeout: float = 5.0
     root = root[: -len("/v1")] if root.endswith("/v1") else root
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(root + "/version", headers=headers), timeout=timeout) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(root + "/version", headers=headers), timeout=timeout
+        ) as r:
             body = json.loads(r.read(65536))
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -95,7 +97,9 @@ def rendering_drift(tokenizer: Any, state: dict[str, Any]) -> dict[str, Any]:
         exact += sampled
         response = turn.get("response")
         if response is not None:
-            body = interaction_response(response) if turn.get("response_source") == "environment" else response
+            body = (
+                interaction_response(response) if turn.get("response_source") == "environment" else response
+            )
             exact += user_turn_ids(tokenizer, body, sampled)
     last = state.get("turns", [])[-1:] or [None]
     open_turn = last[0] is not None and last[0].get("response") is not None
