@@ -371,7 +371,13 @@ def _drift(agent: Any, result: dict) -> dict[str, Any]:
         return {"checked": False, "reason": "the episode has no turns"}
     from prompt_r1.agents.vllm_server import rendering_drift
 
-    return {"checked": True, **rendering_drift(tokenizer, result)}
+    try:
+        return {"checked": True, **rendering_drift(tokenizer, result)}
+    except (
+        Exception
+    ) as exc:  # a template that cannot render this conversation: the episode's output still stands
+        reason = f"the chat template could not re-render it ({type(exc).__name__}: {exc})"
+        return {"checked": False, "reason": reason}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -379,6 +385,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not args.question.strip():
         raise ConfigError("the question is empty")
+    if args.trajectory and not args.json:
+        raise ConfigError("--trajectory adds to the JSON output: give --json too")
     from prompt_r1.text import valid
 
     if not valid(args.question):  # undecodable bytes on the command line arrive as lone surrogates

@@ -190,6 +190,7 @@ class ScriptedServer:
         self.counts: dict[str, int] = {}  # requests per model, kept even when record=False
         self.fault_rule = fault_rule
         self.tokenizer, self.vllm_version = tokenizer, vllm_version
+        self.version_headers: list[dict] = []  # the headers of each /version request
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests the server was handling at once
@@ -312,6 +313,7 @@ class ScriptedServer:
     async def _version(self, request):
         from aiohttp import web
 
+        self.version_headers.append(dict(request.headers))
         return web.json_response({"version": self.vllm_version})
 
     async def _chat(self, request):

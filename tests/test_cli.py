@@ -168,3 +168,12 @@ def test_unusable_device_is_one_line(tiny_model_path, server, capsys):
     assert main(argv) == 3
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "prompt-r1" in line]
     assert err == [err[0]] and "cannot place the agent model on device 'cuda'" in err[0], err
+
+
+def test_trajectory_needs_json(server, capsys):
+    assert main(served(server, "--trajectory")) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "prompt-r1: error: --trajectory adds to the JSON output: give --json too"
+    )
+    assert not server.requests

@@ -752,3 +752,16 @@ def test_serve_returns_the_trajectory_of_a_token_exact_served_agent_on_request(
     trajectory = extension["trajectory"]
     assert len(trajectory["completion_ids"]) == len(trajectory["env_mask"]) == len(trajectory["logprobs"]) > 0
     assert 0 in trajectory["env_mask"] and trajectory["prompt_ids"]
+
+
+def test_the_vllm_probe_sends_no_key(tiny_tokenizer, tiny_model_path):
+    with token_server(tiny_tokenizer) as server:
+        config = AgentConfig(
+            model="agent",
+            base_url=server.base_url,
+            tokenizer=str(tiny_model_path),
+            api_key_env="HOSTILE_AGENT_KEY",
+        )
+        agent = ServedAgent(config)
+        assert agent.tokenizer is not None  # recognised as vLLM
+        assert server.version_headers and all("Authorization" not in h for h in server.version_headers)

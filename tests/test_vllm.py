@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed")
-pytestmark = pytest.mark.vllm
+# The module's fixtures build a model and start vLLM's server; pytest's timeout counts them in a test's time.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Agent backends: one async protocol, three implementations.
 
-- `ServedAgent`: an OpenAI-compatible endpoint (what `vllm serve` of a trained checkpoint provides); text only.
+- `ServedAgent`: an OpenAI-compatible endpoint (what `vllm serve` of a trained checkpoint provides); token ids on a
+  vLLM server with a tokenizer at hand, chat messages elsewhere.
 - `TransformersAgent`: a local `transformers` model; batches concurrent episodes; token ids and logprobs.
 - `VLLMAgent`: an in-process vLLM engine (the `vllm` extra); token ids and logprobs.
 

@@ -51,7 +51,7 @@ class ServedAgent:
         self._in_flight = max_in_flight
         from prompt_r1.agents.vllm_server import plan_token_exact
 
-        plan = plan_token_exact(config, self._api_key)
+        plan = plan_token_exact(config)
         self.tokenizer, self.token_exact, self.drift_tokenizer = (
             plan.tokenizer,
             plan.reason,
@@ -148,14 +148,27 @@ class ServedAgent:
                 "the served agent returned no token ids (vLLM's return_token_ids); upgrade the server, or run with "
                 "--agent-token-exact off"
             )
+        vocabulary = len(self.tokenizer)
+        budget = kwargs["max_tokens"]
+        if len(ids) > budget or not all(isinstance(i, int) and 0 <= i < vocabulary for i in ids):
+            raise AgentError(
+                f"the served agent returned {len(ids)} token ids for a budget of {budget}, or ids outside the "
+                f"tokenizer's {vocabulary}: is --agent-tokenizer the served model's?"
+            )
         token_logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else None
-        logprobs = [float(x) if x is not None else 0.0 for x in token_logprobs] if token_logprobs else None
+        numbers = token_logprobs and all(isinstance(x, int | float) or x is None for x in token_logprobs)
+        logprobs = [float(x) if x is not None else 0.0 for x in token_logprobs] if numbers else None
         if logprobs is not None and len(logprobs) != len(ids):
             logprobs = None  # not aligned with the ids: better none than wrong
         usage = response.usage
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if (
+            redaction.redact(text) != text
+        ):  # the ids spell a key: they must not reach the state or a checkpoint
+            raise AgentError("the served agent's reply repeated an API key; it was not kept")
         return AgentOutput(
-            text=redaction.redact(self.tokenizer.decode(ids, skip_special_tokens=True)),
-            token_ids=[int(i) for i in ids],
+            text=text,
+            token_ids=list(ids),
             logprobs=logprobs,
             finish_reason="length" if choice.finish_reason == "length" else "stop",
             prompt_tokens=usage.prompt_tokens if usage else len(request.prompt_ids),

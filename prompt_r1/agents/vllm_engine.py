@@ -25,8 +25,24 @@ __all__ = ["VLLMAgent"]
 
 # On CPU vLLM sizes its KV cache as `gpu_memory_utilization` (despite its name) x the machine's memory minus what
 # the process already holds, and refuses to start below zero: an explicit size (VLLM_CPU_KVCACHE_SPACE, in GiB, if
-# set) does not depend on what else the process holds. A GPU keeps vLLM's own default.
-CPU_KV_CACHE_BYTES = 1 << 30
+# set) does not depend on what else the process holds. The context is capped to what the loop uses (a prompt of
+# about 1k tokens and the paper's 8,192-token trajectory budget), so that a model with a long native context (Qwen3:
+# 40,960) fits that cache. A GPU keeps vLLM's own defaults.
+CPU_KV_CACHE_BYTES = 2 << 30
+CPU_MAX_MODEL_LEN = 10_240
+
+
+def cpu_engine_defaults(model: str) -> dict[str, Any]:
+    """Engine settings for vLLM on CPU (see above): an explicit KV cache unless VLLM_CPU_KVCACHE_SPACE is set, and
+    the context capped to CPU_MAX_MODEL_LEN or the model's own maximum, whichever is smaller."""
+    from transformers import AutoConfig
+
+    settings: dict[str, Any] = {}
+    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        settings["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    native = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    settings["max_model_len"] = min(CPU_MAX_MODEL_LEN, native) if native else CPU_MAX_MODEL_LEN
+    return settings
 
 
 def _import_vllm():
@@ -56,8 +72,8 @@ def _engine_defaults(vllm: Any, config: AgentConfig) -> dict[str, Any]:
         dtype = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
         if dtype is not None:
             defaults["dtype"] = str(dtype).removeprefix("torch.")
-    if current_platform.is_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if current_platform.is_cpu():
+        defaults.update(cpu_engine_defaults(config.model))
     return defaults
 
 

@@ -23,17 +23,20 @@ from prompt_r1.errors import ConfigError
 __all__ = ["TokenExactPlan", "plan_token_exact", "rendering_drift", "vllm_version"]
 
 
-def vllm_version(base_url: str, api_key: str | None = None, timeout: float = 5.0) -> str | None:
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # a redirect is an answer that this is no vLLM /version
+        return None
+
+
+def vllm_version(base_url: str, timeout: float = 5.0) -> str | None:
     """The version a vLLM OpenAI-compatible server reports at `/version` beside its `/v1`, or None for any other
-    server (or none reachable)."""
+    server (or none reachable). vLLM serves /version without a key, so none is sent, and no redirect is followed."""
     root = base_url.rstrip("/")
     root = root[: -len("/v1")] if root.endswith("/v1") else root
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    opener = urllib.request.build_opener(_NoRedirects)
     try:
-        with urllib.request.urlopen(
-            urllib.request.Request(root + "/version", headers=headers), timeout=timeout
-        ) as r:
-            body = json.loads(r.read(65536))
+        with opener.open(urllib.request.Request(root + "/version"), timeout=timeout) as response:
+            body = json.loads(response.read(65536))
     except (urllib.error.URLError, OSError, ValueError):
         return None
     version = body.get("version") if isinstance(body, dict) else None
@@ -60,17 +63,26 @@ def _load_tokenizer(source: str) -> Any:
     return tokenizer
 
 
-def plan_token_exact(config: Any, api_key: str | None) -> TokenExactPlan:
+def plan_token_exact(config: Any) -> TokenExactPlan:
     """Decide, once at start, whether a served agent's turns go as token ids (see the module docstring)."""
     source = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
-    tokenizer = _load_tokenizer(source) if source else None
+    tokenizer, unusable = None, None
+    if source:
+        try:
+            tokenizer = _load_tokenizer(source)
+        except ConfigError as exc:
+            # Named with --agent-tokenizer for token-exact turns: an error. Inferred from a model folder, or only
+            # for the drift check: the turns go as chat messages, and the reason says why.
+            if config.tokenizer and config.token_exact != "off":
+                raise
+            unusable = str(exc)
     if config.token_exact == "off":
         return TokenExactPlan(None, "turned off (--agent-token-exact off): chat messages", tokenizer)
     # Without a tokenizer the turns cannot be token ids, whatever serves them: no need to ask the server.
-    version = vllm_version(config.base_url, api_key) if tokenizer is not None else None
+    version = vllm_version(config.base_url) if tokenizer is not None else None
     missing = None
     if tokenizer is None:
-        missing = "no tokenizer for the served model: name one with --agent-tokenizer"
+        missing = unusable or "no tokenizer for the served model: name one with --agent-tokenizer"
     elif version is None:
         missing = f"the served agent at {config.base_url} is not a vLLM server (no /version)"
     if missing is not None:

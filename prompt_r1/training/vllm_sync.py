@@ -11,38 +11,35 @@ One more step is needed: the embedding and the LM head (`VocabParallelEmbedding`
 weight and a prepacked copy of it (`remove_weight=False`), and the reload updates the weight but not the copy. With
 tied embeddings (Qwen3-4B, the paper's agent, ties them) the LM head then still computes logits from the old
 weights. So after the reload each of those layers is processed again, which repacks it from the new weight.
-`tests/test_vllm_training.py` checks, after every sync, that the engine's log-probabilities of a fixed
+`tests/test_vllm.py` checks, after every sync, that the engine's log-probabilities of a fixed
 continuation equal the trained model's.
 
-On GPU nothing is changed: TRL's own sync is used.
+On GPU TRL's own sync is used.
 
 The engine also has to compute in the trained model's dtype for its log-probabilities to be those of the model:
 TRL builds the colocated `LLM` without a dtype, and vLLM's "auto" picks bfloat16 on a CPU that has it, even for a
 float32 checkpoint (the engine then disagrees with the trained model by ~1e-1 in log-probability after a step).
 `same_dtype_engine` passes the trainer's dtype to that constructor.
 
-On CPU it also gives the engine an explicit KV cache (`CPU_KV_CACHE_BYTES`, unless `VLLM_CPU_KVCACHE_SPACE` or the
-call names one): otherwise vLLM sizes it as `gpu_memory_utilization` x the machine's memory minus everything the
-process already holds (the trained model, the optimizer), which in a training process is easily negative.
+On CPU it also gives the engine an explicit KV cache and a context capped to what the loop uses
+(`agents/vllm_engine.cpu_engine_defaults`, unless `VLLM_CPU_KVCACHE_SPACE` or the call says otherwise): vLLM would
+size the cache as `gpu_memory_utilization` x the machine's memory minus everything the process already holds (the
+trained model, the optimizer), which in a training process is easily negative.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
-    "CPU_KV_CACHE_BYTES",
     "install_cpu_weight_sync",
     "install_sync_check",
     "refresh_prepacked_embeddings",
     "same_dtype_engine",
     "vllm_on_cpu",
 ]
-
-CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: thousands of tokens of context for a small agent
 
 
 def vllm_on_cpu() -> bool:
@@ -105,8 +102,14 @@ def same_dtype_engine(dtype: str | None) -> Iterator[None]:
         return
 
     def build(*args: Any, **kwargs: Any) -> Any:
-        if vllm_on_cpu() and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+        if vllm_on_cpu():
+            from prompt_r1.agents.vllm_engine import cpu_engine_defaults
+
+            for key, value in cpu_engine_defaults(kwargs.get("model") or args[0]).items():
+                if (
+                    kwargs.get(key) is None
+                ):  # TRL passes max_model_len=None when vllm_max_model_length is unset
+                    kwargs[key] = value
         if dtype and dtype != "auto":
             kwargs.setdefault("dtype", dtype)
         else:
