@@ -43,6 +43,7 @@ from prompt_r1.costs import PriceTable, UsageMeter
 from prompt_r1.data import Sample, iter_samples, resolve_source
 from prompt_r1.environment import EnvironmentClient, EnvironmentReply
 from prompt_r1.errors import AgentError, ConfigError, DataError, OutputError
+from prompt_r1.graph import trajectory_of
 from prompt_r1.redaction import RedactedStream, Redactor
 from prompt_r1.results_file import (
     FAILED_STATUSES,
@@ -396,11 +397,9 @@ class _Runner:
                 "turns": state.get("turns", []),
                 "usage": state.get("usage", {}),
             }
-            if state.get(
-                "prompt_ids"
-            ):  # a token-exact agent: what it read and wrote, for training or checking
-                keys = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
-                result["trajectory"] = {k: state.get(k) for k in keys}
+            trajectory = trajectory_of(state)  # a token-exact agent's ids, for training or checking
+            if trajectory is not None:
+                result["trajectory"] = trajectory
             if resumed:
                 result["resumed"] = resumed
             result["cost_usd"] = episode_cost(state, self.meter.prices, self.agent_model)

@@ -49,6 +49,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from prompt_r1 import redaction
 from prompt_r1.errors import EnvironmentCallError
+from prompt_r1.graph import finish_reason as _finish_reason
 from prompt_r1.text import valid
 
 __all__ = ["PromptR1Chat", "question_of"]
@@ -115,12 +116,6 @@ def question_of(messages: list[BaseMessage]) -> str:
             raise ValueError("the last user message is not valid Unicode text (it holds a lone surrogate)")
         return text
     raise ValueError("Prompt-R1 needs a user message to answer; got none")
-
-
-def _finish_reason(status: str | None) -> str:
-    if status == "refused":  # OpenAI's own word for a reply a content filter withheld
-        return "content_filter"
-    return "length" if status in ("max_turns", "context_overflow") else "stop"
 
 
 def _usage_metadata(usage: dict) -> dict[str, int]:

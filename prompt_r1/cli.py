@@ -355,11 +355,13 @@ def _summary(result: dict) -> str:
 
 def _trajectory(agent: Any, result: dict) -> dict[str, Any]:
     """`--trajectory`: the token ids the agent read and wrote, with the environment mask, or why there are none."""
-    if not result.get("prompt_ids"):  # the chat path: the state has empty id lists, no prompt
+    from prompt_r1.graph import trajectory_of
+
+    trajectory = trajectory_of(result)
+    if trajectory is None:
         reason = getattr(agent, "token_exact", None) or "the agent backend has no tokenizer"
         return {"trajectory": None, "trajectory_reason": reason}
-    keys = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
-    return {"trajectory": {k: result.get(k) for k in keys}}
+    return {"trajectory": trajectory}
 
 
 def _drift(agent: Any, result: dict) -> dict[str, Any]:

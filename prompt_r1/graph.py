@@ -42,6 +42,8 @@ __all__ = [
     "EpisodeState",
     "agent_messages",
     "build_graph",
+    "finish_reason",
+    "trajectory_of",
 ]
 
 Status = Literal["answered", "max_turns", "format_error", "refused", "environment_error", "context_overflow"]
@@ -53,6 +55,22 @@ STATUSES: tuple[str, ...] = (
     "environment_error",
     "context_overflow",
 )
+
+
+TRAJECTORY_KEYS: tuple[str, ...] = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
+
+
+def trajectory_of(state: dict) -> dict | None:
+    """The token ids the agent read and wrote, with the environment mask and log-probabilities, or None for an
+    episode without them (a text-only backend leaves the id lists empty and no prompt ids)."""
+    return {k: state.get(k) for k in TRAJECTORY_KEYS} if state.get("prompt_ids") else None
+
+
+def finish_reason(status: str | None) -> str:
+    """An episode's status as an OpenAI `finish_reason`, for the surfaces that speak OpenAI's API."""
+    if status == "refused":  # OpenAI's own word for a reply a content filter withheld
+        return "content_filter"
+    return "length" if status in ("max_turns", "context_overflow") else "stop"
 
 
 def merge_turns(left: list[dict] | None, right: list[dict] | None) -> list[dict]:

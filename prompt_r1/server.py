@@ -33,6 +33,8 @@ from typing import Any
 from prompt_r1 import redaction
 from prompt_r1.config import LoopConfig
 from prompt_r1.errors import AgentError
+from prompt_r1.graph import finish_reason as _finish_reason
+from prompt_r1.graph import trajectory_of
 from prompt_r1.text import valid
 
 __all__ = ["build_app", "serve", "serving_in_thread"]
@@ -131,19 +133,12 @@ def _usage(state: dict[str, Any]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _finish_reason(status: str | None) -> str:
-    if status == "refused":  # OpenAI's own word for a reply a content filter withheld
-        return "content_filter"
-    return "length" if status in ("max_turns", "context_overflow") else "stop"
-
-
 def _extension(state: dict[str, Any], keys: tuple[str, ...], trajectory: bool) -> dict[str, Any]:
     """The `prompt_r1` field of a response; with `prompt_r1_trajectory: true` in the request, the token ids the
     agent read and wrote (`prompt_ids`, `completion_ids`, `env_mask`, `logprobs`), null for an agent without them."""
     extension = {k: state.get(k) for k in keys}
     if trajectory:
-        ids = ("prompt_ids", "completion_ids", "env_mask", "logprobs")
-        extension["trajectory"] = {k: state.get(k) for k in ids} if state.get("prompt_ids") else None
+        extension["trajectory"] = trajectory_of(state)
     return extension
 
 

@@ -32,6 +32,16 @@ CPU_KV_CACHE_BYTES = 2 << 30
 CPU_MAX_MODEL_LEN = 10_240
 
 
+def checkpoint_dtype(model: str) -> str:
+    """The dtype a checkpoint's config names (`dtype`, or the older `torch_dtype`), else "auto": what an engine must
+    compute in for its log-probabilities to be the model's (vLLM's "auto" may pick bfloat16 for a float32 model)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
+
+
 def cpu_engine_defaults(model: str) -> dict[str, Any]:
     """Engine settings for vLLM on CPU (see above): an explicit KV cache unless VLLM_CPU_KVCACHE_SPACE is set, and
     the context capped to CPU_MAX_MODEL_LEN or the model's own maximum, whichever is smaller."""
@@ -63,15 +73,9 @@ def _engine_defaults(vllm: Any, config: AgentConfig) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     defaults: dict[str, Any] = {"logprobs_mode": "processed_logprobs"}
-    if config.dtype != "auto":
-        defaults["dtype"] = config.dtype
-    else:
-        from transformers import AutoConfig
-
-        model_config = AutoConfig.from_pretrained(config.model)
-        dtype = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
-        if dtype is not None:
-            defaults["dtype"] = str(dtype).removeprefix("torch.")
+    dtype = config.dtype if config.dtype != "auto" else checkpoint_dtype(config.model)
+    if dtype != "auto":
+        defaults["dtype"] = dtype
     if current_platform.is_cpu():
         defaults.update(cpu_engine_defaults(config.model))
     return defaults

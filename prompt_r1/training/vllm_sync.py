@@ -101,19 +101,18 @@ def same_dtype_engine(dtype: str | None) -> Iterator[None]:
         yield
         return
 
+    from prompt_r1.agents.vllm_engine import checkpoint_dtype, cpu_engine_defaults
+
     def build(*args: Any, **kwargs: Any) -> Any:
         if vllm_on_cpu():
-            from prompt_r1.agents.vllm_engine import cpu_engine_defaults
-
+            # TRL passes max_model_len=None when vllm_max_model_length is unset: None counts as unset here.
             for key, value in cpu_engine_defaults(kwargs.get("model") or args[0]).items():
-                if (
-                    kwargs.get(key) is None
-                ):  # TRL passes max_model_len=None when vllm_max_model_length is unset
+                if kwargs.get(key) is None:
                     kwargs[key] = value
         if dtype and dtype != "auto":
             kwargs.setdefault("dtype", dtype)
         else:
-            kwargs.setdefault("dtype", _checkpoint_dtype(kwargs.get("model") or args[0]))
+            kwargs.setdefault("dtype", checkpoint_dtype(kwargs.get("model") or args[0]))
         return original(*args, **kwargs)
 
     trl_vllm.LLM = build
@@ -121,15 +120,6 @@ def same_dtype_engine(dtype: str | None) -> Iterator[None]:
         yield
     finally:
         trl_vllm.LLM = original
-
-
-def _checkpoint_dtype(model: str) -> str:
-    """The dtype a checkpoint's config names (`dtype` or the older `torch_dtype`), else "auto"."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
 
 
 def engine_logprobs(llm: Any, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
