@@ -160,6 +160,8 @@ class ScriptedServer:
         fault_rule: Callable[[str, dict], Fault | None] | None = None,
         tokenizer: Any = None,
         vllm_version: str | None = None,
+        model_roots: dict[str, str] | None = None,
+        token_ids: Callable[[list[int]], list[int] | None] | None = None,
     ) -> None:
         """latency: seconds per reply, or a function giving them (of no argument, or of the request body), for
             every model or per model (a dict).
@@ -169,7 +171,10 @@ class ScriptedServer:
         fault_rule: (model, body) → a Fault or None, asked first for every request; may be replaced later.
         tokenizer, vllm_version: play a vLLM server: `/version` answers `vllm_version`, and `/v1/completions` takes
             token-id prompts and returns the responder's text with its ids (`return_token_ids`), the stop string
-            kept (`include_stop_str_in_output`)."""
+            kept (`include_stop_str_in_output`).
+        model_roots: model name → the `root` its `/v1/models` entry gives (where vLLM loaded it from).
+        token_ids: rewrites the ids a completions reply returns (None: the reply has no `token_ids`, as a server
+            without `return_token_ids`), to play a server that misbehaves on the token-id path."""
         import random
 
         if callable(responders):
@@ -191,6 +196,8 @@ class ScriptedServer:
         self.fault_rule = fault_rule
         self.tokenizer, self.vllm_version = tokenizer, vllm_version
         self.version_headers: list[dict] = []  # the headers of each /version request
+        self.model_roots = dict(model_roots or {})
+        self.token_ids = token_ids
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests the server was handling at once
@@ -307,7 +314,18 @@ class ScriptedServer:
         from aiohttp import web
 
         return web.json_response(
-            {"object": "list", "data": [{"id": m, "object": "model"} for m in self.routes if m != "*"]}
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": m,
+                        "object": "model",
+                        **({"root": self.model_roots[m]} if m in self.model_roots else {}),
+                    }
+                    for m in self.routes
+                    if m != "*"
+                ],
+            }
         )
 
     async def _version(self, request):
@@ -441,14 +459,17 @@ class ScriptedServer:
             text = self.tokenizer.decode(ids)
         logprobs = {"tokens": [], "token_logprobs": [-0.5] * len(ids), "top_logprobs": [], "text_offset": []}
         prompt = body.get("prompt") or []
+        choice = {"index": 0, "text": text, "token_ids": ids, "logprobs": logprobs, "finish_reason": finish}
+        if self.token_ids is not None:
+            choice["token_ids"] = self.token_ids(ids)
+            if choice["token_ids"] is None:
+                del choice["token_ids"]
         return {
             "id": f"cmpl-{len(self.requests)}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [
-                {"index": 0, "text": text, "token_ids": ids, "logprobs": logprobs, "finish_reason": finish}
-            ],
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt),
                 "completion_tokens": len(ids),

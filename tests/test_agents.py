@@ -208,6 +208,32 @@ def test_a_served_agent_elsewhere_than_vllm_keeps_chat_messages_and_says_why(tra
             ServedAgent(dataclasses.replace(config, token_exact="on"), api_key="unused-key")
 
 
+def test_a_served_agent_on_vllm_finds_its_tokenizer_where_the_server_loaded_the_model(
+    trained_tiny_model_path,
+):
+    from transformers import AutoTokenizer
+
+    from prompt_r1.agents.served import ServedAgent
+
+    tokenizer = AutoTokenizer.from_pretrained(trained_tiny_model_path)
+    playing_vllm = dict(tokenizer=tokenizer, vllm_version="0.31.0")
+    roots = {"agent": str(trained_tiny_model_path)}
+    with ScriptedServer({"agent": echo_environment()}, model_roots=roots, **playing_vllm) as server:
+        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
+    assert agent.tokenizer is not None and "completions API" in agent.token_exact
+    assert agent.tokenizer.chat_template == tokenizer.chat_template
+    with ScriptedServer({"agent": echo_environment()}, **playing_vllm) as server:  # no root listed
+        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
+        assert agent.tokenizer is None and "server names no model root" in agent.token_exact
+        config = AgentConfig(model="agent", base_url=server.base_url, token_exact="on")
+        with pytest.raises(ConfigError, match="--agent-token-exact on: no tokenizer .* --agent-tokenizer"):
+            ServedAgent(config, api_key="unused-key")
+    old = dict(playing_vllm, vllm_version="0.10.1.1")  # before return_token_ids
+    with ScriptedServer({"agent": echo_environment()}, model_roots=roots, **old) as server:
+        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
+    assert agent.tokenizer is None and "vLLM 0.10.1.1 returns no token ids" in agent.token_exact
+
+
 def test_per_turn_cap_defaults_to_the_agent_config(tiny_model_path):
     """Without max_new_tokens, a turn is capped by AgentConfig.max_new_tokens, not by the trajectory budget."""
     agent = TransformersAgent(AgentConfig(model=str(tiny_model_path), temperature=0.0, max_new_tokens=5))

@@ -657,7 +657,7 @@ def test_serve_reports_a_refusal_as_content_filter(stream):
 # ---- the token-exact served path (a served agent on vLLM's completions API) ----------------------------------
 
 
-def token_server(tokenizer, *, fault_rule=None) -> ScriptedServer:
+def token_server(tokenizer, *, fault_rule=None, token_ids=None) -> ScriptedServer:
     from prompt_r1.testing import scripted_turns
 
     return ScriptedServer(
@@ -665,6 +665,7 @@ def token_server(tokenizer, *, fault_rule=None) -> ScriptedServer:
         tokenizer=tokenizer,
         vllm_version="0.31.0",
         fault_rule=fault_rule,
+        token_ids=token_ids,
     )
 
 
@@ -765,3 +766,22 @@ def test_the_vllm_probe_sends_no_key(tiny_tokenizer, tiny_model_path):
         agent = ServedAgent(config)
         assert agent.tokenizer is not None  # recognised as vLLM
         assert server.version_headers and all("Authorization" not in h for h in server.version_headers)
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "said"),
+    [
+        (lambda ids: [*ids, 10**9], "ids outside the tokenizer's"),  # an id no tokenizer of this model has
+        (lambda ids: [-1, *ids], "ids outside the tokenizer's"),
+        (lambda ids: ids * 400, "for a budget of"),  # more ids than the turn's max_tokens
+        (lambda ids: [*ids[:-1], "7"], "ids outside the tokenizer's"),  # not an int
+        (lambda ids: None, "returned no token ids"),  # a proxy that drops return_token_ids' field
+    ],
+)
+def test_token_ids_a_served_agent_could_not_have_sampled_are_refused_not_kept(
+    rewrite, said, tiny_tokenizer, tiny_model_path, capsys
+):
+    with token_server(tiny_tokenizer, token_ids=rewrite) as server:
+        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
+    captured = capsys.readouterr()
+    assert code == 1 and said in captured.err and captured.out == ""

@@ -1,5 +1,6 @@
-"""The vLLM paths on vLLM's CPU build: the in-process agent, and TRL's colocated engine as the GRPO rollout policy
-(one process, and two DeepSpeed ZeRO-2 processes under accelerate launch) with an exact weight sync.
+"""The vLLM paths on vLLM's CPU build: the in-process agent; TRL's colocated engine as the GRPO rollout policy
+(one process, and two DeepSpeed ZeRO-2 processes under accelerate launch) with an exact weight sync; `vllm serve`
+as a token-exact served agent and as TRL's server-mode policy, its weights synced through a file.
 
 The tiny model here has attention heads 64 wide, as vLLM's CPU attention requires (32, 64 or 128)."""
 
@@ -115,6 +116,63 @@ def test_greedy_episodes_are_token_for_token_those_of_the_transformers_backend(
         pairs = zip(trajectory["logprobs"], theirs["logprobs"], trajectory["env_mask"], strict=True)
         for mine, other, mask in pairs:
             assert abs(mine - other) < GAP if mask else mine == other == 0.0
+
+
+def test_eval_with_the_vllm_backend_scores_the_same_episodes(wide_head_model_path, tmp_path):
+    """`prompt-r1 eval --agent-backend vllm` on a dataset file: the loop's method and the agent alone, greedy, give
+    the answers the transformers backend gives."""
+    from prompt_r1.agents.local import TransformersAgent
+
+    dataset = tmp_path / "names.jsonl"
+    dataset.write_text(
+        "".join(
+            json.dumps({"id": f"n{i}", "question": NAME_QUESTION, "golden_answers": ["Ada"]}) + "\n"
+            for i in range(2)
+        )
+    )
+    out = tmp_path / "eval"
+    local = TransformersAgent(
+        AgentConfig(
+            model=str(wide_head_model_path), backend="transformers", temperature=0.0, max_new_tokens=40
+        )
+    )
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "prompt_r1",
+                "eval",
+                "--dataset",
+                str(dataset),
+                "--method",
+                "prompt-r1",
+                "--method",
+                "agent-only",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--no-chart",
+                *_greedy_vllm_flags(wide_head_model_path, server),
+                "--max-total-tokens",
+                "200",
+            ],  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=400,
+            cwd=tmp_path,
+        )
+        theirs = _episodes(local, server, 1)[0]
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert sorted((r["method"], r["id"]) for r in rows) == [
+        ("agent-only", "n0"), ("agent-only", "n1"), ("prompt-r1", "n0"), ("prompt-r1", "n1")
+    ]  # fmt: skip
+    for row in rows:
+        assert row["status"] not in ("internal_error", "agent_error", "environment_error"), row
+    loop = [r for r in rows if r["method"] == "prompt-r1"]
+    assert all(r["prediction"] == theirs["answer"] for r in loop), (loop, theirs["answer"])
+    assert (out / "summary.csv").exists()
 
 
 def test_run_json_with_the_vllm_backend_prints_only_json_on_stdout(wide_head_model_path, tmp_path):
@@ -329,10 +387,13 @@ def test_colocated_vllm_under_accelerate_with_two_zero2_processes(wide_head_mode
 
 @pytest.fixture(scope="module")
 def vllm_server(wide_head_model_path, tmp_path_factory):
-    """`vllm serve` of the wide-head model on 127.0.0.1 (vLLM's OpenAI-compatible server, CPU build)."""
+    """`vllm serve` of the wide-head model on 127.0.0.1 (vLLM's OpenAI-compatible server, CPU build), in dev mode
+    with the project's worker extension, as server-mode training on CPU starts it."""
     import socket
     import time
     import urllib.request
+
+    from prompt_r1.training.vllm_sync import SERVER_EXTENSION
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -357,9 +418,12 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
             "0.05",
             "--served-model-name",
             "agent",
+            "--worker-extension-cls",
+            SERVER_EXTENSION,
         ],  # fmt: skip
         stdout=log,
         stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},  # /collective_rpc: the weight sync without CUDA
     )
     base_url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 300
@@ -404,6 +468,16 @@ def test_a_served_agent_on_vllm_is_token_exact(vllm_server, wide_head_model_path
         assert episode["env_mask"] == theirs["env_mask"]
         for mine, other in zip(episode["logprobs"], theirs["logprobs"], strict=True):
             assert abs(mine - other) < GAP
+
+
+def test_a_served_agent_takes_the_tokenizer_from_where_vllm_loaded_the_model(
+    vllm_server, wide_head_model_path
+):
+    from prompt_r1.agents.served import ServedAgent
+
+    served = ServedAgent(AgentConfig(model="agent", base_url=vllm_server), api_key="unused-key")
+    assert served.tokenizer is not None and "completions API" in served.token_exact
+    assert served.tokenizer.name_or_path == str(wide_head_model_path)
 
 
 def test_run_json_prints_the_trajectory_of_a_served_vllm_agent(vllm_server, wide_head_model_path, capsys):
@@ -451,3 +525,60 @@ def test_trl_server_mode_generation_through_our_policy_on_vllms_own_server(vllm_
         assert episode["env_mask"] == theirs["env_mask"]
         for mine, other in zip(episode["logprobs"], theirs["logprobs"], strict=True):
             assert abs(mine - other) < GAP
+
+
+def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
+    vllm_server, wide_head_model_path, tmp_path
+):
+    """TRL's server-mode sync needs NCCL; without CUDA the trainer writes the weights to a file and the server
+    reloads them through /collective_rpc. After every sync the server computes what the trained model computes.
+    Runs last in the module: the server's weights are put back afterwards for anything that follows."""
+    import torch
+
+    from prompt_r1.prompts import question_message
+    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.vllm_sync import _post_json
+
+    root = vllm_server.removesuffix("/v1")
+    rows = [
+        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
+    ]
+    try:
+        with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+            config = _colocate_config(
+                tmp_path,
+                wide_head_model_path,
+                server,
+                vllm_mode="server",
+                vllm_server_base_url=root,
+                max_steps=2,
+            )
+            trainer = build_trainer(config, train_rows=rows * 16)
+            assert trainer.vllm_generation.vllm_client.communicator is None  # no NCCL group was joined
+            before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+            trainer.train()
+        assert trainer.state.global_step == 2
+        assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+        synced = _sync_rows(Path(config.output_dir))
+        assert [r["step"] for r in synced] == [0, 1]
+        assert all(r["gap"] < GAP for r in synced), synced
+        assert synced[0]["engine_logprob_sum"] != synced[1]["engine_logprob_sum"], "the server never changed"
+    finally:
+        original = str(wide_head_model_path / "model.safetensors")
+        _post_json(f"{root}/collective_rpc", {"method": "prompt_r1_reload_weights", "args": [original]}, 600)
+        _post_json(f"{root}/reset_prefix_cache", {}, 60)
+
+
+def test_server_mode_without_the_file_route_names_the_command_that_gives_it():
+    from trl.generation.vllm_client import VLLMClient
+
+    from prompt_r1.errors import ConfigError
+    from prompt_r1.training.vllm_sync import file_weight_route
+
+    with ScriptedServer({}) as server, file_weight_route():  # a server with no /collective_rpc
+        client = VLLMClient.__new__(VLLMClient)
+        client.base_url = server.base_url.removesuffix("/v1")
+        with pytest.raises(
+            ConfigError, match="VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --worker-extension-cls"
+        ):
+            client.init_communicator(device="cpu")

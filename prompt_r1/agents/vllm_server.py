@@ -20,7 +20,13 @@ from typing import Any
 
 from prompt_r1.errors import ConfigError
 
-__all__ = ["TokenExactPlan", "plan_token_exact", "rendering_drift", "vllm_version"]
+__all__ = [
+    "TokenExactPlan",
+    "plan_token_exact",
+    "rendering_drift",
+    "served_model_root",
+    "vllm_version",
+]
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -43,6 +49,44 @@ def vllm_version(base_url: str, timeout: float = 5.0) -> str | None:
     return version if isinstance(version, str) else None
 
 
+def served_model_root(base_url: str, model: str, api_key: str | None, timeout: float = 5.0) -> str | None:
+    """Where a vLLM server loaded `model` from (the `root` its `/v1/models` lists: a folder or a hub id), or None.
+    The key goes where the agent's requests go anyway (the server may require it); no redirect is followed."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    opener = urllib.request.build_opener(_NoRedirects)
+    try:
+        request = urllib.request.Request(base_url.rstrip("/") + "/models", headers=headers)
+        with opener.open(request, timeout=timeout) as response:
+            body = json.loads(response.read(1 << 20))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    entries = body.get("data") if isinstance(body, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model and isinstance(entry.get("root"), str):
+            return entry["root"]
+    return None
+
+
+FIRST_WITH_TOKEN_IDS = (
+    0,
+    10,
+    2,
+)  # vLLM's completions API returns sampled ids (return_token_ids) since 0.10.2
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'0.31.0+cpu' → (0, 31, 0); anything unreadable → () (taken as new enough: it said it was vLLM)."""
+    import re
+
+    numbers = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+    return tuple(numbers)
+
+
 class TokenExactPlan:
     """How a served agent's turns go: `tokenizer` set means as token ids; `reason` says why not, or how."""
 
@@ -63,9 +107,19 @@ def _load_tokenizer(source: str) -> Any:
     return tokenizer
 
 
-def plan_token_exact(config: Any) -> TokenExactPlan:
-    """Decide, once at start, whether a served agent's turns go as token ids (see the module docstring)."""
+def plan_token_exact(config: Any, api_key: str | None = None) -> TokenExactPlan:
+    """Decide, once at start, whether a served agent's turns go as token ids (see the module docstring).
+
+    The tokenizer comes from `--agent-tokenizer`, else the model name when it is a local folder, else the folder or
+    hub id the vLLM server says it loaded the model from. (Not the server's `/tokenize`: the turns need the chat
+    template rendered as text and the end-of-turn ids, which it does not give, and a decode-encode round trip
+    through it is not guaranteed to give the ids back.)"""
     source = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
+    version = None
+    if source is None and config.token_exact != "off":
+        version = vllm_version(config.base_url)
+        if version is not None:
+            source = served_model_root(config.base_url, config.model, api_key)
     tokenizer, unusable = None, None
     if source:
         try:
@@ -79,12 +133,21 @@ def plan_token_exact(config: Any) -> TokenExactPlan:
     if config.token_exact == "off":
         return TokenExactPlan(None, "turned off (--agent-token-exact off): chat messages", tokenizer)
     # Without a tokenizer the turns cannot be token ids, whatever serves them: no need to ask the server.
-    version = vllm_version(config.base_url) if tokenizer is not None else None
+    if version is None and tokenizer is not None:
+        version = vllm_version(config.base_url)
     missing = None
     if tokenizer is None:
-        missing = unusable or "no tokenizer for the served model: name one with --agent-tokenizer"
+        missing = unusable or (
+            "no tokenizer for the served model (none named, and the server names no model root): name one with "
+            "--agent-tokenizer"
+        )
     elif version is None:
         missing = f"the served agent at {config.base_url} is not a vLLM server (no /version)"
+    elif _release(version) and _release(version) < FIRST_WITH_TOKEN_IDS:
+        missing = (
+            f"the served agent's vLLM {version} returns no token ids from its completions API (return_token_ids "
+            "came in 0.10.2)"
+        )
     if missing is not None:
         if config.token_exact == "on":
             raise ConfigError(f"--agent-token-exact on: {missing}")

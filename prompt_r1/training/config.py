@@ -91,7 +91,7 @@ class PromptR1GRPOConfig(GRPOConfig):
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
     vllm_sync_check: bool = _help(
-        "After every weight sync to a colocated vLLM engine, compare the engine's log-probabilities of a fixed "
+        "After every weight sync to vLLM (a colocated engine, or the server in server mode), compare the engine's log-probabilities of a fixed "
         "continuation with the trained model's; the largest gap is logged as vllm/sync_logprob_gap and appended "
         "to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
         default=False,

@@ -102,11 +102,10 @@ def build_trainer(
         max_total_tokens=config.max_total_tokens,
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented way in; no banner
-    from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
+    from prompt_r1.training.vllm_sync import file_weight_route, install_cpu_weight_sync, same_dtype_engine
 
-    with same_dtype_engine(
-        config.model_init_kwargs.get("dtype")
-    ):  # a colocated engine computes as training does
+    # A colocated engine computes as training does; a server without CUDA takes weights from a file.
+    with same_dtype_engine(config.model_init_kwargs.get("dtype")), file_weight_route():
         trainer = GRPOTrainer(
             model=config.model_name_or_path,
             reward_funcs=reward_functions(config),
@@ -117,7 +116,7 @@ def build_trainer(
             rollout_func=rollout,
             callbacks=callbacks,
         )
-    install_cpu_weight_sync(trainer)  # colocated vLLM on CPU: TRL's own sync cannot reload prepacked weights
+    install_cpu_weight_sync(trainer)  # without CUDA TRL's own sync cannot reach vLLM's (prepacked) weights
     if config.vllm_sync_check:
         from prompt_r1.tokens import initial_prompt_ids
         from prompt_r1.training.vllm_sync import install_sync_check

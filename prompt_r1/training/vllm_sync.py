@@ -16,6 +16,13 @@ continuation equal the trained model's.
 
 On GPU TRL's own sync is used.
 
+TRL's server mode (`vllm_mode: server`) syncs over vLLM's NCCL weight-transfer engine, which needs CUDA
+(`VLLMClient.init_communicator` refuses any other device). Without CUDA the trainer writes the weights to a
+safetensors file and asks the server to reload them through its dev-mode `/collective_rpc`, served by the worker
+extension `FileWeightReload` (the same reload and embedding refresh as above). The server is started as
+`VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --worker-extension-cls prompt_r1.training.vllm_sync.FileWeightReload`
+and must see the trainer's output folder (the same machine, or a shared file system).
+
 The engine also has to compute in the trained model's dtype for its log-probabilities to be those of the model:
 TRL builds the colocated `LLM` without a dtype, and vLLM's "auto" picks bfloat16 on a CPU that has it, even for a
 float32 checkpoint (the engine then disagrees with the trained model by ~1e-1 in log-probability after a step).
@@ -34,6 +41,9 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "SERVER_EXTENSION",
+    "FileWeightReload",
+    "file_weight_route",
     "install_cpu_weight_sync",
     "install_sync_check",
     "refresh_prepacked_embeddings",
@@ -65,8 +75,116 @@ def refresh_prepacked_embeddings(model: Any) -> int:
     return refreshed
 
 
+SERVER_EXTENSION = "prompt_r1.training.vllm_sync.FileWeightReload"
+_RELOAD = "prompt_r1_reload_weights"
+_PROBE = "prompt_r1_weight_route"
+
+
+class FileWeightReload:
+    """A vLLM worker extension (`--worker-extension-cls prompt_r1.training.vllm_sync.FileWeightReload`): methods
+    that the dev-mode server's `/collective_rpc` can call on each worker."""
+
+    def prompt_r1_weight_route(self) -> str:
+        """Answers the trainer's check that this server can take weights from a file."""
+        return "file"
+
+    def prompt_r1_reload_weights(self, path: str) -> int:
+        """Reload the model from the safetensors file at `path` (checkpoint names, as TRL's sync sends them) and
+        refresh the prepacked embeddings; returns how many embedding layers were refreshed."""
+        from safetensors import safe_open
+
+        runner = self.model_runner  # type: ignore[attr-defined]  # the worker this class extends
+        with safe_open(path, framework="pt") as weights:
+            names = list(weights.keys())  # noqa: SIM118 (a safetensors file, not a dict)
+            runner.reload_weights(weights_iterator=((name, weights.get_tensor(name)) for name in names))
+        return refresh_prepacked_embeddings(runner.get_model())
+
+
+def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def _check_file_route(base_url: str) -> None:
+    from prompt_r1.errors import ConfigError
+
+    try:
+        answer = _post_json(f"{base_url}/collective_rpc", {"method": _PROBE}, timeout=30)
+    except OSError as exc:  # urllib's HTTPError (404: no dev mode; 500: no extension) is an OSError
+        answer = {"error": str(exc)}
+    if answer.get("results", [None])[0] != "file":
+        raise ConfigError(
+            f"the vLLM server at {base_url} cannot take weights without CUDA ({answer.get('error', answer)}): "
+            f"start it as VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --worker-extension-cls {SERVER_EXTENSION}"
+        )
+
+
+@contextlib.contextmanager
+def file_weight_route() -> Iterator[None]:
+    """While TRL builds a server-mode trainer on a device without CUDA, its client checks that the server has the
+    file route (see the module docstring) instead of joining an NCCL group; on CUDA nothing changes."""
+    try:
+        from trl.generation.vllm_client import VLLMClient
+    except ImportError:  # no vLLM: nothing to build
+        yield
+        return
+    original = VLLMClient.init_communicator
+
+    def init_communicator(self: Any, device: Any = 0) -> None:
+        import torch
+
+        where = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if where.type == "cuda":
+            return original(self, device)
+        _check_file_route(self.base_url)
+        self.communicator = None
+        return None
+
+    VLLMClient.init_communicator = init_communicator
+    try:
+        yield
+    finally:
+        VLLMClient.init_communicator = original
+
+
+def _file_sync(generation: Any, folder: Any) -> None:
+    """Server mode without CUDA: every rank takes part in gathering the parameters (ZeRO-3), the main process
+    writes them to one file and has the server reload it; all ranks wait, so none samples from old weights."""
+    import os
+
+    from safetensors.torch import save_file
+
+    accelerator = generation.accelerator
+    tensors = {}
+    for name, param in generation._iter_named_params():
+        if accelerator.is_main_process:
+            tensors[name] = param.detach().to("cpu", copy=True).contiguous()
+    if accelerator.is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        path, part = folder / "weights.safetensors", folder / f"weights.{os.getpid()}.part"
+        save_file(tensors, str(part))
+        os.replace(part, path)
+        client = generation.vllm_client
+        answer = _post_json(
+            f"{client.base_url}/collective_rpc", {"method": _RELOAD, "args": [str(path)]}, timeout=600
+        )
+        if not answer.get("results"):
+            raise RuntimeError(f"the vLLM server did not reload the weights: {answer}")
+        client.reset_prefix_cache()
+    accelerator.wait_for_everyone()
+
+
 def _cpu_sync(generation: Any) -> None:
     """TRL's `VLLMGeneration.sync_weights` for colocate mode on CPU (see the module docstring)."""
+    if generation.enable_sleep_mode:  # as TRL's own sync: the weights must be mapped before they are written
+        generation.llm.wake_up(tags=["weights"])
+        generation._llm_weights_sleeping = False
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     # TRL's iterator gathers each parameter (DeepSpeed ZeRO-3, FSDP), merges PEFT adapters and renames to vLLM's
     # names; the reload consumes it parameter by parameter.
@@ -76,12 +194,20 @@ def _cpu_sync(generation: Any) -> None:
 
 
 def install_cpu_weight_sync(trainer: Any) -> bool:
-    """Give a GRPO trainer with a colocated vLLM engine on CPU the sync above. Returns whether it was installed
-    (False for no vLLM, server mode, or a GPU engine)."""
+    """Give a GRPO trainer the sync it needs without CUDA: a colocated engine on CPU reloads in place, a server
+    reloads from a file. Returns whether one was installed (False with no vLLM or on CUDA)."""
+    from pathlib import Path
+
     generation = getattr(trainer, "vllm_generation", None)
-    if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
+    if not getattr(trainer, "use_vllm", False) or generation is None:
         return False
-    if not vllm_on_cpu():
+    if generation.mode == "server":
+        if trainer.accelerator.device.type == "cuda":
+            return False
+        folder = Path(trainer.args.output_dir).resolve() / "vllm_weights"
+        generation.sync_weights = lambda: _file_sync(generation, folder)
+        return True
+    if generation.mode != "colocate" or not vllm_on_cpu():
         return False
     generation.sync_weights = lambda: _cpu_sync(generation)
     return True
@@ -144,16 +270,37 @@ def model_logprobs(model: Any, prompt_ids: list[int], continuation_ids: list[int
     return picked[:, 0].tolist()
 
 
+def server_logprobs(base_url: str, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+    """`engine_logprobs` for a vLLM server at `base_url` (its root), through its completions API."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=30) as response:
+        model = json.loads(response.read())["data"][0]["id"]
+    body = {
+        "model": model,
+        "prompt": prompt_ids + continuation_ids,
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "prompt_logprobs": 0,
+    }
+    steps = _post_json(f"{base_url}/v1/completions", body, timeout=120)["choices"][0]["prompt_logprobs"]
+    steps = steps[len(prompt_ids) :]
+    return [step[str(token)]["logprob"] for step, token in zip(steps, continuation_ids, strict=True)]
+
+
 def install_sync_check(trainer: Any, prompt_ids: list[int], continuation_ids: list[int]) -> bool:
-    """After every sync of a colocated engine (CPU or GPU), measure the largest gap between the engine's and the
-    trained model's log-probabilities of `continuation_ids` after `prompt_ids`: logged as vllm/sync_logprob_gap
-    and appended to OUTPUT_DIR/vllm_sync.jsonl with the step, the rank and both sums. Returns whether installed."""
+    """After every sync of a vLLM engine (colocated or a server; CPU or GPU), measure the largest gap between the
+    engine's and the trained model's log-probabilities of `continuation_ids` after `prompt_ids`: logged as
+    vllm/sync_logprob_gap and appended to OUTPUT_DIR/vllm_sync.jsonl with the step, the rank and both sums (a
+    server is checked by the main process only). Returns whether installed."""
     import json
     from pathlib import Path
 
     generation = getattr(trainer, "vllm_generation", None)
-    if not getattr(trainer, "use_vllm", False) or generation is None or generation.mode != "colocate":
+    if not getattr(trainer, "use_vllm", False) or generation is None:
         return False
+    server = generation.mode == "server"
     sync = generation.sync_weights
     record = Path(trainer.args.output_dir) / "vllm_sync.jsonl"
 
@@ -163,10 +310,17 @@ def install_sync_check(trainer: Any, prompt_ids: list[int], continuation_ids: li
         was_training = model.training
         model.eval()
         try:
-            mine = model_logprobs(model, prompt_ids, continuation_ids)
+            mine = model_logprobs(
+                model, prompt_ids, continuation_ids
+            )  # every rank: a ZeRO-3 forward is collective
         finally:
             model.train(was_training)
-        theirs = engine_logprobs(generation.llm, prompt_ids, continuation_ids)
+        if server and not trainer.accelerator.is_main_process:
+            return
+        if server:
+            theirs = server_logprobs(generation.vllm_client.base_url, prompt_ids, continuation_ids)
+        else:
+            theirs = engine_logprobs(generation.llm, prompt_ids, continuation_ids)
         gap = max(abs(a - b) for a, b in zip(mine, theirs, strict=True))
         trainer._metrics["train"]["vllm/sync_logprob_gap"].append(gap)
         row = {
