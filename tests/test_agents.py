@@ -218,19 +218,23 @@ def test_a_served_agent_on_vllm_finds_its_tokenizer_where_the_server_loaded_the_
     tokenizer = AutoTokenizer.from_pretrained(trained_tiny_model_path)
     playing_vllm = dict(tokenizer=tokenizer, vllm_version="0.31.0")
     roots = {"agent": str(trained_tiny_model_path)}
+    exact = dict(model="agent", token_exact="on")
     with ScriptedServer({"agent": echo_environment()}, model_roots=roots, **playing_vllm) as server:
-        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
-    assert agent.tokenizer is not None and "completions API" in agent.token_exact
-    assert agent.tokenizer.chat_template == tokenizer.chat_template
-    with ScriptedServer({"agent": echo_environment()}, **playing_vllm) as server:  # no root listed
-        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
-        assert agent.tokenizer is None and "server names no model root" in agent.token_exact
-        config = AgentConfig(model="agent", base_url=server.base_url, token_exact="on")
-        with pytest.raises(ConfigError, match="--agent-token-exact on: no tokenizer .* --agent-tokenizer"):
-            ServedAgent(config, api_key="unused-key")
+        agent = ServedAgent(AgentConfig(base_url=server.base_url, **exact), api_key="unused-key")
+        assert agent.tokenizer is not None and "completions API" in agent.token_exact
+        assert agent.tokenizer.chat_template == tokenizer.chat_template
+        # Without `on` nothing is asked at start (no request while the agent is built): chat messages.
+        sent = len(server.version_headers)
+        auto = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
+        assert auto.tokenizer is None and "--agent-token-exact on" in auto.token_exact
+        assert len(server.version_headers) == sent
+    no_root = ScriptedServer({"agent": echo_environment()}, **playing_vllm)
+    with no_root as server, pytest.raises(ConfigError, match="--agent-token-exact on: no tokenizer .*"):
+        ServedAgent(AgentConfig(base_url=server.base_url, **exact), api_key="unused-key")
     old = dict(playing_vllm, vllm_version="0.10.1.1")  # before return_token_ids
     with ScriptedServer({"agent": echo_environment()}, model_roots=roots, **old) as server:
-        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url), api_key="unused-key")
+        config = AgentConfig(model="agent", base_url=server.base_url, tokenizer=str(trained_tiny_model_path))
+        agent = ServedAgent(config, api_key="unused-key")
     assert agent.tokenizer is None and "vLLM 0.10.1.1 returns no token ids" in agent.token_exact
 
 

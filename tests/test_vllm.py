@@ -475,7 +475,8 @@ def test_a_served_agent_takes_the_tokenizer_from_where_vllm_loaded_the_model(
 ):
     from prompt_r1.agents.served import ServedAgent
 
-    served = ServedAgent(AgentConfig(model="agent", base_url=vllm_server), api_key="unused-key")
+    config = AgentConfig(model="agent", base_url=vllm_server, token_exact="on")
+    served = ServedAgent(config, api_key="unused-key")
     assert served.tokenizer is not None and "completions API" in served.token_exact
     assert served.tokenizer.name_or_path == str(wide_head_model_path)
 

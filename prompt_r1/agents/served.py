@@ -1,7 +1,7 @@
 """A served agent behind an OpenAI-compatible endpoint, e.g. `vllm serve ./merged-checkpoint`.
 
-On a vLLM server with a tokenizer at hand (`--agent-tokenizer`, the model name when it is a local folder, or the
-folder or hub id the server loaded the model from), each
+On a vLLM server with a tokenizer at hand (`--agent-tokenizer`, the model name when it is a local folder, or, with
+`--agent-token-exact on`, the folder or hub id the server loaded the model from), each
 turn goes as the token ids of the running trajectory through the completions API and the sampled ids come back
 with their log-probabilities: the agent reads exactly what it read in training, and the episode records its
 trajectory (`token_exact`, see agents/vllm_server.py). Anywhere else (hosted fine-tunes) turns go as chat messages.

@@ -95,13 +95,13 @@ class TokenExactPlan:
         self.drift_tokenizer = drift_tokenizer if drift_tokenizer is not None else tokenizer
 
 
-def _load_tokenizer(source: str) -> Any:
+def _load_tokenizer(source: str, where: str = "--agent-tokenizer") -> Any:
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load the agent tokenizer {source!r} (--agent-tokenizer): {exc}") from None
+    except Exception as exc:  # noqa: BLE001 (the tokenizers library raises bare Exceptions for a broken file)
+        raise ConfigError(f"cannot load the agent tokenizer {source!r} ({where}): {exc}") from None
     if tokenizer.chat_template is None:
         raise ConfigError(f"the agent tokenizer {source!r} has no chat template")
     return tokenizer
@@ -110,20 +110,24 @@ def _load_tokenizer(source: str) -> Any:
 def plan_token_exact(config: Any, api_key: str | None = None) -> TokenExactPlan:
     """Decide, once at start, whether a served agent's turns go as token ids (see the module docstring).
 
-    The tokenizer comes from `--agent-tokenizer`, else the model name when it is a local folder, else the folder or
-    hub id the vLLM server says it loaded the model from. (Not the server's `/tokenize`: the turns need the chat
+    The tokenizer comes from `--agent-tokenizer`, else the model name when it is a local folder, else, with
+    `--agent-token-exact on`, the folder or hub id the vLLM server says it loaded the model from. (Not the server's `/tokenize`: the turns need the chat
     template rendered as text and the end-of-turn ids, which it does not give, and a decode-encode round trip
     through it is not guaranteed to give the ids back.)"""
     source = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
+    where = "--agent-tokenizer" if config.tokenizer else "the served model's folder"
     version = None
-    if source is None and config.token_exact != "off":
+    # Asked for token ids with no tokenizer at hand: the server may say where it loaded the model from. Otherwise
+    # building the agent sends no request (it may be built inside an event loop, e.g. by `langgraph dev`).
+    if source is None and config.token_exact == "on":
         version = vllm_version(config.base_url)
         if version is not None:
             source = served_model_root(config.base_url, config.model, api_key)
+            where = "where the vLLM server says it loaded the model from"
     tokenizer, unusable = None, None
     if source:
         try:
-            tokenizer = _load_tokenizer(source)
+            tokenizer = _load_tokenizer(source, where)
         except ConfigError as exc:
             # Named with --agent-tokenizer for token-exact turns: an error. Inferred from a model folder, or only
             # for the drift check: the turns go as chat messages, and the reason says why.
@@ -132,14 +136,14 @@ def plan_token_exact(config: Any, api_key: str | None = None) -> TokenExactPlan:
             unusable = str(exc)
     if config.token_exact == "off":
         return TokenExactPlan(None, "turned off (--agent-token-exact off): chat messages", tokenizer)
-    # Without a tokenizer the turns cannot be token ids, whatever serves them: no need to ask the server.
+    # Without a tokenizer the turns cannot be token ids, whatever serves them: the server need not be asked again.
     if version is None and tokenizer is not None:
         version = vllm_version(config.base_url)
     missing = None
     if tokenizer is None:
         missing = unusable or (
-            "no tokenizer for the served model (none named, and the server names no model root): name one with "
-            "--agent-tokenizer"
+            "no tokenizer for the served model: name one with --agent-tokenizer (or, on vLLM, --agent-token-exact on "
+            "takes the one the server loaded)"
         )
     elif version is None:
         missing = f"the served agent at {config.base_url} is not a vLLM server (no /version)"

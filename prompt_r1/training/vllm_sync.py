@@ -118,7 +118,7 @@ def _check_file_route(base_url: str) -> None:
         answer = _post_json(f"{base_url}/collective_rpc", {"method": _PROBE}, timeout=30)
     except OSError as exc:  # urllib's HTTPError (404: no dev mode; 500: no extension) is an OSError
         answer = {"error": str(exc)}
-    if answer.get("results", [None])[0] != "file":
+    if (answer.get("results") or [None])[0] != "file":
         raise ConfigError(
             f"the vLLM server at {base_url} cannot take weights without CUDA ({answer.get('error', answer)}): "
             f"start it as VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --worker-extension-cls {SERVER_EXTENSION}"
@@ -171,11 +171,18 @@ def _file_sync(generation: Any, folder: Any) -> None:
         save_file(tensors, str(part))
         os.replace(part, path)
         client = generation.vllm_client
-        answer = _post_json(
-            f"{client.base_url}/collective_rpc", {"method": _RELOAD, "args": [str(path)]}, timeout=600
-        )
+        try:
+            answer = _post_json(
+                f"{client.base_url}/collective_rpc", {"method": _RELOAD, "args": [str(path)]}, timeout=600
+            )
+        except OSError as exc:  # the server's own error is in its log
+            answer = {"error": str(exc)}
         if not answer.get("results"):
-            raise RuntimeError(f"the vLLM server did not reload the weights: {answer}")
+            raise RuntimeError(
+                f"the vLLM server at {client.base_url} did not reload the weights from {path} "
+                f"({answer.get('error', answer)}): it must read that file at that same absolute path (the same "
+                "machine or a shared file system mounted alike); its log says more"
+            )
         client.reset_prefix_cache()
     accelerator.wait_for_everyone()
 
