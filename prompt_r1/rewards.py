@@ -64,6 +64,7 @@ class RewardPreset:
     gamma: float  # the answer is not blank (A_n)
     delta: float  # the final turn is complete (C_f)
     epsilon: float  # cap of the format reward, the gate, and the offset of the total
+    gate: bool = True  # False (an ablation): the answer counts whatever the format reward
 
     def __post_init__(self) -> None:
         if self.rule not in ("paper", "reference"):
@@ -84,8 +85,9 @@ PRESETS: dict[str, RewardPreset] = {
 }
 
 
-def get_preset(preset: str | RewardPreset = "paper", **coefficients: float) -> RewardPreset:
-    """A preset by name, with any of alpha/beta/gamma/delta/epsilon replaced one by one.
+def get_preset(preset: str | RewardPreset = "paper", **coefficients: float | bool) -> RewardPreset:
+    """A preset by name, with any of alpha/beta/gamma/delta/epsilon replaced one by one, and `gate=False` for the
+    ablation that counts the answer whatever the format.
 
     >>> get_preset("paper", epsilon=1.2).epsilon
     1.2
@@ -94,12 +96,17 @@ def get_preset(preset: str | RewardPreset = "paper", **coefficients: float) -> R
         if preset not in PRESETS:
             raise ConfigError(f"unknown reward preset {preset!r}; choose one of {', '.join(PRESETS)}")
         preset = PRESETS[preset]
-    unknown = set(coefficients) - {"alpha", "beta", "gamma", "delta", "epsilon"}
+    unknown = set(coefficients) - {"alpha", "beta", "gamma", "delta", "epsilon", "gate"}
     if unknown:
         raise ConfigError(f"unknown reward coefficient(s): {', '.join(sorted(unknown))}")
+    gate = coefficients.pop("gate", None)
+    if gate is not None and not isinstance(gate, bool):
+        raise ConfigError(f"reward gate must be true or false, got {gate!r}")
     changed = {k: v for k, v in coefficients.items() if v is not None}
     if changed:
         preset = dataclasses.replace(preset, name=f"{preset.name}(custom)", **changed)
+    if gate is False and preset.gate:
+        preset = dataclasses.replace(preset, name=f"{preset.name}(no gate)", gate=False)
     return preset
 
 
@@ -219,7 +226,7 @@ def score_turns(
             answer_reward = 0.0
         else:
             answer_reward = f1(answer, golds)
-    total = -spec.epsilon + fmt + answer_reward if gated else -spec.epsilon + fmt
+    total = -spec.epsilon + fmt + answer_reward if gated or not spec.gate else -spec.epsilon + fmt
     return RewardScore(
         format_reward=fmt,
         answer_reward=answer_reward,

@@ -36,11 +36,15 @@ def build_tiny_model(
     intermediate_size: int | None = None,
     vocab_size: int = 512,
     seed: int = 0,
+    corpus: Sequence[str] = (),
+    added_tokens: Sequence[str] = (),
 ) -> Path:
     """Save a random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
 
     Everything is built in-process; loading it back uses the ordinary `from_pretrained` path. The defaults make a
     model of a few thousand parameters for tests; the GPU benchmark asks for one of a few hundred million.
+    `corpus`: more text for the tokenizer to learn from (a task's words then become single tokens).
+    `added_tokens`: strings that become one token each wherever they occur (tags, a fixed instruction).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -55,10 +59,11 @@ def build_tiny_model(
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tok.train_from_iterator(_TINY_CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator([*_TINY_CORPUS, *corpus] * 20, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
     )
+    tokenizer.add_tokens(list(added_tokens))
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
 
@@ -85,23 +90,29 @@ def build_tiny_model(
 
 def build_protocol_model(
     path: str | Path,
-    episodes: Sequence[tuple[str, str, str, str]],
+    episodes: Sequence[tuple[str, str, str | None, str | None]],
     *,
     hidden_size: int = 64,
     steps: int = 400,
     lr: float = 3e-3,
     seed: int = 0,
     device: str = "cpu",
+    corpus: Sequence[str] = (),
+    added_tokens: Sequence[str] = (),
+    batch_size: int | None = None,
+    start_from: str | Path | None = None,
     **model_shape: int,
 ) -> Path:
     """A tiny model fine-tuned (seconds, on CPU) to play two-turn episodes, saved to `path`.
 
-    Each episode is (question, first turn, environment response, second turn). The model is trained on the
+    Each episode is (question, first turn, environment response, second turn), or (question, turn, None, None)
+    for one that answers at once. The model is trained on the
     token-exact trajectory the graph builds (agent turns as targets, the rendered environment message masked), so
     sampling through the graph reproduces the script; where several episodes share a question and first turn but
     end differently, the model learns to choose among their endings. `model_shape` (layers, heads, kv_heads,
-    intermediate_size) goes to `build_tiny_model`; `device` is where the fine-tuning runs (the model is saved in
-    float32 either way).
+    intermediate_size), `corpus` and `added_tokens` go to `build_tiny_model`; `batch_size`: episodes per step
+    (unset: all); `start_from`: fine-tune that model folder further instead of a new random model; `device` is
+    where the fine-tuning runs (the model is saved in float32 either way).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -109,15 +120,21 @@ def build_protocol_model(
     from prompt_r1.prompts import interaction_response, question_message
     from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
 
-    path = build_tiny_model(path, hidden_size=hidden_size, seed=seed, **model_shape)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    if start_from is None:
+        path = build_tiny_model(
+            path, hidden_size=hidden_size, seed=seed, corpus=corpus, added_tokens=added_tokens, **model_shape
+        )
+    tok = AutoTokenizer.from_pretrained(start_from or path)
+    model = AutoModelForCausalLM.from_pretrained(start_from or path).to(device)
     rows, labels = [], []
     for question, turn1, response, turn2 in episodes:
         prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
         first = tok.encode(turn1, add_special_tokens=False)
-        env = user_turn_ids(tok, interaction_response(response), first)
-        second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id]
+        if response is None:  # answered at once: the turn ends the episode
+            first, env, second = first + [tok.eos_token_id], [], []
+        else:
+            env = user_turn_ids(tok, interaction_response(response), first)
+            second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id]
         rows.append(prompt + first + env + second)
         labels.append([-100] * len(prompt) + first + [-100] * len(env) + second)
     width = max(len(r) for r in rows)
@@ -133,9 +150,13 @@ def build_protocol_model(
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
-        loss = model(input_ids=ids, attention_mask=attention, labels=target).loss
+        # A random batch of `batch_size` episodes per step (all of them when unset).
+        rows = torch.randperm(len(ids))[:batch_size] if batch_size else slice(None)
+        loss = model(input_ids=ids[rows], attention_mask=attention[rows], labels=target[rows]).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     model.to("cpu").save_pretrained(path)
-    return path
+    if start_from is not None:
+        tok.save_pretrained(path)
+    return Path(path)

@@ -234,3 +234,14 @@ def test_trl_reward_odd_columns():
     stripped = P + "\nuser\n<interaction_response>r</interaction_response>\nassistant\n" + A
     with pytest.raises(ValueError, match="turn_texts"):
         reward(["q"], [stripped], answer=["Paris"])
+
+
+def test_the_format_gate_can_be_turned_off_as_an_ablation():
+    one_turn = ["<think>sure</think><answer>Paris</answer>"]  # one turn cannot reach the reference's cap
+    gated = score_turns(one_turn, ["Paris"], "reference")
+    ungated = score_turns(one_turn, ["Paris"], "reference", gate=False)
+    assert not gated.gated and gated.total == pytest.approx(-1.0 + gated.format_reward)
+    assert ungated.total == pytest.approx(gated.total + 1.0) and ungated.answer_reward == 1.0
+    assert get_preset("reference", gate=False).name == "reference(no gate)"
+    with pytest.raises(ConfigError, match="gate must be true or false"):
+        get_preset("reference", gate="no")

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -142,6 +143,14 @@ def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained
         text = tok.decode(out["completion_ids"][i])
         assert text == TINY_TURN_1 + tok.decode(env) + TINY_TURN_2 + tok.eos_token
 
+    # The ablation that trains on the environment's tokens marks every token of the same episodes as the agent's.
+    rollout.train_on_environment_tokens = True
+    ablated = rollout.to_trajectories(rollout.last_results, tok)
+    assert ablated["completion_ids"] == out["completion_ids"]
+    assert all(
+        mask == [1] * len(ids) for mask, ids in zip(ablated["env_mask"], out["completion_ids"], strict=True)
+    )
+
     # All six first turns went to the model in one generate call.
     assert rollout.last_batch_sizes[0] == 6
     assert trainer._metrics["train"]["episode/status_answered"] == [1.0]
@@ -213,7 +222,7 @@ def _params(model) -> dict[str, torch.Tensor]:
 
 
 def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
-    protocol_model_path, tmp_path
+    protocol_model_path, tmp_path, capsys
 ):
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         config = name_config(tmp_path, protocol_model_path, server, max_steps=2)
@@ -221,6 +230,16 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
         before = _params(trainer.model)
         trainer.train()
         assert trainer.state.global_step == 2
+        # Training you can watch: a line per step instead of transformers' dict of every metric, and the curves.
+        captured = capsys.readouterr()
+        lines = re.findall(
+            r"step (\d+/\d+)  reward [-+][\d.]+ \(format [\d.]+, answer [\d.]+\)  turns [\d.]+  "
+            r"env calls [\d.]+  tokens \d+  [\d.]+ s\n",
+            captured.err,
+        )
+        assert lines == ["1/2", "2/2"], captured.err[-2000:]
+        assert "'loss'" not in captured.out + captured.err
+        assert (Path(config.output_dir) / "curves.png").stat().st_size > 1000
         after = _params(trainer.model)
         assert any(not torch.equal(before[n], after[n]) for n in before), "no parameter changed"
         logged = [h for h in trainer.state.log_history if "reward" in h]

@@ -91,9 +91,9 @@ class PromptR1GRPOConfig(GRPOConfig):
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
     vllm_sync_check: bool = _help(
-        "After every weight sync to vLLM (a colocated engine, or the server in server mode), compare the engine's log-probabilities of a fixed "
-        "continuation with the trained model's; the largest gap is logged as vllm/sync_logprob_gap and appended "
-        "to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
+        "After every weight sync to vLLM (a colocated engine, or the server in server mode), compare the "
+        "engine's log-probabilities of a fixed continuation with the trained model's; the largest gap is logged "
+        "as vllm/sync_logprob_gap and appended to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
         default=False,
     )
     # The reward.
@@ -103,6 +103,15 @@ class PromptR1GRPOConfig(GRPOConfig):
     reward_gamma: float | None = _help("Override γ (answer non-empty).", default=None)
     reward_delta: float | None = _help("Override δ (final turn complete).", default=None)
     reward_epsilon: float | None = _help("Override ε (format cap and gate).", default=None)
+    # Ablations (evals/bench/learning.py): what the paper's design choices do to learning.
+    reward_format_gate: bool = _help(
+        "Ablation when false: the answer reward counts even when the format reward falls short of ε.",
+        default=True,
+    )
+    train_on_environment_tokens: bool = _help(
+        "Ablation when true: the environment's tokens are trained on as if the agent wrote them (env_mask 1).",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         if self.reward_preset not in PRESETS:
@@ -127,7 +136,8 @@ class PromptR1GRPOConfig(GRPOConfig):
 
     def reward_coefficients(self) -> dict[str, float]:
         names = ("alpha", "beta", "gamma", "delta", "epsilon")
-        return {n: getattr(self, f"reward_{n}") for n in names if getattr(self, f"reward_{n}") is not None}
+        chosen = {n: getattr(self, f"reward_{n}") for n in names if getattr(self, f"reward_{n}") is not None}
+        return chosen if self.reward_format_gate else {**chosen, "gate": False}
 
     def environment_config(self, num_processes: int = 1) -> EnvironmentConfig:
         """The environment client's settings; each process gets its share of the run's rate limit."""

@@ -54,6 +54,7 @@ class GraphRollout:
     environment: the environment client (rate-limited, retrying) or any LangChain chat model.
     max_turns: most environment calls per episode (paper: 5); an episode that wants more ends with `max_turns`.
     max_turn_tokens / max_total_tokens: the per-turn and whole-trajectory token budgets (paper: 1,024 / 8,192).
+    train_on_environment_tokens: an ablation; the environment's tokens are trained on as the agent's own.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class GraphRollout:
         max_turns: int = 5,
         max_turn_tokens: int = 1024,
         max_total_tokens: int = 8192,
+        train_on_environment_tokens: bool = False,
     ) -> None:
         if max_turn_tokens < 1 or max_total_tokens < 1:
             raise ConfigError("max_turn_tokens and max_total_tokens must be >= 1")
@@ -70,6 +72,7 @@ class GraphRollout:
         self.max_turns = max_turns
         self.max_turn_tokens = max_turn_tokens
         self.max_total_tokens = max_total_tokens
+        self.train_on_environment_tokens = train_on_environment_tokens  # an ablation: env_mask all 1
         self.calls = 0
         self.last_results: list[dict] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
@@ -146,7 +149,7 @@ class GraphRollout:
             out["prompt_ids"].append(list(result["prompt_ids"]))
             out["completion_ids"].append(completion)
             out["logprobs"].append(logprobs)
-            out["env_mask"].append(mask)
+            out["env_mask"].append([1] * len(mask) if self.train_on_environment_tokens else mask)
             out["turn_texts"].append([t["text"] for t in turns])
             out["status"].append(result.get("status"))
             out["answer"].append(result.get("answer"))

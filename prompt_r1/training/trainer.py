@@ -100,8 +100,10 @@ def build_trainer(
         max_turns=config.max_turns,
         max_turn_tokens=config.max_turn_tokens,
         max_total_tokens=config.max_total_tokens,
+        train_on_environment_tokens=config.train_on_environment_tokens,
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented way in; no banner
+    from prompt_r1.training import progress
     from prompt_r1.training.vllm_sync import file_weight_route, install_cpu_weight_sync, same_dtype_engine
 
     # A colocated engine computes as training does; a server without CUDA takes weights from a file.
@@ -116,6 +118,7 @@ def build_trainer(
             rollout_func=rollout,
             callbacks=callbacks,
         )
+    progress.install(trainer)  # a line per step, curves.png at the end
     install_cpu_weight_sync(trainer)  # without CUDA TRL's own sync cannot reach vLLM's (prepacked) weights
     if config.vllm_sync_check:
         from prompt_r1.tokens import initial_prompt_ids

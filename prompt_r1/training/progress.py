@@ -1,0 +1,146 @@
+"""Training you can watch: one line per step on stderr, and the curves drawn into the output folder at the end.
+
+`StepLines` prints, on the main process, the step's mean reward with its format and answer parts, the episodes'
+turns, environment calls and agent tokens, and the time per step, from the metrics TRL logs each step (logging_steps
+1 gives a line per step). `CurvesPNG` draws `curves.png` from the trainer's log history when training ends.
+`draw_curves` is the drawing, shared with `evals/bench/learning.py`, which draws several seeds (mean and spread).
+`install` puts both on a trainer, in place of the dict of every logged metric that transformers prints.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+__all__ = ["CURVES", "CurvesPNG", "StepLines", "draw_curves", "install", "step_series"]
+
+# (what is drawn, the log key TRL or the rollout writes it under)
+CURVES = (
+    ("total reward", "reward"),
+    ("answer reward", "rewards/prompt_r1_answer/mean"),
+    ("format reward", "rewards/prompt_r1_format/mean"),
+    ("environment calls / episode", "episode/env_calls"),
+    ("agent tokens / episode", "episode/agent_completion_tokens"),
+)
+
+
+def step_series(log_history: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each curve's value per logged training step (NaN where a step lacks it), and the steps themselves."""
+    rows = [row for row in log_history if "reward" in row and "step" in row]
+    series = {key: [float(row.get(key, math.nan)) for row in rows] for _, key in CURVES}
+    series["step"] = [float(row["step"]) for row in rows]
+    return series
+
+
+def draw_curves(runs: Sequence[dict[str, list[float]]], path: str | Path, title: str = "") -> Path | None:
+    """Draw each curve of `runs` (`step_series` of one run or of several seeds: their mean, and their range
+    shaded) into a PNG at `path`. Returns the path, or None without matplotlib (the `train` extra has it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2), squeeze=False)
+    for axis, (label, key) in zip(axes[0], CURVES, strict=True):
+        length = min(len(run[key]) for run in runs) if runs else 0
+        if length == 0:
+            axis.set_title(label)
+            continue
+        steps = runs[0]["step"][:length]
+        columns = list(zip(*(run[key][:length] for run in runs), strict=True))
+        mean = [_nanmean(c) for c in columns]
+        axis.plot(steps, mean, color="tab:blue")
+        if len(runs) > 1:
+            lows = [min((v for v in c if not math.isnan(v)), default=math.nan) for c in columns]
+            highs = [max((v for v in c if not math.isnan(v)), default=math.nan) for c in columns]
+            axis.fill_between(steps, lows, highs, color="tab:blue", alpha=0.2, linewidth=0)
+        axis.set_title(label)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def _number(value: Any, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+class StepLines(TrainerCallback):
+    """A line per logged training step on stderr (main process only)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream
+        self._last: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.monotonic()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        now = time.monotonic()
+        seconds = now - self._last if self._last is not None else math.nan
+        self._last = now
+        line = (
+            f"step {state.global_step}/{state.max_steps}  reward {_number(logs.get('reward'), '+.3f')} "
+            f"(format {_number(logs.get('rewards/prompt_r1_format/mean'), '.2f')}, "
+            f"answer {_number(logs.get('rewards/prompt_r1_answer/mean'), '.2f')})  "
+            f"turns {_number(logs.get('episode/turns'), '.2f')}  "
+            f"env calls {_number(logs.get('episode/env_calls'), '.2f')}  "
+            f"tokens {_number(logs.get('episode/agent_completion_tokens'), '.0f')}  "
+            f"{_number(seconds, '.1f')} s"
+        )
+        from tqdm.auto import tqdm
+
+        tqdm.write(line, file=self.stream or sys.stderr)  # above transformers' progress bar, not inside it
+
+
+class _BarOnly(ProgressCallback):
+    """Transformers' progress bar without its dump of every logged dict (`StepLines` says it in one line)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
+
+
+def install(trainer: Any) -> None:
+    """Give a trainer the step lines and curves.png, in place of transformers' printed log dicts."""
+    had_bar = trainer.pop_callback(ProgressCallback) is not None
+    trainer.pop_callback(PrinterCallback)
+    if had_bar:
+        trainer.add_callback(_BarOnly)
+    trainer.add_callback(StepLines())
+    trainer.add_callback(CurvesPNG())
+
+
+class CurvesPNG(TrainerCallback):
+    """Draws OUTPUT_DIR/curves.png from the log history when training ends (main process only)."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        series = step_series(state.log_history)
+        if not series["step"]:
+            return
+        path = draw_curves([series], Path(args.output_dir) / "curves.png", title=Path(args.output_dir).name)
+        if path is None:
+            print("curves.png not drawn: matplotlib is not installed", file=sys.stderr)
