@@ -40,6 +40,9 @@ __all__ = [
     "door_environment",
     "door_rows",
     "format_episodes",
+    "grpo_config",
+    "named_doors",
+    "training_rows",
     "question_for",
 ]
 
@@ -76,7 +79,8 @@ def door_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) -> lis
     ]
 
 
-def _named_doors(text: str) -> list[str]:
+def named_doors(text: str) -> list[str]:
+    """The doors a text names, as whole words, in `DOORS` order."""
     return [door for door in DOORS if re.search(rf"\b{door}\b", text, re.IGNORECASE)]
 
 
@@ -87,7 +91,7 @@ def door_environment(codes: dict[str, str]) -> Callable[[dict[str, Any]], str]:
         messages = body.get("messages") or [{}]
         content = messages[-1].get("content", "")
         text = content if isinstance(content, str) else " ".join(str(part) for part in content)
-        named = _named_doors(text)
+        named = named_doors(text)
         if not named:
             return "Name the door."
         if len(named) > 1:
@@ -176,3 +180,47 @@ def build_door_model(
         **shape,
     )
     return build_protocol_model(path, format_episodes(codes, episodes, seed=seed), start_from=path, **common)
+
+
+def training_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """`door_rows` as GRPO's training rows: the protocol's first message as the prompt, and the golden answers."""
+    from prompt_r1.prompts import question_message
+
+    return [
+        {
+            "prompt": [{"role": "user", "content": question_message(r["question"])}],
+            "golden_answers": r["golden_answers"],
+        }
+        for r in door_rows(n, seed=seed, codes=codes)
+    ]
+
+
+def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **settings: Any) -> Any:
+    """The GRPO settings the learning benchmark and its CI test train with (the `train` extra): two turns, the
+    `reference` reward preset (its gate lets a two-turn episode through), no KL term; `settings` override them."""
+    from prompt_r1.training.config import PromptR1GRPOConfig
+
+    defaults: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        model_name_or_path=str(model),
+        env_model="env",
+        env_base_url=env_base_url,
+        env_api_key_env="PROMPT_R1_DOOR_TASK_NO_KEY",
+        env_rate_limit=1_000_000,  # the scripted environment has no provider's limit
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_turns=2,
+        max_turn_tokens=32,  # a turn that asks is 14 tokens; room to go wrong
+        max_total_tokens=128,
+        learning_rate=2e-3,
+        beta=0.0,
+        temperature=1.0,
+        reward_preset="reference",
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+    )
+    return PromptR1GRPOConfig(**{**defaults, **settings})

@@ -11,11 +11,12 @@ from prompt_r1.door_codes import (
     build_door_model,
     door_codes,
     door_environment,
-    door_rows,
     format_episodes,
+    grpo_config,
+    named_doors,
     question_for,
+    training_rows,
 )
-from prompt_r1.prompts import question_message
 from prompt_r1.testing import ScriptedServer
 
 STEPS = 60
@@ -33,12 +34,10 @@ def test_the_environment_gives_a_code_only_for_one_named_door():
 
 
 def test_the_format_data_prefers_no_behaviour():
-    from prompt_r1.door_codes import _named_doors
-
     episodes = format_episodes(door_codes(0), 2000, seed=1)
     direct = [e for e in episodes if e[2] is None]
-    named = [e for e in episodes if e[2] is not None and _named_doors(e[1])]
-    own = [e for e in named if _named_doors(e[1]) == _named_doors(e[0])]
+    named = [e for e in episodes if e[2] is not None and named_doors(e[1])]
+    own = [e for e in named if named_doors(e[1]) == named_doors(e[0])]
     copied = [e for e in named if e[3].split("<answer>")[1].split("</answer>")[0] in e[2]]
     assert abs(len(direct) / len(episodes) - 0.25) < 0.03
     assert abs(len(own) / len(named) - 0.5) < 0.05  # the question's door as often as another
@@ -46,44 +45,14 @@ def test_the_format_data_prefers_no_behaviour():
 
 
 def test_grpo_raises_the_reward_on_the_door_task(tmp_path):
-    from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.progress import step_series
     from prompt_r1.training.trainer import build_trainer
 
     model = build_door_model(tmp_path / "model", seed=0)
     codes = door_codes(0)
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": question_message(r["question"])}],
-            "golden_answers": r["golden_answers"],
-        }
-        for r in door_rows(STEPS * 4 + 32, seed=0, codes=codes)
-    ]
+    rows = training_rows(STEPS * 4 + 32, seed=0, codes=codes)
     with ScriptedServer({"env": door_environment(codes)}, record=False) as server:
-        config = PromptR1GRPOConfig(
-            output_dir=str(tmp_path / "run"),
-            model_name_or_path=str(model),
-            env_model="env",
-            env_base_url=server.base_url,
-            env_api_key_env="PROMPT_R1_TEST_NO_KEY",
-            env_rate_limit=1_000_000,
-            per_device_train_batch_size=32,
-            num_generations=8,
-            max_steps=STEPS,
-            max_turns=2,
-            max_turn_tokens=32,
-            max_total_tokens=128,
-            learning_rate=2e-3,
-            beta=0.0,
-            temperature=1.0,
-            reward_preset="reference",
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            use_cpu=True,
-            seed=0,
-            data_seed=0,
-        )
+        config = grpo_config(tmp_path / "run", model, server.base_url, max_steps=STEPS, seed=0)
         trainer = build_trainer(config, train_rows=rows)
         trainer.train()
     total = step_series(trainer.state.log_history)["reward"]

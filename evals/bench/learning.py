@@ -38,10 +38,14 @@ WINDOW = 10  # steps averaged at each end of the curve
 
 def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> dict:
     """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.door_codes import build_door_model, door_codes, door_environment, door_rows
-    from prompt_r1.prompts import question_message
+    from prompt_r1.door_codes import (
+        build_door_model,
+        door_codes,
+        door_environment,
+        grpo_config,
+        training_rows,
+    )
     from prompt_r1.testing import ScriptedServer
-    from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.progress import step_series
     from prompt_r1.training.trainer import build_trainer
 
@@ -49,35 +53,16 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
     if not (model / "config.json").is_file():
         build_door_model(model, seed=seed, steps=args.sft_steps)
     codes = door_codes(seed)
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": question_message(r["question"])}],
-            "golden_answers": r["golden_answers"],
-        }
-        for r in door_rows(args.steps * args.batch // args.group + args.batch, seed=seed, codes=codes)
-    ]
+    rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed, codes=codes)
     with ScriptedServer({"env": door_environment(codes)}, record=False) as server:
-        config = PromptR1GRPOConfig(
-            output_dir=str(work / f"run-{seed}-{len(list(work.glob('run-*')))}"),
-            model_name_or_path=str(model),
-            env_model="env",
-            env_base_url=server.base_url,
-            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-            env_rate_limit=1_000_000,  # the scripted environment has no provider's limit
+        config = grpo_config(
+            work / f"run-{seed}-{len(list(work.glob('run-*')))}",
+            model,
+            server.base_url,
             per_device_train_batch_size=args.batch,
             num_generations=args.group,
             max_steps=args.steps,
-            max_turns=2,
-            max_turn_tokens=32,  # a turn that asks is 24 tokens
-            max_total_tokens=128,
             learning_rate=args.lr,
-            beta=0.0,
-            temperature=1.0,
-            reward_preset="reference",
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            use_cpu=True,
             seed=seed,
             data_seed=seed,
             **ablation,
@@ -89,13 +74,13 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
 
         def count(results, tokenizer):  # the share of episodes that asked about the question's own door
             nonlocal episodes
-            from prompt_r1.door_codes import _named_doors
+            from prompt_r1.door_codes import named_doors
 
             right = 0
             for result in results:
-                door = _named_doors(result["question"])[0]
+                door = named_doors(result["question"])[0]
                 prompts = [t.get("prompt") or "" for t in result.get("turns", [])]
-                right += any(_named_doors(p) == [door] for p in prompts)
+                right += any(named_doors(p) == [door] for p in prompts)
             asked_right.append(right / max(1, len(results)))
             episodes += len(results)
             return original(results, tokenizer)
