@@ -562,3 +562,21 @@ def test_train_help_lists_the_loop_fields():
         "--num_generations",
     ):
         assert flag in done.stdout
+
+
+def test_the_format_gate_ablation_reaches_the_trainers_reward(tmp_path):
+    from prompt_r1.training.trainer import reward_functions
+
+    one_turn = {"turn_texts": [["<think>sure</think><answer>Paris</answer>"]], "golden_answers": [["Paris"]]}
+    totals = []
+    for gate in (True, False):
+        config = PromptR1GRPOConfig(
+            output_dir=str(tmp_path),
+            reward_preset="reference",
+            reward_format_gate=gate,
+            use_cpu=True,
+            report_to=[],
+        )
+        total = reward_functions(config)[0]
+        totals.append(total(prompts=[None], completions=[""], **one_turn)[0])
+    assert totals[0] == pytest.approx(-0.4) and totals[1] == pytest.approx(0.6)
