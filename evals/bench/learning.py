@@ -1,6 +1,6 @@
 """Does GRPO teach the agent to collaborate? Learning curves on the door-codes task, over several seeds.
 
-    python evals/bench/learning.py [--seeds 3] [--steps 40] [--train-env-tokens] [--no-format-gate] [--ablations]
+    python evals/bench/learning.py [--seeds 3] [--steps 100] [--train-env-tokens] [--no-format-gate] [--ablations]
 
 The task (`prompt_r1.door_codes`): only the environment knows the codes, and it gives a door's code when the
 prompt names that door; the reward (the `reference` preset) pays 1 for asking about the question's door and
@@ -50,8 +50,10 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
     from prompt_r1.training.trainer import build_trainer
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
-    if not (model / "config.json").is_file():
+    built = model / f"built-{args.sft_steps}"  # written last: a half-built agent, or other steps, is rebuilt
+    if not built.is_file():
         build_door_model(model, seed=seed, steps=args.sft_steps)
+        built.write_text("")
     codes = door_codes(seed)
     rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed, codes=codes)
     with ScriptedServer({"env": door_environment(codes)}, record=False) as server:
@@ -179,7 +181,10 @@ def main() -> int:
         name: [{k: v for k, v in r.items() if k != "series"} | {"series": r["series"]} for r in results]
         for name, results in outcomes.items()
     }
-    (args.out / "learning.json").write_text(json.dumps(record, indent=1))
+    slug = "" if "baseline" in outcomes else "-" + "-".join(n.replace(" ", "-") for n in outcomes)
+    (args.out / f"learning{slug}.json").write_text(
+        json.dumps(record, indent=1)
+    )  # a baseline run, or the ablations alone
     print(f"curves and figures in {args.out}")
     if len(outcomes) > 1:
         print(

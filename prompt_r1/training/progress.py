@@ -43,13 +43,11 @@ def draw_curves(runs: Sequence[dict[str, list[float]]], path: str | Path, title:
     """Draw each curve of `runs` (`step_series` of one run or of several seeds: their mean, and their range
     shaded) into a PNG at `path`. Returns the path, or None without matplotlib (the `train` extra has it)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no pyplot: the caller's plotting backend is left alone
     except ImportError:
         return None
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2), squeeze=False)
+    fig = Figure(figsize=(4 * len(CURVES), 3.2))
+    axes = fig.subplots(1, len(CURVES), squeeze=False)
     for axis, (label, key) in zip(axes[0], CURVES, strict=True):
         length = min(len(run[key]) for run in runs) if runs else 0
         if length == 0:
@@ -72,7 +70,6 @@ def draw_curves(runs: Sequence[dict[str, list[float]]], path: str | Path, title:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
