@@ -11,7 +11,9 @@ reward (the `reference` preset's format gate):
 The facts are 24 doors' codes (8 possible codes), fixed for a run: few enough to ask about, too many to learn by
 heart in a short run (with 4 doors, GRPO learned the table and stopped reading the reply).
 
-The agent starts from `build_door_model`, a tiny model fine-tuned in two stages. First on episodes that ask about
+The agent starts from `build_door_model`, a tiny model fine-tuned in two stages in which every reply's code is
+drawn afresh: fine-tuning holds no facts, so it can teach copying a reply but never a code to recall (fine-tuned
+on the run's own table, the agent learned the table and answered from memory). First on episodes that ask about
 the question's door and copy the reply's code: the skills of reading the question and the reply, which a
 pretrained model has and a tiny one does not learn from a mixture of behaviours alone (fine-tuned on the mixture
 only, it named a door with no regard to the question, and GRPO did not change that in 150 steps). Then on the
@@ -101,9 +103,18 @@ def door_environment(codes: dict[str, str]) -> Callable[[dict[str, Any]], str]:
     return respond
 
 
-def format_episodes(codes: dict[str, str], n: int = 256, seed: int = 0) -> list[tuple[str, str, Any, Any]]:
+def _reply(door: str | None, rng: random.Random) -> tuple[str, str | None]:
+    """The environment's reply to a fine-tuning prompt about `door` and the code in it: a code drawn afresh for
+    every episode, so that fine-tuning holds no facts, only replies to copy."""
+    if door is None:
+        return "Name the door.", None
+    code = rng.choice(CODES)
+    return f"The {door} door code is {code}.", code
+
+
+def format_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, str, Any, Any]]:
     """Episodes of the protocol's format for `build_protocol_model`, every behaviour equally likely (see the
-    module docstring): nothing in them says which behaviour the reward prefers."""
+    module docstring): nothing in them says which behaviour the reward prefers, and no code is a fact."""
     rng = random.Random(seed)
     episodes = []
     for _ in range(n):
@@ -118,27 +129,27 @@ def format_episodes(codes: dict[str, str], n: int = 256, seed: int = 0) -> list[
         else:  # the question's door, or as often the next one: either way the question is read
             asked = door if behaviour == "ask-own" else DOORS[(DOORS.index(door) + 1) % len(DOORS)]
         prompt = question_for(asked) if asked else "Which code?"
-        reply = door_environment(codes)({"messages": [{"role": "user", "content": prompt}]})
-        known = codes[asked] if asked else None
+        reply, known = _reply(asked, rng)
         code = known if known and rng.random() < 0.5 else rng.choice([c for c in CODES if c != known])
         episodes.append((question, ASK.format(prompt=prompt), reply, ANSWER.format(thought="ok", code=code)))
     return episodes
 
 
-def reading_episodes(codes: dict[str, str], n: int = 256, seed: int = 0) -> list[tuple[str, str, str, str]]:
+def reading_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, str, str, str]]:
     """Episodes that ask about the question's door and give the reply's code: the first fine-tuning stage of
-    `build_door_model`, which teaches reading the question and the reply (a pretrained model's skills)."""
+    `build_door_model`, which teaches reading the question and copying the reply (a pretrained model's skills).
+    The reply's code is drawn afresh each time, so copying is the only way to fit them."""
     rng = random.Random(seed)
     episodes = []
     for _ in range(n):
         door = rng.choice(DOORS)
-        reply = f"The {door} door code is {codes[door]}."
+        reply, code = _reply(door, rng)
         episodes.append(
             (
                 question_for(door),
                 ASK.format(prompt=question_for(door)),
                 reply,
-                ANSWER.format(thought="ok", code=codes[door]),
+                ANSWER.format(thought="ok", code=code),
             )
         )
     return episodes
@@ -155,13 +166,13 @@ def build_door_model(
 ) -> Path:
     """The tiny agent for the task, fine-tuned in two stages of `steps` each: `reading_episodes` give it the skills
     (a tiny model does not learn to read the question from the mixture alone), then `format_episodes` undo any
-    preference (see the module docstring). Its tokenizer knows the protocol's tags and its instruction as one
+    preference (see the module docstring). No code in either stage is a fact: each reply's is drawn afresh.
+    Its tokenizer knows the protocol's tags and its instruction as one
     token each, and the doors and codes as words, so a prompt is about thirty tokens and the model fine-tunes
     and trains in seconds."""
     from prompt_r1.prompts import INSTRUCTION_TEMPLATE
     from prompt_r1.tiny_models import build_protocol_model
 
-    codes = door_codes(seed)
     corpus = [
         *(f"{question_for(d)} The {d} door code is {c}." for d in DOORS for c in CODES),
         "Name the door. Name one door. Which code?",
@@ -173,13 +184,13 @@ def build_door_model(
     path = Path(path)
     build_protocol_model(
         path,
-        reading_episodes(codes, episodes // 2, seed=seed),
+        reading_episodes(episodes // 2, seed=seed),
         corpus=corpus,
         added_tokens=[INSTRUCTION_TEMPLATE, *tags],
         **common,
         **shape,
     )
-    return build_protocol_model(path, format_episodes(codes, episodes, seed=seed), start_from=path, **common)
+    return build_protocol_model(path, format_episodes(episodes, seed=seed), start_from=path, **common)
 
 
 def training_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 from prompt_r1.door_codes import (
+    CODES,
     build_door_model,
     door_codes,
     door_environment,
@@ -15,6 +16,7 @@ from prompt_r1.door_codes import (
     grpo_config,
     named_doors,
     question_for,
+    reading_episodes,
     training_rows,
 )
 from prompt_r1.testing import ScriptedServer
@@ -33,8 +35,19 @@ def test_the_environment_gives_a_code_only_for_one_named_door():
     assert ask("Jadeite is not jade.") == f"The jade door code is {codes['jade']}."  # whole words only
 
 
+def test_fine_tuning_holds_no_facts_only_replies_to_copy():
+    codes_of = {}
+    for question, ask, reply, answer in reading_episodes(2000, seed=3):
+        door = named_doors(question)[0]
+        assert named_doors(ask) == [door]
+        code = reply.rsplit(" ", 1)[1].rstrip(".")
+        assert answer.endswith(f"<answer>{code}</answer>")  # the reply's code, copied
+        codes_of.setdefault(door, set()).add(code)
+    assert all(len(codes) == len(CODES) for codes in codes_of.values())  # no door has a code to learn
+
+
 def test_the_format_data_prefers_no_behaviour():
-    episodes = format_episodes(door_codes(0), 2000, seed=1)
+    episodes = format_episodes(2000, seed=1)
     direct = [e for e in episodes if e[2] is None]
     named = [e for e in episodes if e[2] is not None and named_doors(e[1])]
     own = [e for e in named if named_doors(e[1]) == named_doors(e[0])]

@@ -50,7 +50,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
     from prompt_r1.training.trainer import build_trainer
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
-    built = model / f"built-{args.sft_steps}"  # written last: a half-built agent, or other steps, is rebuilt
+    built = model / f"built-{args.sft_steps}-no-facts"  # written last: a half-built or older agent is rebuilt
     if not built.is_file():
         build_door_model(model, seed=seed, steps=args.sft_steps)
         built.write_text("")
