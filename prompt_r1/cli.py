@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
         description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
-        "OUT/predictions.jsonl (a rerun skips finished rows), then writes OUT/summary.csv, OUT/table.md and "
-        "OUT/chart.png.",
+        "OUT/predictions.jsonl (a rerun skips finished rows and retries failed ones), then writes "
+        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C stops cleanly; the next run does the rest.",
     )
     ev.add_argument(
         "--suite",
@@ -159,6 +159,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
+    )
+    ev.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help="stop the run once N rows have failed (environment_error, agent_error, internal_error)",
+    )
+    ev.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="stop starting rows once the estimated cost of this run reaches USD",
+    )
+    ev.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON), replacing bundled entries",
     )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
@@ -467,98 +484,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from prompt_r1.data import load_samples
-    from prompt_r1.evaluation import (
-        METHODS,
-        PREDICTIONS,
-        read_predictions,
-        record_settings,
-        resolve_plan,
-        run_evaluation,
-        summarize,
-        write_reports,
-    )
-
-    datasets, methods = resolve_plan(args.suite, args.dataset, args.method)
-    from prompt_r1.data import resolve_source
-
-    out_dir = Path(args.out).resolve()
-    for (
-        name
-    ) in datasets:  # the folder's files are written and rewritten: an input inside it would be one of them
-        source = resolve_source(name)[0].resolve()
-        if source == out_dir or out_dir in source.parents:
-            raise ConfigError(f"the input {name} is inside the --out folder {args.out}; name another folder")
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
-    if args.concurrency < 1:
-        raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
-    samples, sources = [], {}
-    for name in datasets:
-        loaded = load_samples(name, limit=args.limit)
-        label = loaded[0].dataset if loaded else name
-        if label in sources:
-            raise ConfigError(
-                f"two datasets are both named {label!r} ({sources[label]} and {name}); rename a file"
-            )
-        sources[label] = name
-        samples += loaded
-    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
-    needs_agent = any(METHODS[m].needs_agent for m in methods)
-    needs_env = any(METHODS[m].needs_environment for m in methods)
-    # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
-    record_settings(
-        args.out,
-        methods,
-        agent_config=agent_cfg if needs_agent else None,
-        environment_config=env_cfg if needs_env else None,
-        loop=loop_cfg,
-    )
-    agent, environment = _prepare(agent_cfg if needs_agent else None, env_cfg if needs_env else None)
-    print(
-        f"evaluating {', '.join(methods)} on {len(datasets)} dataset(s), {len(samples)} rows each method "
-        f"→ {args.out}",
-        file=sys.stderr,
-    )
-    outcome = asyncio.run(
-        run_evaluation(
-            args.out,
-            methods,
-            samples,
-            agent=agent,
-            environment=environment,
-            loop=loop_cfg,
-            agent_config=agent_cfg if needs_agent else None,
-            environment_config=env_cfg if needs_env else None,
-            concurrency=args.concurrency,
-            progress=not args.no_progress,
-        )
-    )
-    wanted = {(m, s.dataset, s.id) for m in methods for s in samples}
-    rows = [
-        r
-        for r in read_predictions(Path(args.out) / PREDICTIONS)
-        if (r["method"], r["dataset"], r["id"]) in wanted
-    ]
-    summary = summarize(rows)
-    written = write_reports(summary, args.out, chart=not args.no_chart)
-    print(written["markdown"].read_text(encoding="utf-8"))
-    print(
-        f"{outcome.written} rows run, {outcome.skipped} already done, in {outcome.seconds:.1f} s; "
-        + ", ".join(str(p) for p in written.values()),
-        file=sys.stderr,
-    )
-    failed = sum(s.failed for s in summary)
-    if failed:
-        print(
-            f"prompt-r1: error: {failed} rows failed; run the same command again to retry them",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    return EXIT_OK
-
-
 def cmd_score(args: argparse.Namespace) -> int:
     from prompt_r1.errors import DataError
     from prompt_r1.evaluation import read_predictions, summarize, write_reports
@@ -660,6 +585,12 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     return cmd_batch(args)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from prompt_r1.cli_eval import cmd_eval
+
+    return cmd_eval(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -671,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             "run": cmd_run,
             "batch": _cmd_batch,
             "serve": cmd_serve,
-            "eval": cmd_eval,
+            "eval": _cmd_eval,
             "score": cmd_score,
             "merge": cmd_merge,
         }[args.command]

@@ -14,7 +14,7 @@ import json
 import os
 import sqlite3
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,7 @@ __all__ = [
     "compact_output",
     "crc",
     "open_results_file",
+    "row_id",
     "write_text_file",
 ]
 
@@ -47,8 +48,8 @@ class OutputState:
     """What an existing results file already holds: finished ids (with a checksum of their question) and failed
     ones, and how many rows an id's later row superseded."""
 
-    finished: dict[str, int] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
+    finished: dict[Hashable, int] = field(default_factory=dict)
+    failed: set[Hashable] = field(default_factory=set)
     superseded: int = 0
 
 
@@ -94,15 +95,20 @@ def _check_writable(path: Path, what: str) -> None:
         raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
 
 
-def _row_status(line: bytes) -> tuple[str, object] | None:
-    """(id, status) of a results row, or None when the line is not one."""
+def row_id(row: dict) -> str:
+    """The key of a row in a file of one row per id (batch's)."""
+    return str(row["id"])
+
+
+def _row(line: bytes) -> dict | None:
+    """A results row (a JSON object with an id and a status), or None when the line is not one."""
     try:
         row = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(row, dict) or "id" not in row or "status" not in row:
         return None
-    return str(row["id"]), row
+    return row
 
 
 def _is_json(line: bytes) -> bool:
@@ -119,6 +125,7 @@ def open_results_file(
     row_prefix: str,
     protected: Iterable[tuple[str, Path | None]] = (),
     what: str = "--out",
+    key: Callable[[dict], Hashable] = row_id,
 ) -> OutputState:
     """Check `path` as the results file of a run and read what it holds, touching nothing that is not ours.
 
@@ -126,7 +133,8 @@ def open_results_file(
     else is refused untouched. An unfinished last line (no newline) that begins as this writer's rows begin
     (`row_prefix`) is what a killed run leaves: it is cut off; one that is a complete row only gets its newline.
     `protected`: (name, path) pairs the output must not be (the input, the summary, the checkpoint). A last line
-    that is complete JSON but not a row (someone else's file) is refused like any other."""
+    that is complete JSON but not a row (someone else's file) is refused like any other. `key` names what a row
+    is the result of (its id; eval's rows: method, dataset and id): a later row of a key supersedes earlier ones."""
     path = Path(path)
     _refuse_protected(path, what, protected)
     _check_writable(path, what)
@@ -140,7 +148,7 @@ def open_results_file(
             start, offset = offset, offset + len(line)
             if not line.strip():
                 continue
-            parsed = _row_status(line)
+            parsed = _row(line)
             if not line.endswith(b"\n"):  # the last line, unfinished
                 if parsed is not None:
                     add_newline = True
@@ -152,16 +160,16 @@ def open_results_file(
                     f"{what} {path} line {line_no} is not a results row: it is not a file this command "
                     "wrote, and was left untouched; name another file"
                 )
-            row_id, row = parsed
-            if row_id in seen:
+            row, row_key = parsed, key(parsed)
+            if row_key in seen:
                 state.superseded += 1
-            seen.add(row_id)
+            seen.add(row_key)
             if row.get("status") in FAILED_STATUSES:
-                state.failed.add(row_id)
-                state.finished.pop(row_id, None)
+                state.failed.add(row_key)
+                state.finished.pop(row_key, None)
             else:
-                state.failed.discard(row_id)
-                state.finished[row_id] = crc(str(row.get("question", "")))
+                state.failed.discard(row_key)
+                state.finished[row_key] = crc(str(row.get("question", "")))
     if cut_at is not None or add_newline:
         try:
             with path.open("r+b") as handle:
@@ -175,14 +183,14 @@ def open_results_file(
     return state
 
 
-def compact_output(path: str | Path) -> int:
-    """Rewrite the output with the last row of each id only (atomically); returns the rows dropped."""
+def compact_output(path: str | Path, key: Callable[[dict], Hashable] = row_id) -> int:
+    """Rewrite the output with the last row of each key only (atomically); returns the rows dropped."""
     path = Path(path)
-    last: dict[str, int] = {}
+    last: dict[Hashable, int] = {}
     with path.open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle):
             if line.strip():
-                last[str(json.loads(line)["id"])] = line_no
+                last[key(json.loads(line))] = line_no
     dropped = 0
     keep = set(last.values())
     tmp = path.with_name(path.name + ".compacting")

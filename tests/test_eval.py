@@ -275,6 +275,12 @@ def test_datasets_with_one_name_are_refused(eval_server, tmp_path, capsys):
         )
         == 0
     )
-    # A later run in the same folder with a file of the same name holds other questions under the same ids.
-    assert main(["eval", "--dataset", str(mine), "--method", "env-only", "--out", str(out), *flags]) == 2
-    assert "has a row hotpot/hotpot-0 for another question" in capsys.readouterr().err
+    # A later run in the same folder with a file of the same name holds other questions under the same ids: the
+    # finished row is kept, not rerun and not scored (batch's rule), and named.
+    sent = len(eval_server.requests)
+    assert main(["eval", "--dataset", str(mine), "--method", "env-only", "--out", str(out), *flags]) == 1
+    err = capsys.readouterr().err
+    assert "row env-only/hotpot/hotpot-0 was finished in" in err and "for another question: kept, not rerun" in err
+    assert "1 rows finished earlier for another question, kept and not scored" in err
+    assert len(eval_server.requests) == sent
+    assert [r["question"] for r in read_predictions(out / "predictions.jsonl")] != ["Mine?"]

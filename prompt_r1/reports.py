@@ -1,0 +1,305 @@
+"""Scoring an evaluation's rows and writing its reports: per (dataset, method) means, the summary CSV, the paper's
+Table 2 layout in Markdown, and a bar chart.
+
+    summary = summarize(read_predictions("eval-results/predictions.jsonl"))
+    write_reports(summary, "eval-results")   # summary.csv, table.md, chart.png
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.data import DATASETS, dataset_info
+from prompt_r1.episode import FAILED_STATUSES
+from prompt_r1.errors import ConfigError
+from prompt_r1.eval_plan import METHODS
+from prompt_r1.metrics import METRICS, SemanticScorer, as_answer_list
+
+__all__ = [
+    "SummaryRow",
+    "render_markdown",
+    "row_metrics",
+    "summarize",
+    "write_chart",
+    "write_reports",
+    "write_summary_csv",
+]
+
+
+def _scores(
+    name: str,
+    predictions: Sequence[str],
+    golds: Sequence[Sequence[str]],
+    scorer: SemanticScorer | None = None,
+) -> list[float]:
+    """Metric `name` per row; a row without an answer earns nothing, even against a golden answer that
+    normalises to "" (which an empty prediction would otherwise match)."""
+    if name == "ssim" and scorer is not None:
+        values = scorer.similarity_batch(predictions, golds)
+    else:
+        values = METRICS[name](predictions, golds)
+    return [
+        value if prediction.strip() else 0.0 for value, prediction in zip(values, predictions, strict=True)
+    ]
+
+
+def row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:
+    """The cheap metrics, stored with each row for the progress bar and quick inspection."""
+    return {name: _scores(name, [prediction], [golden_answers])[0] for name in ("em", "sm", "f1")}
+
+
+@dataclass
+class SummaryRow:
+    dataset: str
+    method: str
+    n: int  # rows scored
+    failed: int  # rows left out because the environment or agent failed
+    scores: dict[str, float]  # metric name → mean over the scored rows (0–1)
+
+
+def _metrics_for(dataset: str, requested: Sequence[str] | None) -> list[str]:
+    if requested:
+        return list(requested)
+    info = dataset_info(dataset)
+    names = ["em", "sm", "f1"]
+    if info is not None and info.task == "text":
+        names.append("ssim")
+    if info is not None and info.task == "math":
+        try:
+            import math_verify  # noqa: F401
+
+            names.append("math")
+        except ImportError:
+            pass
+    return names
+
+
+def summarize(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    metrics: Sequence[str] | None = None,
+    scorer: SemanticScorer | None = None,
+) -> list[SummaryRow]:
+    """Mean scores per (dataset, method). By default: EM, SM and F1 everywhere, SSim on the text-generation
+    sets, math equivalence on the math sets; `metrics` picks the metrics for every dataset instead."""
+    unknown = [m for m in metrics or () if m not in METRICS]
+    if unknown:
+        raise ConfigError(f"unknown metric(s) {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    failed: dict[tuple[str, str], int] = defaultdict(int)
+    for row in rows:
+        key = (str(row["dataset"]), str(row["method"]))
+        if row.get("status") in FAILED_STATUSES:
+            failed[key] += 1
+        else:
+            groups[key].append(row)
+    for key in failed:
+        groups.setdefault(key, [])
+
+    summary = []
+    for (dataset, method), members in groups.items():
+        predictions = [str(r.get("prediction") or "") for r in members]
+        golds = [as_answer_list(r["golden_answers"]) for r in members]
+        scores = {}
+        for name in _metrics_for(dataset, metrics):
+            if not members:
+                continue
+            values = _scores(name, predictions, golds, scorer)
+            scores[name] = sum(values) / len(values)
+        summary.append(SummaryRow(dataset, method, len(members), failed[(dataset, method)], scores))
+    return _ordered(summary)
+
+
+def _ordered(summary: list[SummaryRow]) -> list[SummaryRow]:
+    dataset_rank = {name: i for i, name in enumerate(DATASETS)}
+    method_rank = {name: i for i, name in enumerate(METHODS)}
+    return sorted(
+        summary,
+        key=lambda s: (
+            dataset_rank.get(s.dataset, len(dataset_rank)),
+            s.dataset,
+            method_rank.get(s.method, len(method_rank)),
+            s.method,
+        ),
+    )
+
+
+_COLUMNS = ("em", "sm", "f1", "ssim", "math")
+_LABELS = {"em": "EM", "sm": "SM", "f1": "F1", "ssim": "SSim", "math": "MathEq"}
+
+
+def write_summary_csv(summary: Sequence[SummaryRow], path: str | Path) -> Path:
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["dataset", "title", "method", "n", "failed", *_COLUMNS])
+        for s in summary:
+            info = dataset_info(s.dataset)
+            writer.writerow(
+                [
+                    s.dataset,
+                    info.title if info else s.dataset,
+                    s.method,
+                    s.n,
+                    s.failed,
+                    *(f"{s.scores[c]:.6f}" if c in s.scores else "" for c in _COLUMNS),
+                ]
+            )
+    return path
+
+
+def _table_metrics(dataset: str, scores_seen: set[str], requested: Sequence[str] | None) -> list[str]:
+    """A dataset's columns: the requested metrics, else the paper's (EM+F1 for QA and math, F1+SSim for text),
+    else, for a dataset of the user's own, every metric computed (math equivalence has its own table)."""
+    info = dataset_info(dataset)
+    if requested:
+        wanted = list(requested)
+    elif info is not None:
+        wanted = list(info.metrics)
+    else:
+        wanted = [m for m in _COLUMNS if m != "math"]
+    return [m for m in wanted if m in scores_seen]
+
+
+def _markdown_table(header: list[str], body: list[list[str]], best_columns: range | None = None) -> list[str]:
+    if best_columns is not None:
+        for col in best_columns:
+            values = [float(r[col].rstrip("†")) for r in body if r[col] not in ("", "–")]
+            if len(values) > 1 and len(set(values)) > 1:  # a tie across every method marks nothing
+                top = max(values)
+                for r in body:
+                    if r[col] not in ("", "–") and float(r[col].rstrip("†")) == top:
+                        r[col] = f"**{r[col]}**"
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return lines
+
+
+def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None = None) -> str:
+    """Methods × (dataset, metric) in percent, averages per metric, best per column in bold (paper Table 2)."""
+    datasets = list(dict.fromkeys(s.dataset for s in summary))
+    methods = list(dict.fromkeys(s.method for s in _ordered(list(summary))))
+    by_key = {(s.dataset, s.method): s for s in summary}
+    columns: list[tuple[str, str]] = []
+    for dataset in datasets:
+        seen = {m for s in summary if s.dataset == dataset for m in s.scores}
+        columns += [(dataset, metric) for metric in _table_metrics(dataset, seen, metrics)]
+    averaged = [m for m in _COLUMNS if any(metric == m for _, metric in columns)]
+
+    header = ["Method"]
+    for dataset, metric in columns:
+        info = dataset_info(dataset)
+        header.append(f"{info.title if info else dataset} {_LABELS[metric]}")
+    header += [f"Avg. {_LABELS[m]}" for m in averaged]
+    body = []
+    for method in methods:
+        cells = [METHODS[method].title if method in METHODS else method]
+        per_metric: dict[str, list[float]] = defaultdict(list)
+        for dataset, metric in columns:
+            s = by_key.get((dataset, method))
+            if s is None or metric not in s.scores:
+                cells.append("–")
+                continue
+            per_metric[metric].append(s.scores[metric])
+            cells.append(f"{100 * s.scores[metric]:.2f}" + ("†" if s.failed else ""))
+        for metric in averaged:
+            complete = len(per_metric[metric]) == sum(1 for _, m in columns if m == metric)
+            values = per_metric[metric]
+            cells.append(f"{100 * sum(values) / len(values):.2f}" if values and complete else "–")
+        body.append(cells)
+    lines = _markdown_table(header, body, range(1, len(header)))
+
+    math_rows = [s for s in summary if "math" in s.scores]
+    if math_rows:
+        lines += ["", "Math-aware equivalence (math-verify), reported beside EM, never replacing it:", ""]
+        math_sets = list(dict.fromkeys(s.dataset for s in math_rows))
+        header = ["Method"] + [f"{dataset_info(d).title if dataset_info(d) else d} MathEq" for d in math_sets]
+        body = []
+        for method in methods:
+            cells = [METHODS[method].title if method in METHODS else method]
+            for dataset in math_sets:
+                s = by_key.get((dataset, method))
+                cells.append(f"{100 * s.scores['math']:.2f}" if s and "math" in s.scores else "–")
+            body.append(cells)
+        lines += _markdown_table(header, body, range(1, len(header)))
+
+    if len({s.n for s in summary}) == 1 and not any(s.failed for s in summary):
+        counts = f"{summary[0].n} per dataset and method" if summary else "none"
+    else:
+        counts = ", ".join(
+            f"{s.dataset}/{s.method} {s.n}" + (f" ({s.failed} failed, left out)" if s.failed else "")
+            for s in summary
+        )
+    lines += ["", f"Scores in percent. Rows scored: {counts}."]
+    if any(s.failed for s in summary):
+        lines.append(
+            "† some rows failed on the environment or agent and are left out: rerun the command to retry them."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_chart(summary: Sequence[SummaryRow], path: str | Path, metric: str = "f1") -> Path | None:
+    """A grouped bar chart of `metric` per dataset, one bar per method; None if nothing has that metric."""
+    points = [s for s in summary if metric in s.scores]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(s.dataset for s in points))
+    methods = list(dict.fromkeys(s.method for s in _ordered(points)))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(datasets) + 2), 4.0))
+    for i, method in enumerate(methods):
+        # A (dataset, method) pair that was not scored gets no bar rather than a bar at 0.
+        values = [
+            next(
+                (100 * s.scores[metric] for s in points if s.dataset == d and s.method == method),
+                float("nan"),
+            )
+            for d in datasets
+        ]
+        positions = [x + (i - (len(methods) - 1) / 2) * width for x in range(len(datasets))]
+        ax.bar(positions, values, width, label=METHODS[method].title if method in METHODS else method)
+    ax.set_xticks(range(len(datasets)))
+    ax.set_xticklabels(
+        [dataset_info(d).title if dataset_info(d) else d for d in datasets], rotation=30, ha="right"
+    )
+    ax.set_ylabel(f"{_LABELS[metric]} (%)")
+    ax.set_title(f"{_LABELS[metric]} by dataset and method")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_reports(
+    summary: Sequence[SummaryRow],
+    out_dir: str | Path,
+    *,
+    stem: str = "",
+    chart: bool = True,
+    metrics: Sequence[str] | None = None,
+) -> dict[str, Path]:
+    """summary.csv, table.md and (with matplotlib) chart.png in `out_dir`; `stem` prefixes the file names."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {
+        "csv": write_summary_csv(summary, out_dir / f"{stem}summary.csv"),
+        "markdown": out_dir / f"{stem}table.md",
+    }
+    written["markdown"].write_text(render_markdown(summary, metrics), encoding="utf-8")
+    if chart:
+        png = write_chart(summary, out_dir / f"{stem}chart.png")
+        if png is not None:
+            written["chart"] = png
+    return written
