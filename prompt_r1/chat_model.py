@@ -27,9 +27,11 @@ message with every event in order; `astream_events` also carries each event as a
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple
@@ -45,18 +47,24 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.runnables.config import var_child_runnable_config
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from prompt_r1 import redaction
+from prompt_r1.config import LoopConfig
+from prompt_r1.episode import Episode, EpisodeRunner, question_from_messages
 from prompt_r1.errors import EnvironmentCallError
 from prompt_r1.graph import finish_reason as _finish_reason
-from prompt_r1.text import valid
 
 __all__ = ["PromptR1Chat", "question_of"]
 
 EVENTS_KEY = "prompt_r1_events"
-STREAM_MODES = ["custom", "values"]  # the per-turn events, and the states for the final answer
-EPISODE_RUN_NAME = "prompt_r1_episode"
+# PromptR1Chat's former loop keywords → LoopConfig's fields.
+_LOOP_KEYWORDS = {
+    "max_turns": "max_turns",
+    "force_final_answer": "force_final_answer",
+    "max_new_tokens": "max_turn_tokens",
+    "max_total_tokens": "max_total_tokens",
+}
 NO_TOOLS = (
     "PromptR1Chat answers with text and makes no tool calls; use it with tools=[] (e.g. as the model of an agent "
     "without tools), or put a tool-calling model in front of it"
@@ -79,43 +87,13 @@ _END = object()
 
 
 def question_of(messages: list[BaseMessage]) -> str:
-    """The text of the last user message (string content, or the text parts of a content list). Any other part
-    (an image, audio, a file) is refused: dropping it would answer a different question than the one asked.
+    """The text of the last user message (prompt_r1.episode.question_from_messages).
 
     >>> from langchain_core.messages import HumanMessage
     >>> question_of([HumanMessage("Who wrote Hamlet?")])
     'Who wrote Hamlet?'
     """
-    for message in reversed(messages):
-        if message.type != "human":
-            continue
-        content = message.content
-        if isinstance(content, str):
-            text = content
-        else:
-            texts = []
-            for part in content:
-                if isinstance(part, str):
-                    texts.append(part)
-                elif (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    texts.append(part["text"])
-                else:
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise ValueError(
-                        f"Prompt-R1 answers text only: the last user message has a content part of type "
-                        f"{kind!r}; send its text as a string or text parts"
-                    )
-            text = "\n".join(texts)
-        if not text.strip():
-            raise ValueError("the last user message has no text for Prompt-R1 to answer")
-        if not valid(text):
-            raise ValueError("the last user message is not valid Unicode text (it holds a lone surrogate)")
-        return text
-    raise ValueError("Prompt-R1 needs a user message to answer; got none")
+    return question_from_messages(messages)
 
 
 def _usage_metadata(usage: dict) -> dict[str, int]:
@@ -134,22 +112,47 @@ class PromptR1Chat(BaseChatModel):
         description="The large LLM: an EnvironmentClient or EnvironmentPool, or any LangChain chat model "
         "(e.g. ChatOpenAI, which is wrapped in an EnvironmentClient)."
     )
-    max_turns: int = Field(default=5, description="Most environment calls per episode (paper: 5).")
+    loop: LoopConfig | None = Field(
+        default=None,
+        description="How each episode runs (prompt_r1.LoopConfig: max_turns, force_final_answer, "
+        "max_turn_tokens, max_total_tokens); None: LoopConfig()'s defaults.",
+    )
+    # The loop's settings as keywords, before LoopConfig was the one source: still read, with a warning.
+    max_turns: int = Field(default=5, description="Deprecated: loop=LoopConfig(max_turns=...).")
     force_final_answer: bool = Field(
-        default=True, description="When turns run out, ask the agent once for an answer instead of giving up."
+        default=True, description="Deprecated: loop=LoopConfig(force_final_answer=...)."
     )
     max_new_tokens: int | None = Field(
-        default=None, description="Per-turn generation budget (None: the agent backend's own)."
+        default=None, description="Deprecated: loop=LoopConfig(max_turn_tokens=...)."
     )
     max_total_tokens: int = Field(
-        default=8192, description="Token budget of the whole trajectory (token-exact backends only)."
+        default=8192, description="Deprecated: loop=LoopConfig(max_total_tokens=...)."
     )
     model_name: str = Field(
         default="prompt-r1", description="The name shown in traces and response metadata."
     )
 
-    _graph: Any = PrivateAttr(default=None)
-    _graph_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    @model_validator(mode="after")
+    def _one_loop(self) -> PromptR1Chat:
+        """`loop` and the deprecated keywords become one LoopConfig, mirrored in the keywords' fields."""
+        given = [name for name in _LOOP_KEYWORDS if name in self.model_fields_set]
+        if given and self.loop is not None:
+            raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
+        if given:
+            warnings.warn(
+                f"PromptR1Chat({', '.join(f'{n}=...' for n in given)}) is deprecated; pass "
+                "loop=LoopConfig(...) instead (max_new_tokens is LoopConfig's max_turn_tokens)",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+        loop = self.loop or LoopConfig(**{_LOOP_KEYWORDS[name]: getattr(self, name) for name in given})
+        for name, field_name in _LOOP_KEYWORDS.items():
+            object.__setattr__(self, name, getattr(loop, field_name))
+        object.__setattr__(self, "loop", loop)
+        return self
+
+    _runner: Any = PrivateAttr(default=None)
+    _runner_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @property
     def _llm_type(self) -> str:
@@ -165,22 +168,18 @@ class PromptR1Chat(BaseChatModel):
         return params
 
     @property
-    def graph(self):
-        """The compiled loop, built once on first use (a batch's threads may all ask for it at once)."""
-        if self._graph is None:
-            with self._graph_lock:
-                if self._graph is None:
-                    from prompt_r1.graph import build_graph
+    def runner(self) -> EpisodeRunner:
+        """The episode runner, built once on first use (a batch's threads may all ask for it at once)."""
+        if self._runner is None:
+            with self._runner_lock:
+                if self._runner is None:
+                    self._runner = EpisodeRunner(self.agent, self.environment, self.loop)
+        return self._runner
 
-                    self._graph = build_graph(
-                        self.agent,
-                        self.environment,
-                        max_turns=self.max_turns,
-                        force_final_answer=self.force_final_answer,
-                        max_new_tokens=self.max_new_tokens,
-                        max_total_tokens=self.max_total_tokens,
-                    )
-        return self._graph
+    @property
+    def graph(self):
+        """The compiled loop (the runner's)."""
+        return self.runner.graph
 
     # ---- no tools -------------------------------------------------------------------------------------------
     def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> PromptR1Chat:
@@ -201,22 +200,20 @@ class PromptR1Chat(BaseChatModel):
     # config with the caller's, whose run would win as the parent: the episode starts with the caller's config
     # in context carrying this run's callbacks instead, as LangChain does for a chain's steps.
 
-    def _episode(
-        self, parent: _Parent | None, *, is_async: bool
-    ) -> tuple[dict[str, Any], RunnableConfig | None]:
-        """The episode's run config, and the caller's config as the graph must see it when it starts (None:
-        unchanged). LangChain's LLM run managers have no `get_child` (model runs are normally leaves), so the
-        child manager is built the way `get_child` builds it for chains."""
-        config: dict[str, Any] = {"run_name": EPISODE_RUN_NAME, "tags": ["prompt-r1"]}
+    def _episode(self, parent: _Parent | None, *, is_async: bool) -> tuple[list[str], RunnableConfig | None]:
+        """The episode's extra tags (none: the runner names and tags every episode), and the caller's config as
+        the graph must see it when it starts (None: unchanged). LangChain's LLM run managers have no `get_child`
+        (model runs are normally leaves), so the child manager is built the way `get_child` builds it for
+        chains."""
         if parent is None:
-            return config, None
+            return [], None
         callbacks = (AsyncCallbackManager if is_async else CallbackManager)(
             handlers=[], parent_run_id=parent.run_id
         )
         callbacks.set_handlers(parent.handlers)
         callbacks.add_tags(parent.tags)
         callbacks.add_metadata(parent.metadata)
-        return config, {**(var_child_runnable_config.get() or {}), "callbacks": callbacks}
+        return [], {**(var_child_runnable_config.get() or {}), "callbacks": callbacks}
 
     def _stream_parent(self, run_manager: Any) -> _Parent | None:
         if run_manager is not None:  # LangChain's v2 streaming path does hand it on
@@ -295,18 +292,18 @@ class PromptR1Chat(BaseChatModel):
         async for chunk in _afirst_step_with(_STREAM_PARENT, parent, chunks):
             yield chunk
 
-    def _message(self, state: dict) -> AIMessage:
-        if state.get("status") == "environment_error":
-            raise EnvironmentCallError(redaction.redact(state.get("error")) or "the environment call failed")
-        usage = state.get("usage", {})
+    def _message(self, episode: Episode) -> AIMessage:
+        if episode.status == "environment_error":
+            raise EnvironmentCallError(redaction.redact(episode.error) or "the environment call failed")
+        usage = episode.usage
         return AIMessage(
-            content=state.get("answer") or "",
+            content=episode.answer or "",
             response_metadata={
                 "model_name": self.model_name,
-                "status": state.get("status"),
-                "finish_reason": _finish_reason(state.get("status")),
-                "turns": state.get("turns", []),
-                "error": state.get("error"),
+                "status": episode.status,
+                "finish_reason": _finish_reason(episode.status),
+                "turns": episode.turns,
+                "error": episode.error,
                 "usage": usage,
             },
             usage_metadata=_usage_metadata(usage),
@@ -320,11 +317,11 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        inputs = {"question": question_of(messages)}
-        config, caller = self._episode(run_manager and _parent_of(run_manager), is_async=False)
+        question = question_of(messages)
+        tags, caller = self._episode(run_manager and _parent_of(run_manager), is_async=False)
         with _set(var_child_runnable_config, caller):
-            state = self.graph.invoke(inputs, config)
-        return ChatResult(generations=[ChatGeneration(message=self._message(state))])
+            episode = _last(self.runner.stream_sync(question, tags=tags))
+        return ChatResult(generations=[ChatGeneration(message=self._message(episode))])
 
     async def _agenerate(
         self,
@@ -333,11 +330,11 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        inputs = {"question": question_of(messages)}
-        config, caller = self._episode(run_manager and _parent_of(run_manager), is_async=True)
+        question = question_of(messages)
+        tags, caller = self._episode(run_manager and _parent_of(run_manager), is_async=True)
         with _set(var_child_runnable_config, caller):
-            state = await self.graph.ainvoke(inputs, config)
-        return ChatResult(generations=[ChatGeneration(message=self._message(state))])
+            episode = [item async for item in self.runner.stream(question, tags=tags)][-1]
+        return ChatResult(generations=[ChatGeneration(message=self._message(episode))])
 
     # ---- streaming ------------------------------------------------------------------------------------------
     def _event_chunk(self, event: dict) -> ChatGenerationChunk:
@@ -345,8 +342,8 @@ class PromptR1Chat(BaseChatModel):
             message=AIMessageChunk(content="", additional_kwargs={EVENTS_KEY: [event]})
         )
 
-    def _final_chunk(self, state: dict) -> ChatGenerationChunk:
-        message = self._message(state)
+    def _final_chunk(self, episode: Episode) -> ChatGenerationChunk:
+        message = self._message(episode)
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=message.content,
@@ -363,16 +360,14 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        inputs = {"question": question_of(messages)}
-        config, caller = self._episode(self._stream_parent(run_manager), is_async=False)
-        states = self.graph.stream(inputs, config, stream_mode=STREAM_MODES)
-        final: dict = {}
-        for mode, data in _first_step_with(var_child_runnable_config, caller, states):
-            if mode == "values":
-                final = data
+        question = question_of(messages)
+        tags, caller = self._episode(self._stream_parent(run_manager), is_async=False)
+        items = self.runner.stream_sync(question, tags=tags)
+        for item in _first_step_with(var_child_runnable_config, caller, items):
+            if isinstance(item, Episode):
+                yield self._final_chunk(item)
             else:
-                yield self._event_chunk(data)
-        yield self._final_chunk(final)
+                yield self._event_chunk(item)
 
     async def _astream(
         self,
@@ -381,16 +376,19 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        inputs = {"question": question_of(messages)}
-        config, caller = self._episode(self._stream_parent(run_manager), is_async=True)
-        states = self.graph.astream(inputs, config, stream_mode=STREAM_MODES)
-        final: dict = {}
-        async for mode, data in _afirst_step_with(var_child_runnable_config, caller, states):
-            if mode == "values":
-                final = data
+        question = question_of(messages)
+        tags, caller = self._episode(self._stream_parent(run_manager), is_async=True)
+        items = self.runner.stream(question, tags=tags)
+        async for item in _afirst_step_with(var_child_runnable_config, caller, items):
+            if isinstance(item, Episode):
+                yield self._final_chunk(item)
             else:
-                yield self._event_chunk(data)
-        yield self._final_chunk(final)
+                yield self._event_chunk(item)
+
+
+def _last(items: Iterator[Any]) -> Any:
+    """The last item of `items` (an episode stream ends with its Episode)."""
+    return collections.deque(items, maxlen=1).pop()
 
 
 def _parent_of(run_manager: Any) -> _Parent:

@@ -338,26 +338,20 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     return agent, environment
 
 
-async def _run_episode(graph, question: str, live: bool, out) -> dict:
-    """Run one episode, printing each event (think, prompt, response, answer, end) as it happens."""
+async def _run_episode(runner, question: str, live: bool, out) -> dict:
+    """Run one episode, printing each event (think, prompt, response, answer, end) as it happens; the episode as
+    a row (question, answer, status, turns, usage, error, trajectory)."""
     import uuid
 
+    from prompt_r1.episode import Episode
     from prompt_r1.events import format_event
 
-    # Named and tagged as `batch` and `serve` name theirs, so a tracer (LangSmith's environment variables) files
-    # every episode the same way.
-    config = {
-        "run_name": "prompt_r1_episode",
-        "tags": ["prompt-r1", "run"],
-        "metadata": {"episode_id": f"run-{uuid.uuid4().hex}"},
-    }
-    state: dict[str, Any] = {}
-    async for mode, data in graph.astream({"question": question}, config, stream_mode=["custom", "values"]):
-        if mode == "values":
-            state = data
-        elif live:
-            print(format_event(data), file=out, flush=True)
-    return state
+    async for item in runner.stream(question, id=f"run-{uuid.uuid4().hex}"):
+        if isinstance(item, Episode):
+            return item.to_row()
+        if live:
+            print(format_event(item), file=out, flush=True)
+    raise AssertionError("an episode stream ends with its Episode")
 
 
 def _summary(result: dict) -> str:
@@ -372,9 +366,7 @@ def _summary(result: dict) -> str:
 
 def _trajectory(agent: Any, result: dict) -> dict[str, Any]:
     """`--trajectory`: the token ids the agent read and wrote, with the environment mask, or why there are none."""
-    from prompt_r1.graph import trajectory_of
-
-    trajectory = trajectory_of(result)
+    trajectory = result.get("trajectory")
     if trajectory is None:
         reason = getattr(agent, "token_exact", None) or "the agent backend has no tokenizer"
         return {"trajectory": None, "trajectory_reason": reason}
@@ -400,7 +392,7 @@ def _drift(agent: Any, result: dict) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from prompt_r1.graph import build_graph
+    from prompt_r1.episode import EpisodeRunner
 
     if not args.question.strip():
         raise ConfigError("the question is empty")
@@ -412,9 +404,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("the question is not valid UTF-8 text")
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     agent, environment = _prepare(agent_cfg, env_cfg)
-    graph = build_graph(agent, environment, **loop_cfg.graph_options())
+    runner = EpisodeRunner(agent, environment, loop_cfg, tags=["run"])
     try:
-        result = asyncio.run(_run_episode(graph, args.question, live=not args.json, out=sys.stdout))
+        result = asyncio.run(_run_episode(runner, args.question, live=not args.json, out=sys.stdout))
     except AgentError as exc:
         raise _Failure(f"agent failed: {exc}", EXIT_FAILED) from exc
     drift = _drift(agent, result)

@@ -164,12 +164,17 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """How one episode runs."""
+    """How one episode runs: the one source of the loop's settings for `build_graph`, `EpisodeRunner`,
+    `PromptR1Chat`, `serve` and GRPO rollouts (`PromptR1GRPOConfig.loop_config()`)."""
 
     max_turns: int = _help("Most environment calls per episode (paper: 5).", default=5)
     force_final_answer: bool = _help(
         "When the agent prompts again after its last allowed call, ask it once for a final answer.",
         default=True,
+    )
+    max_turn_tokens: int | None = _help(
+        "Most tokens the agent writes in one turn; unset: the agent's own max_new_tokens (paper: 1,024).",
+        default=None,
     )
     max_total_tokens: int = _help(
         "Token budget of one agent trajectory (paper: 8,192); token-exact backends only.", default=8192
@@ -179,12 +184,17 @@ class LoopConfig:
         _check_types(self)
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ConfigError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
         if self.max_total_tokens < 1:
             raise ConfigError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
 
     def graph_options(self) -> dict[str, Any]:
-        """The keyword arguments of `build_graph` this sets: every field is one, so a new field reaches the graph."""
-        return asdict(self)
+        """The keyword arguments of `build_graph` this sets: every field is one (`max_turn_tokens` is the graph's
+        `max_new_tokens`), so a new field reaches the graph."""
+        options = asdict(self)
+        options["max_new_tokens"] = options.pop("max_turn_tokens")
+        return options
 
 
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}

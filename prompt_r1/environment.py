@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
@@ -38,7 +39,15 @@ from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
 from prompt_r1.ratelimit import EndpointLimiter, get_limiter
 from prompt_r1.text import repair
 
-__all__ = ["EnvironmentClient", "EnvironmentPool", "EnvironmentReply", "environment_messages", "session_key"]
+__all__ = [
+    "Environment",
+    "EnvironmentClient",
+    "EnvironmentPool",
+    "EnvironmentReply",
+    "as_environment",
+    "environment_messages",
+    "session_key",
+]
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 logger = logging.getLogger(__name__)
@@ -432,3 +441,28 @@ class EnvironmentPool:
             return reply
         assert last_error is not None
         raise last_error
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the loop needs of an environment: one call given the earlier (prompt, response) pairs, returning the
+    reply with its usage and the attempts it took; `retries` counts the retries made so far."""
+
+    retries: int
+
+    async def respond(
+        self, prompt: str, history: Sequence[tuple[str, str]] = (), *, run_config: Any = None
+    ) -> EnvironmentReply: ...
+
+
+def as_environment(environment: Any) -> Environment:
+    """The environment as the loop calls it: a LangChain chat model is wrapped in an `EnvironmentClient` (its own
+    rate-limit key); a client, a pool or anything else with `respond` is returned as it is."""
+    if isinstance(environment, BaseChatModel):
+        return EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
+    if not callable(getattr(environment, "respond", None)):
+        raise TypeError(
+            f"an environment needs an async `respond(prompt, history)`; got {type(environment).__name__} "
+            "(pass an EnvironmentClient, an EnvironmentPool or a LangChain chat model)"
+        )
+    return environment

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from prompt_r1.agents.base import AgentBackend
 from prompt_r1.config import LoopConfig
-from prompt_r1.environment import EnvironmentReply
+from prompt_r1.environment import Environment, as_environment
 from prompt_r1.errors import AgentError
 from prompt_r1.graph import trajectory_of
 from prompt_r1.results_file import FAILED_STATUSES
+from prompt_r1.text import valid
 
 __all__ = [
     "EPISODE_RUN_NAME",
@@ -45,38 +46,57 @@ __all__ = [
     "EpisodeRunner",
     "as_environment",
     "describe_exception",
+    "question_from_messages",
 ]
 
 EPISODE_RUN_NAME = "prompt_r1_episode"  # the trace name of one episode, on every surface
+STREAM_MODES = ["custom", "values"]  # the graph's per-turn events, and its states for the final one
 
 
-@runtime_checkable
-class Environment(Protocol):
-    """What the loop needs of an environment: one call given the earlier (prompt, response) pairs, returning the
-    reply with its usage and the attempts it took; `retries` counts the retries made so far."""
+def question_from_messages(messages: Sequence[Any]) -> str:
+    """The question of a chat: the text of the last user message, an OpenAI-style dict (`role: user`) or a
+    LangChain message (`type: human`), its content a string or text parts. Any other part (an image, audio, a
+    file) is refused with a `ValueError`, as is an empty or invalid text: dropping a part would answer a
+    different question than the one asked.
 
-    retries: int
-
-    async def respond(
-        self, prompt: str, history: Sequence[tuple[str, str]] = (), *, run_config: Any = None
-    ) -> EnvironmentReply: ...
-
-
-def as_environment(environment: Any) -> Environment:
-    """The environment as the loop calls it: a LangChain chat model is wrapped in an `EnvironmentClient` (its own
-    rate-limit key); a client, a pool or anything else with `respond` is returned as it is."""
-    from langchain_core.language_models import BaseChatModel
-
-    if isinstance(environment, BaseChatModel):
-        from prompt_r1.environment import EnvironmentClient
-
-        return EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
-    if not callable(getattr(environment, "respond", None)):
-        raise TypeError(
-            f"an environment needs an async `respond(prompt, history)`; got {type(environment).__name__} "
-            "(pass an EnvironmentClient, an EnvironmentPool or a LangChain chat model)"
-        )
-    return environment
+    >>> question_from_messages([{"role": "user", "content": "Who wrote Hamlet?"}])
+    'Who wrote Hamlet?'
+    """
+    for message in reversed(messages):
+        if isinstance(message, dict):
+            is_user, content = message.get("role") == "user", message.get("content")
+        else:
+            is_user, content = getattr(message, "type", None) == "human", getattr(message, "content", None)
+        if not is_user:
+            continue
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if isinstance(part, str):
+                    texts.append(part)
+                elif (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    texts.append(part["text"])
+                else:
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ValueError(
+                        f"Prompt-R1 answers text only: the last user message has a content part of type {kind!r}; "
+                        'send its text as a string or text parts ({"type": "text", "text": ...})'
+                    )
+            content = "\n".join(texts)
+        if not isinstance(content, str):
+            raise ValueError("a user message's content must be a string or text parts")
+        if not content.strip():
+            raise ValueError("the last user message has no text for Prompt-R1 to answer")
+        if not valid(content):
+            raise ValueError(
+                "the last user message is not valid Unicode text (it holds a lone surrogate such as \\ud800)"
+            )
+        return content
+    raise ValueError("Prompt-R1 needs a user message to answer; got none")
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -176,19 +196,78 @@ class EpisodeRunner:
         self.checkpointer, self.price = checkpointer, price
         self.tags = ["prompt-r1", *tags]
         self.graph = graph or build_graph(
-            self.agent, self.environment, checkpointer=checkpointer, **self.loop.graph_options()
+            self.agent, self.environment, loop=self.loop, checkpointer=checkpointer
         )
 
-    def run_config(self, id: str | None, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    def run_config(
+        self, id: str | None, metadata: dict[str, Any] | None = None, tags: Iterable[str] = ()
+    ) -> dict[str, Any]:
         """The LangChain run config of one episode: its trace name, tags, metadata and checkpoint thread."""
         config: dict[str, Any] = {
             "run_name": EPISODE_RUN_NAME,
-            "tags": list(self.tags),
-            "metadata": {"episode_id": id, **(metadata or {})},
+            "tags": [*self.tags, *tags],
+            # Without an id, a caller's own `episode_id` (inherited through its config) stands.
+            "metadata": {**({"episode_id": id} if id is not None else {}), **(metadata or {})},
         }
         if self.checkpointer is not None:
             config["configurable"] = {"thread_id": id}
         return config
+
+    def _inputs(self, question: str, golden_answers: Sequence[str] | None) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"question": question}
+        if golden_answers:
+            inputs["golden_answers"] = list(golden_answers)
+        return inputs
+
+    async def stream(
+        self,
+        question: str,
+        *,
+        id: str | None = None,
+        golden_answers: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        tags: Iterable[str] = (),
+    ) -> AsyncIterator[dict[str, Any] | Episode]:
+        """The episode as it happens: each event it emits (prompt_r1.events: think, prompt, response, answer,
+        end) as a dict, then the `Episode` last. Unlike `run`, what the episode raises reaches the caller (a
+        server maps it to an HTTP error, a chat model raises it)."""
+        started = time.monotonic()
+        state: dict[str, Any] = {}
+        config = self.run_config(id, metadata, tags)
+        async for mode, data in self.graph.astream(
+            self._inputs(question, golden_answers), config, stream_mode=STREAM_MODES
+        ):
+            if mode == "values":
+                state = data
+            else:
+                yield data
+        yield Episode.from_state(
+            state, id=id, latency_s=time.monotonic() - started, cost_usd=self._price(state)
+        )
+
+    def stream_sync(
+        self,
+        question: str,
+        *,
+        id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        tags: Iterable[str] = (),
+    ) -> Iterator[dict[str, Any] | Episode]:
+        """`stream` for synchronous callers (a chat model's `invoke` and `stream`), on the graph's sync path."""
+        started = time.monotonic()
+        state: dict[str, Any] = {}
+        config = self.run_config(id, metadata, tags)
+        for mode, data in self.graph.stream(self._inputs(question, None), config, stream_mode=STREAM_MODES):
+            if mode == "values":
+                state = data
+            else:
+                yield data
+        yield Episode.from_state(
+            state, id=id, latency_s=time.monotonic() - started, cost_usd=self._price(state)
+        )
+
+    def _price(self, state: dict[str, Any]) -> float | None:
+        return self.price(state) if self.price is not None and state else None
 
     async def run(
         self,
@@ -197,15 +276,22 @@ class EpisodeRunner:
         id: str | None = None,
         golden_answers: Sequence[str] | None = None,
         metadata: dict[str, Any] | None = None,
+        on_event: Callable[[dict[str, Any]], Any] | None = None,
     ) -> Episode:
         """One episode. Never raises for what the episode meets: an agent's failure is `agent_error`, anything
-        unexpected `internal_error` (with where it was raised), each recorded in the episode."""
+        unexpected `internal_error` (with where it was raised), each recorded in the episode. `on_event` is
+        called with each event as it happens (see `stream`)."""
         if self.checkpointer is not None and id is None:
             raise ValueError("a checkpointed episode needs an id (its checkpoint thread)")
         started = time.monotonic()
         golden = list(golden_answers) if golden_answers else None
         common = dict(id=id, question=question, golden_answers=golden)
         try:
+            if on_event is not None and self.checkpointer is None:
+                async for item in self.stream(question, id=id, golden_answers=golden, metadata=metadata):
+                    if isinstance(item, Episode):
+                        return item
+                    on_event(item)
             state, resumed = await self._invoke(question, golden, self.run_config(id, metadata))
         except AgentError as exc:
             return Episode.failure(
@@ -217,17 +303,14 @@ class EpisodeRunner:
             return Episode.failure(
                 "internal_error", describe_exception(exc), latency_s=time.monotonic() - started, **common
             )
-        cost = self.price(state) if self.price is not None else None
         return Episode.from_state(
-            state, id=id, cost_usd=cost, latency_s=time.monotonic() - started, resumed=resumed
+            state, id=id, cost_usd=self._price(state), latency_s=time.monotonic() - started, resumed=resumed
         )
 
     async def _invoke(
         self, question: str, golden: list[str] | None, config: dict[str, Any]
     ) -> tuple[dict[str, Any], str | None]:
-        inputs: dict[str, Any] = {"question": question}
-        if golden:
-            inputs["golden_answers"] = golden
+        inputs = self._inputs(question, golden)
         if self.checkpointer is None:
             return await self.graph.ainvoke(inputs, config), None
         snapshot = await self.graph.aget_state(config)

@@ -28,7 +28,8 @@ from langgraph.graph import END, START, StateGraph
 
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
-from prompt_r1.environment import EnvironmentClient
+from prompt_r1.config import LoopConfig
+from prompt_r1.environment import EnvironmentClient, as_environment
 from prompt_r1.errors import AgentRefused, ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
@@ -178,10 +179,14 @@ def _inline(func, name: str, *, trace: bool = True):
     return _both_paths(func, afunc, name, trace=trace)
 
 
+_LOOP_DEFAULTS = LoopConfig().graph_options()  # the keywords' defaults: build_graph's and LoopConfig's agree
+
+
 def build_graph(
     agent: AgentBackend,
     environment: EnvironmentClient | BaseChatModel,
     *,
+    loop: LoopConfig | None = None,
     max_turns: int = 5,
     force_final_answer: bool = True,
     max_new_tokens: int | None = None,
@@ -193,6 +198,7 @@ def build_graph(
     """Compile the loop. The result is a LangChain Runnable (`invoke`, `ainvoke`, `abatch`, `astream`) and can be
     added as a node of a parent graph whose state has `question` (and optionally `golden_answers`).
 
+    loop: the loop's settings in one object (prompt_r1.LoopConfig), instead of the four keywords below.
     max_turns: most environment calls per episode (paper: 5).
     force_final_answer: when the agent prompts after its last allowed call, ask it once for a final answer
         (inference default); off, the episode ends with status `max_turns` (the training setting).
@@ -200,10 +206,16 @@ def build_graph(
     max_total_tokens: budget of the whole trajectory after the first prompt (paper: 8,192); token-exact only.
     token_exact: keep token ids (default: whenever the backend has a tokenizer).
     """
+    if loop is not None:
+        given = {k: v for k, v in locals().items() if k in _LOOP_DEFAULTS and v != _LOOP_DEFAULTS[k]}
+        if given:
+            raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
+        options = loop.graph_options()
+        max_turns, force_final_answer = options["max_turns"], options["force_final_answer"]
+        max_new_tokens, max_total_tokens = options["max_new_tokens"], options["max_total_tokens"]
     if max_turns < 0:
         raise ValueError(f"max_turns must be >= 0, got {max_turns}")
-    if isinstance(environment, BaseChatModel):
-        environment = EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
+    environment = as_environment(environment)
     tokenizer = getattr(agent, "tokenizer", None)
     token_exact = tokenizer is not None if token_exact is None else token_exact
     # The per-turn cap: the given one, else the backend's own configured cap (paper: 1,024).

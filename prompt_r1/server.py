@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -32,10 +33,9 @@ from typing import Any
 
 from prompt_r1 import redaction
 from prompt_r1.config import LoopConfig
+from prompt_r1.episode import Episode, EpisodeRunner, question_from_messages
 from prompt_r1.errors import AgentError
 from prompt_r1.graph import finish_reason as _finish_reason
-from prompt_r1.graph import trajectory_of
-from prompt_r1.text import valid
 
 __all__ = ["build_app", "serve", "serving_in_thread"]
 
@@ -61,28 +61,10 @@ def _question(body: dict[str, Any]) -> str:
         raise RequestError(400, "`messages` must be a non-empty list of chat messages", param="messages")
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise RequestError(400, "every message must be an object with a string `role`", param="messages")
-    for message in reversed(messages):
-        if message["role"] != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, list):
-            # Dropping an image or audio part would silently answer a different question: refuse it instead.
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):  # fmt: skip
-                raise RequestError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are "
-                                   "supported", param="messages")  # fmt: skip
-            content = "\n".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise RequestError(
-                400, "a user message's content must be a string or text parts", param="messages"
-            )
-        if not content.strip():
-            raise RequestError(400, "the last user message is empty", param="messages")
-        if not valid(content):
-            raise RequestError(400, "the last user message is not valid Unicode text (it holds a lone "
-                               "surrogate such as \\ud800)", param="messages")  # fmt: skip
-        return content
-    raise RequestError(400, "`messages` has no user message to answer", param="messages")
+    try:
+        return question_from_messages(messages)
+    except ValueError as exc:
+        raise RequestError(400, str(exc), param="messages") from None
 
 
 def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
@@ -126,24 +108,24 @@ def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
     return _question(body), stream, bool(options.get("include_usage")), max_turns
 
 
-def _usage(state: dict[str, Any]) -> dict[str, int]:
-    usage = state.get("usage", {})
+def _usage(episode: Episode) -> dict[str, int]:
+    usage = episode.usage
     prompt = usage.get("agent_prompt_tokens", 0) + usage.get("env_input_tokens", 0)
     completion = usage.get("agent_completion_tokens", 0) + usage.get("env_output_tokens", 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _extension(state: dict[str, Any], keys: tuple[str, ...], trajectory: bool) -> dict[str, Any]:
+def _extension(episode: Episode, keys: tuple[str, ...], trajectory: bool) -> dict[str, Any]:
     """The `prompt_r1` field of a response; with `prompt_r1_trajectory: true` in the request, the token ids the
     agent read and wrote (`prompt_ids`, `completion_ids`, `env_mask`, `logprobs`), null for an agent without them."""
-    extension = {k: state.get(k) for k in keys}
+    extension = {k: getattr(episode, k) for k in keys}
     if trajectory:
-        extension["trajectory"] = trajectory_of(state)
+        extension["trajectory"] = episode.trajectory
     return extension
 
 
-def _environment_error(state: dict[str, Any]) -> RequestError:
-    return RequestError(502, state.get("error") or "the environment call failed", kind="environment_error",
+def _environment_error(episode: Episode) -> RequestError:
+    return RequestError(502, episode.error or "the environment call failed", kind="environment_error",
                         code="environment_error")  # fmt: skip
 
 
@@ -204,20 +186,21 @@ def build_app(
     connections idle for longer than their timeout (often 30–60 s). None or 0: never."""
     from aiohttp import web
 
-    from prompt_r1.graph import build_graph
-
     if max_concurrency < 1 or max_queue < 0:
         raise ValueError(f"max_concurrency must be ≥ 1 and max_queue ≥ 0, got {max_concurrency}, {max_queue}")
     if keepalive is not None and keepalive < 0:
         raise ValueError(f"keepalive must be ≥ 0 seconds, got {keepalive}")
-    options = (loop or LoopConfig()).graph_options()
-    graphs: dict[int, Any] = {}
+    loop = loop or LoopConfig()
+    runners: dict[int, EpisodeRunner] = {}
 
-    def graph_for(max_turns: int | None):
-        turns = options.get("max_turns", 5) if max_turns is None else max_turns
-        if turns not in graphs:
-            graphs[turns] = build_graph(agent, environment, **{**options, "max_turns": turns})
-        return graphs[turns]
+    def runner_for(max_turns: int | None) -> EpisodeRunner:
+        """The runner of a request's `max_turns` (the server's loop otherwise), built once per value."""
+        turns = loop.max_turns if max_turns is None else max_turns
+        if turns not in runners:
+            runners[turns] = EpisodeRunner(
+                agent, environment, dataclasses.replace(loop, max_turns=turns), tags=["serve"]
+            )
+        return runners[turns]
 
     slots = _Slots(max_concurrency, max_queue)
 
@@ -271,29 +254,27 @@ def build_app(
             raise RequestError(
                 400, "`prompt_r1_trajectory` must be true or false", param="prompt_r1_trajectory"
             )
-        graph = graph_for(max_turns)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        config = {
-            "run_name": "prompt_r1_episode",
-            "tags": ["prompt-r1", "serve"],
-            "metadata": {"episode_id": completion_id, "served_model": model_name},
-        }
+        # The episode's events as they happen, then the Episode (prompt_r1.episode).
+        items = runner_for(max_turns).stream(
+            question, id=completion_id, metadata={"served_model": model_name}
+        )
         head = {"id": completion_id, "created": int(time.time()), "model": model_name}
         async with slots:
             if not stream:
                 try:
-                    state = await graph.ainvoke({"question": question}, config)
+                    episode = [item async for item in items][-1]
                 except Exception as exc:
                     raise _episode_failure(exc, completion_id) from exc
-                if state.get("status") == "environment_error":
-                    raise _environment_error(state)
+                if episode.status == "environment_error":
+                    raise _environment_error(episode)
                 return web.json_response(dumps=redaction.dumps, data={
                     **head,
                     "object": "chat.completion",
-                    "choices": [{"index": 0, "finish_reason": _finish_reason(state.get("status")),
-                                 "message": {"role": "assistant", "content": state.get("answer") or ""}}],
-                    "usage": _usage(state),
-                    "prompt_r1": _extension(state, ("status", "turns", "usage", "error"), trajectory),
+                    "choices": [{"index": 0, "finish_reason": _finish_reason(episode.status),
+                                 "message": {"role": "assistant", "content": episode.answer or ""}}],
+                    "usage": _usage(episode),
+                    "prompt_r1": _extension(episode, ("status", "turns", "usage", "error"), trajectory),
                 })  # fmt: skip
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -327,17 +308,15 @@ def build_app(
                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}  # fmt: skip
 
             await send(chunk({"role": "assistant"}))
-            state: dict[str, Any] = {}
+            episode: Episode | None = None
             failure: RequestError | None = None
             pinger = asyncio.create_task(keep_alive(keepalive)) if keepalive else None
             try:
-                async for mode, data in graph.astream(
-                    {"question": question}, config, stream_mode=["custom", "values"]
-                ):
-                    if mode == "values":
-                        state = data
+                async for item in items:
+                    if isinstance(item, Episode):
+                        episode = item
                     else:
-                        await send(chunk({}, prompt_r1_event=data))
+                        await send(chunk({}, prompt_r1_event=item))
             except ConnectionError:  # the client went away mid-write: there is no one left to tell
                 raise
             except Exception as exc:  # the status line is sent: the error can only travel in the stream
@@ -347,17 +326,17 @@ def build_app(
                     pinger.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await pinger
-            if failure is None and state.get("status") == "environment_error":
-                failure = _environment_error(state)
+            if failure is None and episode.status == "environment_error":
+                failure = _environment_error(episode)
             if failure is not None:
                 await send(failure.body())
             else:
-                await send(chunk({"content": state.get("answer") or ""}))
-                await send(chunk({}, _finish_reason(state.get("status")),
-                                 prompt_r1=_extension(state, ("status", "usage", "error"), trajectory)))  # fmt: skip
+                await send(chunk({"content": episode.answer or ""}))
+                await send(chunk({}, _finish_reason(episode.status),
+                                 prompt_r1=_extension(episode, ("status", "usage", "error"), trajectory)))  # fmt: skip
                 if include_usage:
                     await send(
-                        {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(state)}
+                        {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(episode)}
                     )
             await send("[DONE]")
             await response.write_eof()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from conftest import (  # noqa: E402
 from prompt_r1.cli import main as cli_main  # noqa: E402
 from prompt_r1.config import EnvironmentConfig  # noqa: E402
 from prompt_r1.environment import EnvironmentClient  # noqa: E402
+from prompt_r1.episode import Episode  # noqa: E402
 from prompt_r1.prompts import interaction_response, question_message  # noqa: E402
 from prompt_r1.rewards import trl_reward  # noqa: E402
 from prompt_r1.testing import Fault, ScriptedServer, echo_environment  # noqa: E402
@@ -112,6 +114,27 @@ def test_question_of_reads_release_messages_and_plain_text():
         question_of("")
 
 
+def test_every_environment_setting_reaches_training_with_its_type_and_default():
+    """The training config's env_* fields are EnvironmentConfig's: a setting added there exists here, with the
+    same default, and environment_config() hands every one over (the run's limits shared out per process)."""
+    config = PromptR1GRPOConfig(output_dir="unused", use_cpu=True, report_to=[])
+    env_fields = {f.name: f for f in dataclasses.fields(config) if f.name.startswith("env_")}
+    assert set(env_fields) == {f"env_{f.name}" for f in dataclasses.fields(EnvironmentConfig)}
+    for f in dataclasses.fields(EnvironmentConfig):
+        assert env_fields[f"env_{f.name}"].default == f.default, f.name
+    changed = dict(model="m", base_url="http://127.0.0.1:9/v1", api_key_env="K", rate_limit=90, rate_period=2.0,
+                   max_in_flight=3, tokens_per_minute=600, timeout=7.0, max_retries=1, backoff_initial=0.5,
+                   backoff_max=4.0, max_retry_after=9.0, temperature=0.3, max_tokens=77)  # fmt: skip
+    assert set(changed) == {f.name for f in dataclasses.fields(EnvironmentConfig)}  # a new field: add it here
+    config = PromptR1GRPOConfig(
+        output_dir="unused", use_cpu=True, report_to=[], **{f"env_{k}": v for k, v in changed.items()}
+    )
+    assert config.environment_config() == EnvironmentConfig(**changed)
+    assert config.environment_config(num_processes=3) == EnvironmentConfig(
+        **{**changed, "rate_limit": 30, "tokens_per_minute": 200}
+    )
+
+
 def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained_tiny_model_path):
     trainer = stand_in_trainer(trained_tiny_model_path, temperature=0.0)  # greedy: the model plays its script
     tok = trainer.processing_class
@@ -151,8 +174,10 @@ def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained
         mask == [1] * len(ids) for mask, ids in zip(ablated["env_mask"], out["completion_ids"], strict=True)
     )
 
-    # All six first turns went to the model in one generate call.
+    # All six first turns went to the model in one generate call, and the step took no more generate calls than
+    # the episodes' two turns (registered episodes wait for each other: a GPU step went from 7.08 s to 4.29 s).
     assert rollout.last_batch_sizes[0] == 6
+    assert trainer._metrics["train"]["rollout/generate_calls"] == [2.0]
     assert trainer._metrics["train"]["episode/status_answered"] == [1.0]
     assert trainer._metrics["train"]["episode/env_calls"] == [1.0]
 
@@ -185,15 +210,15 @@ def test_rollout_closes_a_turn_that_stopped_on_a_stop_string(trained_tiny_model_
     trainer = stand_in_trainer(trained_tiny_model_path)
     tok = trainer.processing_class
     rollout = GraphRollout(None, max_turns=1)
-    result = {
-        "prompt_ids": [1, 2],
-        "completion_ids": [5, 6, 7],
-        "logprobs": [-0.1, -0.2, -0.3],
-        "env_mask": [1, 1, 1],
-        "turns": [{"text": "<think>t</think><answer>a</answer>", "finish_reason": "stop"}],
-        "status": "answered",
-    }
-    cut = {**copy.deepcopy(result), "status": "context_overflow"}
+    result = Episode(
+        id=None,
+        question="Q?",
+        status="answered",
+        turns=[{"text": "<think>t</think><answer>a</answer>", "finish_reason": "stop"}],
+        trajectory={"prompt_ids": [1, 2], "completion_ids": [5, 6, 7], "logprobs": [-0.1, -0.2, -0.3],
+                    "env_mask": [1, 1, 1]},
+    )  # fmt: skip
+    cut = dataclasses.replace(copy.deepcopy(result), status="context_overflow")
     out = rollout.to_trajectories([result, cut], tok)
     assert out["completion_ids"][0] == [5, 6, 7, tok.eos_token_id]
     assert out["env_mask"][0] == [1, 1, 1, 0] and out["logprobs"][0][-1] == 0.0

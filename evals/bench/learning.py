@@ -79,9 +79,9 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
             from prompt_r1.door_codes import named_doors
 
             right = 0
-            for result in results:
-                door = named_doors(result["question"])[0]
-                prompts = [t.get("prompt") or "" for t in result.get("turns", [])]
+            for episode in results:
+                door = named_doors(episode.question)[0]
+                prompts = [t.get("prompt") or "" for t in episode.turns]
                 right += any(named_doors(p) == [door] for p in prompts)
             asked_right.append(right / max(1, len(results)))
             episodes += len(results)

@@ -6,12 +6,13 @@ YAML (`training/configs/*.yaml`); flags override the recipe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from trl import GRPOConfig
 
-from prompt_r1.config import DEFAULT_AGENT_MODEL, DEFAULT_ENV_MODEL, EnvironmentConfig
+from prompt_r1.config import DEFAULT_AGENT_MODEL, EnvironmentConfig, LoopConfig
 from prompt_r1.errors import ConfigError
 from prompt_r1.rewards import PRESETS
 
@@ -25,8 +26,37 @@ def _help(text: str, **kw):
     return field(metadata={"help": text}, **kw)
 
 
+# Fields whose value is the run's total, shared out evenly across processes by `environment_config`.
+_PER_RUN = {
+    "rate_limit": " For the whole run: each process gets its share.",
+    "tokens_per_minute": " For the whole run: each process gets its share.",
+}
+
+
+def _environment_fields() -> type:
+    """`env_<name>` for every field of `EnvironmentConfig`, with its type, default and help: the same settings as
+    `prompt-r1 run`'s --env-* flags, derived so that a new environment setting reaches training by itself."""
+    hints = typing.get_type_hints(EnvironmentConfig)
+    specs = [
+        (
+            f"env_{f.name}",
+            hints[f.name],
+            field(
+                default=f.default, metadata={"help": f.metadata.get("help", "") + _PER_RUN.get(f.name, "")}
+            ),
+        )
+        for f in fields(EnvironmentConfig)
+    ]
+    cls = make_dataclass("EnvironmentFields", specs)
+    cls.__module__ = __name__
+    return cls
+
+
+EnvironmentFields = _environment_fields()
+
+
 @dataclass
-class PromptR1GRPOConfig(GRPOConfig):
+class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     """GRPO for the Prompt-R1 agent. Fields after TRL's own are the agent, data, loop, environment and reward."""
 
     # The agent.
@@ -55,39 +85,6 @@ class PromptR1GRPOConfig(GRPOConfig):
     max_turn_tokens: int = _help("Most tokens the agent writes in one turn (paper: 1,024).", default=1024)
     max_total_tokens: int = _help(
         "Token budget of a whole trajectory after the first prompt (paper: 8,192).", default=8192
-    )
-    # The environment: the same settings as `prompt-r1 run`'s --env-* flags.
-    env_model: str = _help("Environment model name as its endpoint knows it.", default=DEFAULT_ENV_MODEL)
-    env_base_url: str | None = _help(
-        "OpenAI-compatible base URL of the environment; unset: OpenAI's API.", default=None
-    )
-    env_api_key_env: str = _help(
-        "Environment variable holding the environment's API key.", default="OPENAI_API_KEY"
-    )
-    env_rate_limit: int = _help(
-        "Environment requests allowed per rate period, for the whole run (split evenly across processes).",
-        default=500,
-    )
-    env_rate_period: float = _help("Length of the environment's rate-limit window in seconds.", default=60.0)
-    env_max_in_flight: int = _help("Environment requests in flight at once, per process.", default=32)
-    env_tokens_per_minute: int | None = _help(
-        "Environment tokens per minute for the whole run (split across processes like env_rate_limit).",
-        default=None,
-    )
-    env_timeout: float = _help("Seconds allowed for one environment call.", default=60.0)
-    env_max_retries: int = _help("Retries after a failed environment call (429, 5xx, timeout).", default=5)
-    env_backoff_initial: float = _help(
-        "First retry wait in seconds (doubles per retry, with jitter).", default=1.0
-    )
-    env_backoff_max: float = _help("Longest backoff between retries in seconds.", default=30.0)
-    env_max_retry_after: float = _help(
-        "Longest wait honoured from a server's Retry-After, in seconds.", default=120.0
-    )
-    env_temperature: float | None = _help(
-        "Environment sampling temperature; unset: the endpoint's.", default=None
-    )
-    env_max_tokens: int | None = _help(
-        "Most tokens per environment response; unset: the endpoint's.", default=None
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
     vllm_sync_check: bool = _help(
@@ -140,26 +137,22 @@ class PromptR1GRPOConfig(GRPOConfig):
         return chosen if self.reward_format_gate else {**chosen, "gate": False}
 
     def environment_config(self, num_processes: int = 1) -> EnvironmentConfig:
-        """The environment client's settings; each process gets its share of the run's rate limit."""
-        return EnvironmentConfig(
-            model=self.env_model,
-            base_url=self.env_base_url,
-            api_key_env=self.env_api_key_env,
-            rate_limit=max(1, self.env_rate_limit // max(1, num_processes)),
-            rate_period=self.env_rate_period,
-            max_in_flight=self.env_max_in_flight,
-            tokens_per_minute=(
-                max(1, self.env_tokens_per_minute // max(1, num_processes))
-                if self.env_tokens_per_minute
-                else None
-            ),
-            timeout=self.env_timeout,
-            max_retries=self.env_max_retries,
-            backoff_initial=self.env_backoff_initial,
-            backoff_max=self.env_backoff_max,
-            max_retry_after=self.env_max_retry_after,
-            temperature=self.env_temperature,
-            max_tokens=self.env_max_tokens,
+        """The environment client's settings (every `env_*` field); each process gets its share of the run's
+        request and token limits."""
+        values = {f.name: getattr(self, f"env_{f.name}") for f in fields(EnvironmentConfig)}
+        for name in _PER_RUN:
+            if values[name]:
+                values[name] = max(1, values[name] // max(1, num_processes))
+        return EnvironmentConfig(**values)
+
+    def loop_config(self) -> LoopConfig:
+        """The loop's settings for rollouts: force_final_answer off (running out of turns is the agent's outcome
+        to learn from)."""
+        return LoopConfig(
+            max_turns=self.max_turns,
+            force_final_answer=False,
+            max_turn_tokens=self.max_turn_tokens,
+            max_total_tokens=self.max_total_tokens,
         )
 
     def resolved_train_data(self) -> str:

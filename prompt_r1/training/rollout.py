@@ -6,7 +6,8 @@ serves inference; all episodes of the call run concurrently on the process-wide 
 the environment client's rate limiter, retries and HTTP connections persist across steps, and the policy's
 generate calls are batched across episodes.
 
-What goes back to the trainer is the token-exact trajectory the graph kept: `completion_ids` are the agent's
+Episodes run through the shared `EpisodeRunner` (prompt_r1.episode) with the loop's settings from one
+`LoopConfig`. What goes back to the trainer is each `Episode.trajectory`, the token-exact ids the graph kept: `completion_ids` are the agent's
 sampled ids (env_mask 1, with their sampling logprobs) and the environment's rendered messages (env_mask 0,
 logprob placeholders 0.0), never re-tokenised. Extra fields (status, answer, turns, the agent's turn texts, usage)
 reach the reward functions as columns; `prompt_r1.rewards.trl_reward` scores `turn_texts` and gives episodes
@@ -22,10 +23,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
-
 from prompt_r1.aio import run_sync
-from prompt_r1.environment import EnvironmentClient
+from prompt_r1.config import LoopConfig
+from prompt_r1.episode import Episode, EpisodeRunner
 from prompt_r1.errors import ConfigError
 from prompt_r1.graph import STATUSES, build_graph
 from prompt_r1.prompts import extract_question
@@ -51,31 +51,53 @@ def question_of(prompt: Any) -> str:
 class GraphRollout:
     """A `rollout_func` for `trl.GRPOTrainer` that runs one Prompt-R1 episode per prompt.
 
-    environment: the environment client (rate-limited, retrying) or any LangChain chat model.
-    max_turns: most environment calls per episode (paper: 5); an episode that wants more ends with `max_turns`.
-    max_turn_tokens / max_total_tokens: the per-turn and whole-trajectory token budgets (paper: 1,024 / 8,192).
+    environment: the environment client (rate-limited, retrying), a pool, or any LangChain chat model.
+    loop: the loop's settings (prompt_r1.LoopConfig; `PromptR1GRPOConfig.loop_config()` in training). Or, as
+        keywords: max_turns (paper: 5), max_turn_tokens and max_total_tokens (paper: 1,024 / 8,192), with
+        force_final_answer off: running out of turns is the agent's outcome to learn from.
     train_on_environment_tokens: an ablation; the environment's tokens are trained on as the agent's own.
     """
 
     def __init__(
         self,
-        environment: EnvironmentClient | BaseChatModel,
+        environment: Any,
         *,
-        max_turns: int = 5,
-        max_turn_tokens: int = 1024,
-        max_total_tokens: int = 8192,
+        loop: LoopConfig | None = None,
+        max_turns: int | None = None,
+        max_turn_tokens: int | None = None,
+        max_total_tokens: int | None = None,
         train_on_environment_tokens: bool = False,
     ) -> None:
-        if max_turn_tokens < 1 or max_total_tokens < 1:
-            raise ConfigError("max_turn_tokens and max_total_tokens must be >= 1")
+        keywords = {
+            "max_turns": max_turns,
+            "max_turn_tokens": max_turn_tokens,
+            "max_total_tokens": max_total_tokens,
+        }
+        given = {k: v for k, v in keywords.items() if v is not None}
+        if loop is not None and given:
+            raise ConfigError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
+        if loop is None:
+            loop = LoopConfig(**{"max_turn_tokens": 1024, **given, "force_final_answer": False})
+        if loop.max_turn_tokens is None:
+            raise ConfigError("a rollout needs the loop's max_turn_tokens (the policy's per-turn budget)")
         self.environment = environment
-        self.max_turns = max_turns
-        self.max_turn_tokens = max_turn_tokens
-        self.max_total_tokens = max_total_tokens
+        self.loop = loop
         self.train_on_environment_tokens = train_on_environment_tokens  # an ablation: env_mask all 1
         self.calls = 0
-        self.last_results: list[dict] = []  # the episodes of the latest call, for inspection
+        self.last_results: list[Episode] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
+
+    @property
+    def max_turns(self) -> int:
+        return self.loop.max_turns
+
+    @property
+    def max_turn_tokens(self) -> int:
+        return self.loop.max_turn_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.loop.max_total_tokens
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         _check_trainer(trainer)
@@ -90,30 +112,30 @@ class GraphRollout:
         log_episode_metrics(trainer, results, generate_calls=len(self.last_batch_sizes))
         return output
 
-    def run_episodes(self, agent: Any, questions: list[str]) -> list[dict]:
-        """Run one episode per question concurrently on the process-wide event loop; results in input order."""
-        graph = build_graph(
-            agent,
-            self.environment,
-            max_turns=self.max_turns,
-            force_final_answer=False,  # training: running out of turns is the agent's outcome to learn from
-            max_new_tokens=self.max_turn_tokens,
-            max_total_tokens=self.max_total_tokens,
-            token_exact=True,
-        )
+    def run_episodes(self, agent: Any, questions: list[str]) -> list[Episode]:
+        """Run one episode per question concurrently on the process-wide event loop; episodes in input order.
 
-        async def one(question: str) -> dict:
+        An episode that failed in the agent or in this code (`agent_error`, `internal_error`) stops training with
+        its error: it has no trajectory to learn from, and the policy is local, so it is a bug, not a fault."""
+        graph = build_graph(agent, self.environment, loop=self.loop, token_exact=True)
+        runner = EpisodeRunner(agent, self.environment, self.loop, graph=graph, tags=["rollout"])
+
+        async def one(question: str) -> Episode:
             # Registered episodes let the batcher wait for each other's turns (see prompt_r1.agents.batching).
             registered = getattr(agent, "episode", None)
             with registered() if registered else contextlib.nullcontext():
-                return await graph.ainvoke({"question": question})
+                return await runner.run(question)
 
-        async def run_all() -> list[dict]:
+        async def run_all() -> list[Episode]:
             return await asyncio.gather(*(one(q) for q in questions))
 
-        return run_sync(run_all())
+        episodes = run_sync(run_all())
+        broken = next((e for e in episodes if e.status in ("agent_error", "internal_error")), None)
+        if broken is not None:
+            raise RuntimeError(f"a rollout episode failed ({broken.status}): {broken.error}")
+        return episodes
 
-    def to_trajectories(self, results: list[dict], tokenizer: Any) -> dict[str, list]:
+    def to_trajectories(self, results: list[Episode], tokenizer: Any) -> dict[str, list]:
         """TRL's rollout output: ids, logprobs and env_mask per episode, plus the columns the rewards read."""
         out: dict[str, list] = {
             k: []
@@ -129,15 +151,16 @@ class GraphRollout:
                 "env_calls",
             )
         }
-        for result in results:
-            completion = list(result.get("completion_ids", []))
-            logprobs = list(result.get("logprobs", []))
-            mask = list(result.get("env_mask", []))
-            turns = result.get("turns", [])
+        for episode in results:
+            trajectory = episode.trajectory or {}
+            completion = list(trajectory.get("completion_ids") or [])
+            logprobs = list(trajectory.get("logprobs") or [])
+            mask = list(trajectory.get("env_mask") or [])
+            turns = episode.turns
             # Close the agent's last turn as the chat template does when the agent stopped on a stop string
             # (the template's end-of-turn marker, not trained on): TRL reads a completion that does not end on
             # EOS as truncated. Episodes cut off by a budget stay as they are, and are truncated.
-            cut_off = result.get("status") == "context_overflow" or (
+            cut_off = episode.status == "context_overflow" or (
                 turns and turns[-1].get("finish_reason") == "length"
             )
             if not cut_off or not completion:
@@ -146,15 +169,15 @@ class GraphRollout:
                     completion += end
                     logprobs += [0.0] * len(end)
                     mask += [0] * len(end)
-            out["prompt_ids"].append(list(result["prompt_ids"]))
+            out["prompt_ids"].append(list(trajectory["prompt_ids"]))
             out["completion_ids"].append(completion)
             out["logprobs"].append(logprobs)
             out["env_mask"].append([1] * len(mask) if self.train_on_environment_tokens else mask)
             out["turn_texts"].append([t["text"] for t in turns])
-            out["status"].append(result.get("status"))
-            out["answer"].append(result.get("answer"))
+            out["status"].append(episode.status)
+            out["answer"].append(episode.answer)
             out["num_turns"].append(len(turns))
-            out["env_calls"].append(result.get("usage", {}).get("env_calls", 0))
+            out["env_calls"].append(episode.usage.get("env_calls", 0))
         return out
 
 
@@ -184,21 +207,21 @@ _USAGE_KEYS = (
 )
 
 
-def episode_statistics(results: list[dict]) -> list[float]:
+def episode_statistics(results: list[Episode]) -> list[float]:
     """[episodes, turns, usage counters..., one count per status] for one process, in a fixed order."""
-    statuses = Counter(r.get("status") for r in results)
+    statuses = Counter(e.status for e in results)
     usage = Counter()
-    for r in results:
-        usage.update(r.get("usage", {}))
+    for e in results:
+        usage.update(e.usage)
     return [
         float(len(results)),
-        float(sum(len(r.get("turns", [])) for r in results)),
+        float(sum(len(e.turns) for e in results)),
         *(float(usage[k]) for k in _USAGE_KEYS),
         *(float(statuses[s]) for s in STATUSES),
     ]
 
 
-def log_episode_metrics(trainer: Any, results: list[dict], *, generate_calls: int | None = None) -> None:
+def log_episode_metrics(trainer: Any, results: list[Episode], *, generate_calls: int | None = None) -> None:
     """Add per-episode means over all processes to the trainer's logged metrics (TRL's `report_to`), and this
     process's number of policy generate calls in the step (fewer, fuller batches are faster on an accelerator)."""
     metrics = getattr(trainer, "_metrics", None)

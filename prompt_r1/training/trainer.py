@@ -96,11 +96,7 @@ def build_trainer(
     if tokenizer.chat_template is None:
         raise ConfigError(f"the agent tokenizer of {config.model_name_or_path!r} has no chat template")
     rollout = GraphRollout(
-        environment,
-        max_turns=config.max_turns,
-        max_turn_tokens=config.max_turn_tokens,
-        max_total_tokens=config.max_total_tokens,
-        train_on_environment_tokens=config.train_on_environment_tokens,
+        environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented way in; no banner
     from prompt_r1.training import progress
