@@ -423,9 +423,27 @@ def build_graph(
     builder.add_node("final_answer", _sync_and_async(final_answer_node, "final_answer"))
     builder.add_node("finalize", _sync_and_async(finalize_node, "finalize"))
     builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", _inline(route_after_agent, "route_after_agent", trace=False))
+    # The routes named, since a wrapped router hides its return type: the drawing shows every edge it can take.
+    builder.add_conditional_edges(
+        "agent",
+        _inline(route_after_agent, "route_after_agent", trace=False),
+        ["environment", "final_answer", "finalize", END],
+    )
     after_environment = _inline(route_after_environment, "route_after_environment", trace=False)
-    builder.add_conditional_edges("environment", after_environment)
-    builder.add_conditional_edges("final_answer", after_environment)
+    builder.add_conditional_edges("environment", after_environment, ["agent", "finalize"])
+    builder.add_conditional_edges("final_answer", after_environment, ["agent", "finalize"])
     builder.add_edge("finalize", END)
     return builder.compile(checkpointer=checkpointer, name=name)
+
+
+def mermaid() -> str:
+    """The loop's topology as Mermaid, drawn from the compiled graph (the README's drawing is this text:
+    `python -m prompt_r1.graph` prints it)."""
+    from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment
+
+    unused = ScriptedAgent(lambda body: ""), ScriptedEnvironment(lambda body: "")
+    return build_graph(*unused).get_graph().draw_mermaid()
+
+
+if __name__ == "__main__":
+    print(mermaid(), end="")

@@ -2,7 +2,8 @@
 
 `ScriptedServer` is a real HTTP server on 127.0.0.1 (aiohttp, in a background thread) that answers
 `/v1/chat/completions` and `/v1/models` from Python functions, one per model name, so one server can play both
-the environment and a served agent. It records every request, applies `stop` like a real server, and injects
+the environment and a served agent (the responders, and in-process doubles that use the same ones, are in
+prompt_r1.scripted). It records every request, applies `stop` like a real server, and injects
 faults (429 with Retry-After, 500, slow replies past the client's timeout, dropped connections, malformed bodies)
 for testing the retry layer: queued one by one (`inject`), or drawn at random per request at given rates
 (`fault_rates`, seeded). `server_rate_limit=(n, period)` makes it answer 429 with Retry-After to any request
@@ -35,7 +36,14 @@ __all__ = [
     "scripted_agent",
 ]
 
-Responder = Callable[[dict], str]
+from prompt_r1.scripted import (  # the responders, re-exported: a server and the in-process doubles share them
+    Responder,
+    echo_environment,
+    max_in_window,
+    relay_agent,
+    scripted_agent,
+    scripted_turns,
+)
 
 
 @dataclass(frozen=True)
@@ -72,72 +80,6 @@ class RecordedRequest:
 class _Route:
     responder: Responder
     latency: float | Callable[[], float] = 0.0
-
-
-def echo_environment(prefix: str = "Response") -> Responder:
-    """An environment that answers `{prefix} {n}: {prompt}`, n counting the prompts of this conversation."""
-
-    def respond(body: dict) -> str:
-        users = [m for m in body["messages"] if m["role"] == "user"]
-        return f"{prefix} {len(users)}: {users[-1]['content']}"
-
-    return respond
-
-
-def scripted_agent(turns: Sequence[str]) -> Responder:
-    """A served agent that writes `turns[k]` as its k-th turn (k = assistant messages already in the chat).
-
-    Past the end of the script it repeats the last entry.
-    """
-
-    def respond(body: dict) -> str:
-        k = sum(1 for m in body["messages"] if m["role"] == "assistant")
-        return turns[min(k, len(turns) - 1)]
-
-    return respond
-
-
-def scripted_turns(turns: Sequence[str]) -> Responder:
-    """A served agent (chat or completions) whose k-th request, counted across the server's life, gets `turns[k]`
-    (the last entry past the end): for one episode at a time, e.g. on the token-id completions path, where there
-    are no chat messages to count."""
-    calls = iter(range(1 << 62))
-
-    def respond(body: dict) -> str:
-        return turns[min(next(calls), len(turns) - 1)]
-
-    return respond
-
-
-def relay_agent(prompts: int = 2) -> Responder:
-    """A served agent that asks the environment `prompts` times about its question, then answers with the
-    environment's last response: its answers depend on every environment call, so a lost or garbled call shows.
-    """
-    from prompt_r1.prompts import extract_question
-
-    def respond(body: dict) -> str:
-        messages = body["messages"]
-        k = sum(1 for m in messages if m["role"] == "assistant")
-        first = messages[0]["content"]
-        question = extract_question(first) or first
-        if k < prompts:
-            return f"<think>step {k + 1}</think><interaction_prompt>{question} / part {k + 1}</interaction_prompt>"
-        last = messages[-1]["content"]
-        reply = last.removeprefix("<interaction_response>").removesuffix("</interaction_response>").strip()
-        return f"<think>done</think><answer>{reply}</answer>"
-
-    return respond
-
-
-def max_in_window(times: Sequence[float], window: float) -> int:
-    """Largest number of timestamps inside any half-open window of `window` seconds."""
-    ordered = sorted(times)
-    best, start = 0, 0
-    for end, t in enumerate(ordered):
-        while t - ordered[start] >= window:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
 
 
 class ScriptedServer:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import operator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, TypedDict
 
 import pytest
@@ -13,8 +15,9 @@ from langgraph.graph import END, START, StateGraph
 from prompt_r1.agents.served import ServedAgent
 from prompt_r1.config import AgentConfig, EnvironmentConfig
 from prompt_r1.environment import EnvironmentClient
-from prompt_r1.graph import build_graph
+from prompt_r1.graph import build_graph, mermaid
 from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT, FINAL_ANSWER_REQUEST, question_message
+from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment
 from prompt_r1.testing import Fault, ScriptedServer, echo_environment, scripted_agent
 
 
@@ -28,10 +31,30 @@ def loop(server, *, agent_model="agent", max_turns=5, force_final_answer=True, *
     return build_graph(agent, environment, max_turns=max_turns, force_final_answer=force_final_answer)
 
 
-def run_script(turns, **kw):
-    with ScriptedServer({"env": echo_environment(), "agent": scripted_agent(turns)}) as server:
-        result = loop(server, **kw).invoke({"question": "Q?", "golden_answers": ["a"]})
-    return result, server
+class InProcess:
+    """The router tests' players, in process (prompt_r1.scripted): no server, no sockets, the loop's own logic.
+    `requests_for` reads what each side was asked as a server's records read."""
+
+    def __init__(self, turns) -> None:
+        self.agent, self.environment = (
+            ScriptedAgent(scripted_agent(turns)),
+            ScriptedEnvironment(echo_environment()),
+        )
+
+    def requests_for(self, model: str) -> list[SimpleNamespace]:
+        if model == "env":
+            return [SimpleNamespace(body=body) for body in self.environment.bodies]
+        return [
+            SimpleNamespace(body={"messages": r.messages, "stop": list(r.stop)}) for r in self.agent.requests
+        ]
+
+
+def run_script(turns, *, max_turns=5, force_final_answer=True):
+    players = InProcess(turns)
+    graph = build_graph(
+        players.agent, players.environment, max_turns=max_turns, force_final_answer=force_final_answer
+    )
+    return graph.invoke({"question": "Q?", "golden_answers": ["a"]}), players
 
 
 def test_answered_after_two_prompts(server):
@@ -189,20 +212,28 @@ def test_graph_as_a_node_of_a_parent_graph(server):
     assert result["answer"] == "Paris" and result["log"] == ["before", "after:answered"]
 
 
-def test_topology_snapshot(server):
-    mermaid = loop(server).get_graph().draw_mermaid()
-    for edge in [
-        "__start__ --> agent;",
-        "agent -.-> environment;",
-        "agent -.-> final_answer;",
-        "agent -.-> finalize;",
-        "environment -.-> agent;",
-        "environment -.-> finalize;",
-        "final_answer -.-> agent;",
-        "final_answer -.-> finalize;",
-        "finalize --> __end__;",
-    ]:
-        assert edge in mermaid, mermaid
+def test_topology_snapshot():
+    """Every edge of the loop, exactly: a route added or lost shows here (and in the README's drawing)."""
+    players = InProcess([ANSWER.format(a="x")])
+    edges = build_graph(players.agent, players.environment).get_graph().edges
+    assert sorted((e.source, e.target, e.conditional) for e in edges) == [
+        ("__start__", "agent", False),
+        ("agent", "__end__", True),
+        ("agent", "environment", True),
+        ("agent", "final_answer", True),
+        ("agent", "finalize", True),
+        ("environment", "agent", True),
+        ("environment", "finalize", True),
+        ("final_answer", "agent", True),
+        ("final_answer", "finalize", True),
+        ("finalize", "__end__", False),
+    ]
+
+
+def test_the_readme_drawing_is_the_graph():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    drawn = mermaid()
+    assert f"```mermaid\n{drawn}```" in readme, "redraw it: python -m prompt_r1.graph"
 
 
 @pytest.mark.parametrize("bad", [{}, {"question": "  "}, {"question": 3}])
