@@ -17,10 +17,10 @@ on the run's own table, the agent learned the table and answered from memory). F
 the question's door and copy the reply's code: the skills of reading the question and the reply, which a
 pretrained model has and a tiny one does not learn from a mixture of behaviours alone (fine-tuned on the mixture
 only, it named a door with no regard to the question, and GRPO did not change that in 150 steps). Then on the
-mixture, which largely undoes that stage's preference (in GRPO's first ten steps 28-47% of episodes asked about
-the right door over three seeds, where no preference gives 25%): each behaviour equally often (answer at once with any code, ask without
-naming a door, ask about the question's door, ask about the door after it in `DOORS`), and given a reply, the
-reply's code or as often another one. What GRPO adds is the choice. How far it gets, per seed, and what the
+mixture, which undoes that stage's preference (in GRPO's first ten steps 21-32% of episodes asked about the right
+door over three seeds, where no preference gives 25%): each behaviour equally often (answer at once with any
+code, ask without naming a door, ask about the question's door, ask about the door after it in `DOORS`), and
+given a reply, the reply's code or as often another one. What GRPO adds is the choice. How far it gets, per seed, and what the
 ablations do, is in `evals/bench/learning.py` and its results; `tests/test_learning.py` checks the gain in CI.
 
 Needs the `dev` extra (the tokenizer and the scripted environment).
