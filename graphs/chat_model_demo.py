@@ -15,7 +15,7 @@ from langchain_core.messages import HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 
-from prompt_r1 import PromptR1Chat
+from prompt_r1 import LoopConfig, PromptR1Chat
 from prompt_r1.events import format_event
 
 
@@ -49,7 +49,7 @@ async def turn_by_turn(chat: PromptR1Chat, question: str) -> None:
 if __name__ == "__main__":
     args = parser(__doc__, question=True).parse_args()
     with parts_from_args(args) as (agent, environment):
-        chat = PromptR1Chat(agent=agent, environment=environment, max_turns=args.max_turns)
+        chat = PromptR1Chat(agent=agent, environment=environment, loop=LoopConfig(max_turns=args.max_turns))
         print(f"chain: {in_a_chain(chat, args.question)}")
         print(f"agent: {as_an_agents_model(chat, args.question)}")
         asyncio.run(turn_by_turn(chat, args.question))

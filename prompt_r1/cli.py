@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import sys
 from dataclasses import MISSING, fields
-from pathlib import Path
 from typing import Any
 
 from prompt_r1 import redaction
@@ -126,124 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_flags(run)
 
-    from prompt_r1.evaluation import METHODS, SUITES
-
-    ev = sub.add_parser(
-        "eval",
-        help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
-        description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
-        "OUT/predictions.jsonl (a rerun skips finished rows and retries failed ones), then writes "
-        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C stops cleanly; the next run does the rest.",
-    )
-    ev.add_argument(
-        "--suite",
-        choices=list(SUITES),
-        help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items()),
-    )
-    ev.add_argument(
-        "--dataset",
-        action="append",
-        metavar="NAME|FILE",
-        help="a bundled set (hotpot, 2wiki, musique, popqa, gsm8k, dapo, booksum, writingprompts, mathqa, "
-        "squad_v2, triviaqa, xsum) or a .parquet/.jsonl/.json file; repeatable, adds to --suite",
-    )
-    ev.add_argument(
-        "--method",
-        action="append",
-        choices=list(METHODS),
-        help="repeatable (default: the suite's methods, else prompt-r1)",
-    )
-    ev.add_argument("--limit", type=int, metavar="N", help="only the first N rows of each dataset")
-    ev.add_argument(
-        "--out", default="eval-results", metavar="DIR", help="output folder (default: eval-results)"
-    )
-    ev.add_argument(
-        "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
-    )
-    ev.add_argument(
-        "--max-failures",
-        type=int,
-        metavar="N",
-        help="stop the run once N rows have failed (environment_error, agent_error, internal_error)",
-    )
-    ev.add_argument(
-        "--budget",
-        type=float,
-        metavar="USD",
-        help="stop starting rows once the estimated cost of this run reaches USD",
-    )
-    ev.add_argument(
-        "--prices",
-        metavar="FILE",
-        help="price table, $ per 1M tokens per model (YAML/JSON), replacing bundled entries",
-    )
-    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
-    add_run_flags(ev)
-
-    bt = sub.add_parser(
-        "batch",
-        help="run the loop on every question of a file or bundled set, resumably, as fast as the rate limit allows",
-        description="Episodes run independently, CONCURRENCY at a time, through the environment's rate limiter. "
-        "Each finished episode is appended to --out as one JSON line (id, question, answer, status, turns, usage, "
-        "error, cost_usd). Rerun the same command to skip finished ids and retry failed ones; with --checkpoint, "
-        "episodes that were in flight or failed resume from their last completed step. Ctrl-C stops cleanly.",
-    )
-    bt.add_argument(
-        "input",
-        metavar="INPUT",
-        help="a .parquet/.jsonl/.json file of questions (a `question` or the release's `prompt`, optional `id` "
-        "and golden answers) or a bundled set's name",
-    )
-    bt.add_argument("--out", required=True, metavar="FILE.jsonl", help="results file, appended to")
-    bt.add_argument(
-        "--concurrency", type=int, default=32, metavar="N", help="episodes in flight at once (default: 32)"
-    )
-    bt.add_argument(
-        "--checkpoint",
-        metavar="FILE.sqlite",
-        help="LangGraph SQLite checkpoints: an interrupted or failed episode resumes from its last completed "
-        "step instead of paying again for the turns it had",
-    )
-    bt.add_argument(
-        "--max-failures",
-        type=int,
-        metavar="N",
-        help="stop the run once N episodes have failed (environment_error, agent_error, internal_error)",
-    )
-    bt.add_argument(
-        "--budget",
-        type=float,
-        metavar="USD",
-        help="stop starting episodes once the estimated cost of this run reaches USD",
-    )
-    bt.add_argument(
-        "--prices",
-        metavar="FILE",
-        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
-        "prompt_r1/prices.yaml",
-    )
-    bt.add_argument(
-        "--env-pool",
-        metavar="FILE",
-        help="several environments with weights: episodes are routed to one each, and fall back to the next "
-        "when it keeps failing (YAML: environments: [{model, base_url, weight, ...}]; unset fields come from "
-        "the --env-* flags)",
-    )
-    bt.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
-    bt.add_argument(
-        "--summary",
-        metavar="FILE",
-        help="where to write the summary as JSON (default: beside --out, as NAME.summary.json)",
-    )
-    bt.add_argument(
-        "--log-file",
-        metavar="FILE",
-        help="write debug logs (HTTP requests, retries) to FILE; API keys are redacted",
-    )
-    bt.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_run_flags(bt)
-
     sv = sub.add_parser(
         "serve",
         help="serve the loop as an OpenAI-compatible model: /v1/chat/completions (streamed or not), /v1/models",
@@ -280,41 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_flags(sv)
 
-    sub.add_parser(
-        "train",
-        add_help=False,
-        help="GRPO-train the agent from a recipe: prompt-r1 train --config training/configs/RECIPE.yaml "
-        "[--FIELD VALUE ...] (prompt-r1 train --help lists every field)",
-    )
-    mg = sub.add_parser(
-        "merge",
-        help="merge a trained LoRA adapter into its base model and save a folder vllm serve and --agent-model load",
-    )
-    mg.add_argument(
-        "adapter", help="the adapter folder (a training output_dir or checkpoint-N with use_peft)"
-    )
-    mg.add_argument("--out", required=True, metavar="DIR", help="where to save the merged model")
-    mg.add_argument("--base", metavar="MODEL", help="base model (default: the one the adapter names)")
-    mg.add_argument(
-        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help="weights dtype"
-    )
+    from prompt_r1.cli_batch import add_batch_parser
+    from prompt_r1.cli_eval import add_eval_parsers
+    from prompt_r1.cli_train import add_train_parsers
 
-    sc = sub.add_parser(
-        "score",
-        help="score a predictions file (JSONL rows with prediction and golden_answers)",
-        description="Rows may also carry dataset and method; without them the file name is the dataset.",
-    )
-    sc.add_argument("file", help="a .jsonl file of rows with `prediction` and `golden_answers`")
-    sc.add_argument(
-        "--metric",
-        action="append",
-        choices=["em", "sm", "f1", "ssim", "math"],
-        help="repeatable (default: EM, SM, F1, plus SSim on text sets and math equivalence on math sets)",
-    )
-    sc.add_argument(
-        "--out", metavar="DIR", help="where to write summary.csv/table.md/chart.png (default: beside FILE)"
-    )
-    sc.add_argument("--no-chart", action="store_true", help="skip the chart")
+    add_eval_parsers(sub, add_run_flags)
+    add_batch_parser(sub, add_run_flags)
+    add_train_parsers(sub)
     return parser
 
 
@@ -476,101 +329,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_score(args: argparse.Namespace) -> int:
-    from prompt_r1.errors import DataError
-    from prompt_r1.evaluation import read_predictions, summarize, write_reports
-    from prompt_r1.rewards import golden_answers_of
-    from prompt_r1.text import lone_surrogate
-
-    path = Path(args.file)
-    if not path.exists():
-        raise DataError(f"no such predictions file: {path}")
-    if not path.is_file():
-        raise DataError(f"{path} is not a file; give a .jsonl file of predictions")
-    # Strict: a torn or unreadable line is refused, never left out (it would change the scores without a word).
-    repeats: list[tuple[int, tuple[str, str, str]]] = []
-    rows = read_predictions(path, strict=True, repeats=repeats)
-    if not rows:
-        raise DataError(f"{path} has no rows")
-    for i, row in enumerate(rows):
-        if "prediction" not in row:
-            raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
-        if row["prediction"] is not None and not isinstance(row["prediction"], str):
-            raise DataError(f"{path} row {i}: prediction is not text")
-        for what in ("prediction", "method", "dataset"):  # the names are written to the reports
-            problem = None if row[what] is None else lone_surrogate(str(row[what]))
-            if problem is not None:
-                raise DataError(f"{path} row {i}: its {what} is not valid Unicode text ({problem})")
-        try:
-            row["golden_answers"] = golden_answers_of(row)
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"{path} row {i}: {exc.args[0]}") from None
-    if repeats:
-        keys = list(dict.fromkeys(key for _, key in repeats))
-        one_group = len({key[:2] for key in keys}) == 1
-        named = ", ".join(repr(key[2]) if one_group else "/".join(key) for key in keys[:5])
-        print(
-            f"prompt-r1: warning: {path}: {len(keys)} id{'s are' if len(keys) > 1 else ' is'} on more than one "
-            f"row ({named}{', …' if len(keys) > 5 else ''}); only the last row of each is scored, "
-            f"{len(repeats)} earlier row{'s' if len(repeats) > 1 else ''} left out",
-            file=sys.stderr,
-        )
-    summary = summarize(rows, metrics=args.metric)
-    written = write_reports(
-        summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric
-    )
-    print(written["markdown"].read_text(encoding="utf-8"))
-    print(", ".join(str(p) for p in written.values()), file=sys.stderr)
-    return EXIT_OK
-
-
-def cmd_train(argv: list[str]) -> int:
-    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
-    from dataclasses import dataclass, field
-
-    import yaml
-    from trl import TrlParser
-
-    from prompt_r1.environment import OPENAI_BASE_URL
-    from prompt_r1.training.config import PromptR1GRPOConfig
-    from prompt_r1.training.trainer import train
-
-    @dataclass
-    class TrainFlags:
-        resume: bool = field(
-            default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
-        )
-
-    parser = TrlParser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
-    try:
-        config, flags = parser.parse_args_and_config(argv)
-    except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
-        raise ConfigError(str(exc).strip()) from None
-    check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
-    trainer = train(config, resume=flags.resume)
-    if trainer.accelerator.is_main_process:
-        steps = trainer.state.global_step
-        print(
-            f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr
-        )
-    # Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
-    # exit can abort a rank ("terminate called without an active exception") after the run succeeded.
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        trainer.accelerator.wait_for_everyone()
-        dist.destroy_process_group()
-    return EXIT_OK
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    from prompt_r1.training.trainer import merge_adapter
-
-    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
-    print(f"merged model saved to {out}", file=sys.stderr)
-    return EXIT_OK
-
-
 def _cmd_batch(args: argparse.Namespace) -> int:
     from prompt_r1.cli_batch import cmd_batch
 
@@ -583,11 +341,29 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return cmd_eval(args)
 
 
+def _cmd_score(args: argparse.Namespace) -> int:
+    from prompt_r1.cli_eval import cmd_score
+
+    return cmd_score(args)
+
+
+def _cmd_train(argv: list[str]) -> int:
+    from prompt_r1.cli_train import cmd_train
+
+    return cmd_train(argv)
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from prompt_r1.cli_train import cmd_merge
+
+    return cmd_merge(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     if argv and argv[0] == "train":
-        command, args = (lambda _: cmd_train(argv[1:])), None
+        command, args = (lambda _: _cmd_train(argv[1:])), None
     else:
         args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
         command = {
@@ -595,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch": _cmd_batch,
             "serve": cmd_serve,
             "eval": _cmd_eval,
-            "score": cmd_score,
-            "merge": cmd_merge,
+            "score": _cmd_score,
+            "merge": _cmd_merge,
         }[args.command]
     # Everything the command prints, a progress bar, a warning or a traceback included, passes through the
     # redaction of every API key the command's clients read (prompt_r1.redaction).

@@ -24,7 +24,72 @@ from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentPool
 from prompt_r1.errors import ConfigError, OutputError
 from prompt_r1.results_file import check_folder_of, check_log_file, check_summary_path, write_text_file
 
-__all__ = ["cmd_batch"]
+__all__ = ["add_batch_parser", "cmd_batch"]
+
+
+def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
+    bt = sub.add_parser(
+        "batch",
+        help="run the loop on every question of a file or bundled set, resumably, as fast as the rate limit allows",
+        description="Episodes run independently, CONCURRENCY at a time, through the environment's rate limiter. "
+        "Each finished episode is appended to --out as one JSON line (id, question, answer, status, turns, usage, "
+        "error, cost_usd). Rerun the same command to skip finished ids and retry failed ones; with --checkpoint, "
+        "episodes that were in flight or failed resume from their last completed step. Ctrl-C stops cleanly.",
+    )
+    bt.add_argument(
+        "input",
+        metavar="INPUT",
+        help="a .parquet/.jsonl/.json file of questions (a `question` or the release's `prompt`, optional `id` "
+        "and golden answers) or a bundled set's name",
+    )
+    bt.add_argument("--out", required=True, metavar="FILE.jsonl", help="results file, appended to")
+    bt.add_argument(
+        "--concurrency", type=int, default=32, metavar="N", help="episodes in flight at once (default: 32)"
+    )
+    bt.add_argument(
+        "--checkpoint",
+        metavar="FILE.sqlite",
+        help="LangGraph SQLite checkpoints: an interrupted or failed episode resumes from its last completed "
+        "step instead of paying again for the turns it had",
+    )
+    bt.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help="stop the run once N episodes have failed (environment_error, agent_error, internal_error)",
+    )
+    bt.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="stop starting episodes once the estimated cost of this run reaches USD",
+    )
+    bt.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
+        "prompt_r1/prices.yaml",
+    )
+    bt.add_argument(
+        "--env-pool",
+        metavar="FILE",
+        help="several environments with weights: episodes are routed to one each, and fall back to the next "
+        "when it keeps failing (YAML: environments: [{model, base_url, weight, ...}]; unset fields come from "
+        "the --env-* flags)",
+    )
+    bt.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
+    bt.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="where to write the summary as JSON (default: beside --out, as NAME.summary.json)",
+    )
+    bt.add_argument(
+        "--log-file",
+        metavar="FILE",
+        help="write debug logs (HTTP requests, retries) to FILE; API keys are redacted",
+    )
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_flags(bt)
 
 
 def _log_to_file(path: str) -> None:

@@ -1,4 +1,5 @@
-"""`prompt-r1 eval`: the command around `prompt_r1.evaluation.run_evaluation` (flags, plan, reports, exit code)."""
+"""`prompt-r1 eval` and `prompt-r1 score`: the commands around `prompt_r1.evaluation.run_evaluation` and
+`prompt_r1.reports` (flags, plan, reports, exit code)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prompt_r1.errors import ConfigError
 from prompt_r1.evaluation import (
     METHODS,
     PREDICTIONS,
+    SUITES,
     read_predictions,
     record_settings,
     resolve_plan,
@@ -21,7 +23,80 @@ from prompt_r1.evaluation import (
 )
 from prompt_r1.reports import summarize, write_reports
 
-__all__ = ["cmd_eval"]
+__all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
+
+
+def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
+    """`eval` and `score`."""
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
+        description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
+        "OUT/predictions.jsonl (a rerun skips finished rows and retries failed ones), then writes "
+        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C stops cleanly; the next run does the rest.",
+    )
+    ev.add_argument(
+        "--suite",
+        choices=list(SUITES),
+        help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items()),
+    )
+    ev.add_argument(
+        "--dataset",
+        action="append",
+        metavar="NAME|FILE",
+        help="a bundled set (hotpot, 2wiki, musique, popqa, gsm8k, dapo, booksum, writingprompts, mathqa, "
+        "squad_v2, triviaqa, xsum) or a .parquet/.jsonl/.json file; repeatable, adds to --suite",
+    )
+    ev.add_argument(
+        "--method",
+        action="append",
+        choices=list(METHODS),
+        help="repeatable (default: the suite's methods, else prompt-r1)",
+    )
+    ev.add_argument("--limit", type=int, metavar="N", help="only the first N rows of each dataset")
+    ev.add_argument(
+        "--out", default="eval-results", metavar="DIR", help="output folder (default: eval-results)"
+    )
+    ev.add_argument(
+        "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
+    )
+    ev.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help="stop the run once N rows have failed (environment_error, agent_error, internal_error)",
+    )
+    ev.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="stop starting rows once the estimated cost of this run reaches USD",
+    )
+    ev.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON), replacing bundled entries",
+    )
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
+    add_run_flags(ev)
+
+    sc = sub.add_parser(
+        "score",
+        help="score a predictions file (JSONL rows with prediction and golden_answers)",
+        description="Rows may also carry dataset and method; without them the file name is the dataset.",
+    )
+    sc.add_argument("file", help="a .jsonl file of rows with `prediction` and `golden_answers`")
+    sc.add_argument(
+        "--metric",
+        action="append",
+        choices=["em", "sm", "f1", "ssim", "math"],
+        help="repeatable (default: EM, SM, F1, plus SSim on text sets and math equivalence on math sets)",
+    )
+    sc.add_argument(
+        "--out", metavar="DIR", help="where to write summary.csv/table.md/chart.png (default: beside FILE)"
+    )
+    sc.add_argument("--no-chart", action="store_true", help="skip the chart")
 
 
 def _samples(datasets: list[str], limit: int | None) -> list:
@@ -133,4 +208,52 @@ def _verdict(outcome, failed: int) -> int:
             f"prompt-r1: error: {'; '.join(left)}; run the same command again to retry them", file=sys.stderr
         )
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from prompt_r1.errors import DataError
+    from prompt_r1.evaluation import read_predictions, summarize, write_reports
+    from prompt_r1.rewards import golden_answers_of
+    from prompt_r1.text import lone_surrogate
+
+    path = Path(args.file)
+    if not path.exists():
+        raise DataError(f"no such predictions file: {path}")
+    if not path.is_file():
+        raise DataError(f"{path} is not a file; give a .jsonl file of predictions")
+    # Strict: a torn or unreadable line is refused, never left out (it would change the scores without a word).
+    repeats: list[tuple[int, tuple[str, str, str]]] = []
+    rows = read_predictions(path, strict=True, repeats=repeats)
+    if not rows:
+        raise DataError(f"{path} has no rows")
+    for i, row in enumerate(rows):
+        if "prediction" not in row:
+            raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
+        if row["prediction"] is not None and not isinstance(row["prediction"], str):
+            raise DataError(f"{path} row {i}: prediction is not text")
+        for what in ("prediction", "method", "dataset"):  # the names are written to the reports
+            problem = None if row[what] is None else lone_surrogate(str(row[what]))
+            if problem is not None:
+                raise DataError(f"{path} row {i}: its {what} is not valid Unicode text ({problem})")
+        try:
+            row["golden_answers"] = golden_answers_of(row)
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{path} row {i}: {exc.args[0]}") from None
+    if repeats:
+        keys = list(dict.fromkeys(key for _, key in repeats))
+        one_group = len({key[:2] for key in keys}) == 1
+        named = ", ".join(repr(key[2]) if one_group else "/".join(key) for key in keys[:5])
+        print(
+            f"prompt-r1: warning: {path}: {len(keys)} id{'s are' if len(keys) > 1 else ' is'} on more than one "
+            f"row ({named}{', …' if len(keys) > 5 else ''}); only the last row of each is scored, "
+            f"{len(repeats)} earlier row{'s' if len(repeats) > 1 else ''} left out",
+            file=sys.stderr,
+        )
+    summary = summarize(rows, metrics=args.metric)
+    written = write_reports(
+        summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric
+    )
+    print(written["markdown"].read_text(encoding="utf-8"))
+    print(", ".join(str(p) for p in written.values()), file=sys.stderr)
     return EXIT_OK
