@@ -40,7 +40,13 @@ from prompt_r1.costs import PriceTable, UsageMeter
 from prompt_r1.data import Sample, iter_samples, resolve_source
 from prompt_r1.episode import FAILED_STATUSES, EpisodeRunner, as_environment
 from prompt_r1.errors import ConfigError, DataError
-from prompt_r1.metering import MeteredAgent, MeteredEnvironment, check_budget_prices, episode_cost
+from prompt_r1.metering import (
+    MeteredAgent,
+    MeteredEnvironment,
+    budget_rule,
+    check_budget_prices,
+    episode_cost,
+)
 from prompt_r1.pool import RunTally, run_many
 from prompt_r1.redaction import RedactedStream, Redactor
 from prompt_r1.results import ResultStore
@@ -229,11 +235,6 @@ async def run_batch(
                 refresh=False,
             )
 
-    def over_budget() -> str | None:
-        if budget is not None and meter.cost >= budget:
-            return f"budget of ${budget:g} reached (${meter.cost:.4f} spent)"
-        return None
-
     async with contextlib.AsyncExitStack() as stack:
         checkpointer = None
         if checkpoint is not None:
@@ -280,7 +281,7 @@ async def run_batch(
                 store,
                 concurrency=concurrency,
                 max_failures=max_failures,
-                stop=over_budget,
+                stop=budget_rule(meter, budget),
                 after_write=forget_finished,
                 on_row=postfix,
                 tally=summary,

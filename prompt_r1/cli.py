@@ -81,6 +81,28 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
 
 
+def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """--max-failures, --budget and --prices: the stop rules of a run over many `unit` (episodes, rows)."""
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help=f"stop the run once N {unit} have failed (environment_error, agent_error, internal_error)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help=f"stop starting {unit} once the estimated cost of this run reaches USD",
+    )
+    parser.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
+        "prompt_r1/prices.yaml",
+    )
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
     values: dict[str, dict[str, Any]] = load_config_file(args.config) if args.config else {}
     built = []

@@ -15,6 +15,7 @@ from prompt_r1.cli import (
     EXIT_OK,
     EXIT_USAGE,
     _prepare,
+    add_stop_flags,
     check_reachable,
     configs_from_args,
 )
@@ -52,24 +53,7 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         help="LangGraph SQLite checkpoints: an interrupted or failed episode resumes from its last completed "
         "step instead of paying again for the turns it had",
     )
-    bt.add_argument(
-        "--max-failures",
-        type=int,
-        metavar="N",
-        help="stop the run once N episodes have failed (environment_error, agent_error, internal_error)",
-    )
-    bt.add_argument(
-        "--budget",
-        type=float,
-        metavar="USD",
-        help="stop starting episodes once the estimated cost of this run reaches USD",
-    )
-    bt.add_argument(
-        "--prices",
-        metavar="FILE",
-        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
-        "prompt_r1/prices.yaml",
-    )
+    add_stop_flags(bt, "episodes")
     bt.add_argument(
         "--env-pool",
         metavar="FILE",

@@ -8,7 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from prompt_r1.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _prepare, configs_from_args
+from prompt_r1.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _prepare, add_stop_flags, configs_from_args
 from prompt_r1.costs import PriceTable
 from prompt_r1.data import load_samples, resolve_source
 from prompt_r1.errors import ConfigError
@@ -60,23 +60,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     ev.add_argument(
         "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
     )
-    ev.add_argument(
-        "--max-failures",
-        type=int,
-        metavar="N",
-        help="stop the run once N rows have failed (environment_error, agent_error, internal_error)",
-    )
-    ev.add_argument(
-        "--budget",
-        type=float,
-        metavar="USD",
-        help="stop starting rows once the estimated cost of this run reaches USD",
-    )
-    ev.add_argument(
-        "--prices",
-        metavar="FILE",
-        help="price table, $ per 1M tokens per model (YAML/JSON), replacing bundled entries",
-    )
+    add_stop_flags(ev, "rows")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     add_run_flags(ev)

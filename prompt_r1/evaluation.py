@@ -42,7 +42,7 @@ from prompt_r1.errors import (
     EnvironmentRefused,
 )
 from prompt_r1.eval_plan import MANIFEST, METHODS, SUITES, MethodInfo, Suite, record_settings, resolve_plan
-from prompt_r1.metering import MeteredAgent, MeteredEnvironment, check_budget_prices
+from prompt_r1.metering import MeteredAgent, MeteredEnvironment, budget_rule, check_budget_prices
 from prompt_r1.pool import RunTally, run_many
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import ANSWER_CLOSE, last_answer
@@ -257,11 +257,6 @@ async def run_evaluation(
             refresh=False,
         )
 
-    def over_budget() -> str | None:
-        if budget is not None and meter.cost >= budget:
-            return f"budget of ${budget:g} reached (${meter.cost:.4f} spent)"
-        return None
-
     items = (EvalItem(method, sample) for sample in samples for method in methods)
     try:
         await run_many(
@@ -272,7 +267,7 @@ async def run_evaluation(
             key=lambda item: item.key,
             describe=EvalItem.describe,
             max_failures=max_failures,
-            stop=over_budget,
+            stop=budget_rule(meter, budget),
             on_row=postfix,
             tally=outcome,
             progress=bar,

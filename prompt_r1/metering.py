@@ -7,6 +7,7 @@ them (in the episode's state, and so in checkpoints).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prompt_r1.agents.base import AgentBackend, AgentOutput, AgentRequest
@@ -15,7 +16,14 @@ from prompt_r1.environment import EnvironmentReply
 from prompt_r1.errors import ConfigError
 from prompt_r1.redaction import Redactor
 
-__all__ = ["MeteredAgent", "MeteredEnvironment", "check_budget_prices", "episode_cost", "priced_models"]
+__all__ = [
+    "MeteredAgent",
+    "MeteredEnvironment",
+    "budget_rule",
+    "check_budget_prices",
+    "episode_cost",
+    "priced_models",
+]
 
 
 class MeteredEnvironment:
@@ -91,6 +99,18 @@ def priced_models(environment: Any, agent: AgentBackend | None) -> dict[str, str
     if getattr(config, "resolved_backend", None) == "served":
         models[f"agent model {config.model!r}"] = str(config.model)
     return models
+
+
+def budget_rule(meter: UsageMeter, budget: float | None) -> Callable[[], str | None] | None:
+    """A worker pool's stop rule for `budget` dollars (prompt_r1.pool): the reason to stop once the meter's
+    estimated cost reaches it; None without a budget."""
+    if budget is None:
+        return None
+
+    def over_budget() -> str | None:
+        return f"budget of ${budget:g} reached (${meter.cost:.4f} spent)" if meter.cost >= budget else None
+
+    return over_budget
 
 
 def check_budget_prices(prices: PriceTable, environment: Any, agent: AgentBackend | None) -> None:
