@@ -425,3 +425,24 @@ def test_prompt_r1_run_names_and_tags_its_episode_trace(server, capsys):
     assert root.name == "prompt_r1_episode" and {"prompt-r1", "run"} <= set(root.tags)
     assert root.extra["metadata"]["episode_id"].startswith("run-")
     assert "answer: Paris" in capsys.readouterr().out
+
+
+def test_the_loop_settings_come_from_one_loop_config():
+    from prompt_r1.config import LoopConfig
+    from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, scripted_agent
+
+    agent, environment = (
+        ScriptedAgent(scripted_agent([ANSWER.format(a="x")])),
+        ScriptedEnvironment(echo_environment()),
+    )
+    chat = PromptR1Chat(
+        agent=agent, environment=environment, loop=LoopConfig(max_turns=2, max_turn_tokens=64)
+    )
+    assert chat.loop == LoopConfig(max_turns=2, max_turn_tokens=64) and chat.max_turns == 2
+    with pytest.warns(DeprecationWarning, match=r"PromptR1Chat\(max_turns=\.\.\.\) is deprecated"):
+        old = PromptR1Chat(agent=agent, environment=environment, max_turns=3)  # the README's former call
+    assert old.loop == LoopConfig(max_turns=3) and old.invoke("Q?").content == "x"
+    with pytest.raises(ValueError, match="not both"):
+        PromptR1Chat(agent=agent, environment=environment, loop=LoopConfig(), max_turns=3)
+    with pytest.raises(ValueError, match="not both"):
+        build_graph(agent, environment, loop=LoopConfig(), max_turns=3)
