@@ -24,8 +24,9 @@ server enforces its own rate limit and answers 429 with Retry-After beyond it.
     (our runner's time − the time of the same HTTP calls made directly, with no graph, runner or output file) ÷
     the environment turns made (2 per episode), in wall time and in client CPU time, median of alternating
     rounds (wall time on a small shared VM drifts by more than the overhead itself). Beside it, as ratios measured
-    in this run (target ≤ 1.5×): that CPU overhead over the bare graph's CPU per turn, and, in process with the
-    same players and no HTTP, `run_batch` (runner, pool, results file, metering) over the bare graph.
+    in this run (target ≤ 1.5×): that CPU overhead over the bare graph's CPU per turn; in process with the same
+    players and no HTTP, `run_batch` (runner, pool, results file, metering) over the bare graph; and over HTTP,
+    episode by episode in alternation, `EpisodeRunner.run` over the direct calls, over the bare graph.
 [4] peak RSS of a process running 10× the episodes against one running 1× (10,000 vs 1,000 by default), zero
     latency, 64 in flight: target within +100 MB.
 """
@@ -282,6 +283,27 @@ async def run_direct(base_url: str, n: int, clients=None) -> dict:
     return {"seconds": time.monotonic() - started, "cpu": time.process_time() - cpu}
 
 
+async def interleaved_ms_per_env_turn(clients, n: int) -> dict[str, float]:
+    """CPU per environment turn of one episode through `EpisodeRunner.run` and of the same HTTP calls made
+    directly, alternating episode by episode, so that the machine's drift lands on both sides alike."""
+    from prompt_r1.episode import EpisodeRunner
+
+    agent, env = clients
+    runner = EpisodeRunner(agent, env)
+    spent = {"runner": 0.0, "direct": 0.0}
+    for i in range(n):
+        question = f"What is item {i}?"
+        for name in ("runner", "direct") if i % 2 == 0 else ("direct", "runner"):
+            started = time.process_time()
+            if name == "runner":
+                episode = await runner.run(question, id=f"i{i}")
+                assert episode.status == "answered", episode
+            else:
+                await _direct(agent, env, [question])
+            spent[name] += time.process_time() - started
+    return {name: seconds / (n * ENV_CALLS) * 1000 for name, seconds in spent.items()}
+
+
 async def in_process_ms_per_env_turn(n: int = 300, rounds: int = 5) -> dict[str, float]:
     """CPU per environment turn with in-process players (prompt_r1.scripted: the same relay agent and echo
     environment as the server plays, no HTTP at all), free of network noise: the bare graph (`ainvoke` in a
@@ -497,6 +519,7 @@ async def bench(args) -> None:
                 cpu_diffs.append((ours["cpu"] - direct["cpu"]) / env_turns * 1000)
                 wall_diffs.append((ours["seconds"] - direct["seconds"]) / env_turns * 1000)
                 direct_wall.append(direct["seconds"] / env_turns * 1000)
+            interleaved = await interleaved_ms_per_env_turn(clients, 2 * m)
         cpu_ms, wall_ms = statistics.median(cpu_diffs), statistics.median(wall_diffs)
         wall_q, cpu_q = statistics.quantiles(wall_diffs, n=4), statistics.quantiles(cpu_diffs, n=4)
         local = await in_process_ms_per_env_turn()
@@ -510,6 +533,7 @@ async def bench(args) -> None:
             "in_process_cpu": local,
             "ratio_to_graph": cpu_ms / graph_ms,
             "in_process_ratio_to_graph": local["batch"] / graph_ms,
+            "interleaved_cpu": interleaved,
         }
         print(
             f"[3] overhead per environment turn: wall {wall_ms:.2f} ms, CPU {cpu_ms:.2f} ms (target ≤ 2 ms: wall "
@@ -529,6 +553,14 @@ async def bench(args) -> None:
             f"against the bare graph's {graph_ms:.2f} ms: {verdict(ratio <= 1.5)}); in process, no HTTP: "
             f"{local_ratio:.2f}× (graph {graph_ms:.2f}, EpisodeRunner.run {local['runner']:.2f}, run_batch "
             f"{local['batch']:.2f} ms CPU per environment turn: {verdict(local_ratio <= 1.5)})",
+            flush=True,
+        )
+        runner_ms = interleaved["runner"] - interleaved["direct"]
+        print(
+            f"    episode by episode, alternating (drift on both sides alike): EpisodeRunner.run over HTTP costs "
+            f"{runner_ms:.2f} ms CPU per environment turn over the direct calls ({interleaved['runner']:.2f} − "
+            f"{interleaved['direct']:.2f}), {runner_ms / graph_ms:.2f}× the bare graph's "
+            f"({verdict(runner_ms / graph_ms <= 1.5)})",
             flush=True,
         )
 
