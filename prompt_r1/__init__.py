@@ -28,6 +28,8 @@ _EXPORTS = {
     "PromptR1Chat": "prompt_r1.chat_model",
     "EnvironmentClient": "prompt_r1.environment",
     "EnvironmentReply": "prompt_r1.environment",
+    "Episode": "prompt_r1.episode",
+    "EpisodeRunner": "prompt_r1.episode",
     "PromptR1Error": "prompt_r1.errors",
     "EpisodeState": "prompt_r1.graph",
     "build_graph": "prompt_r1.graph",
@@ -47,6 +49,8 @@ __all__ = [
     "EnvironmentClient",
     "EnvironmentConfig",
     "EnvironmentReply",
+    "Episode",
+    "EpisodeRunner",
     "EpisodeState",
     "LoopConfig",
     "PromptR1Chat",
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
     from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig
     from prompt_r1.data import load_samples
     from prompt_r1.environment import EnvironmentClient, EnvironmentReply
+    from prompt_r1.episode import Episode, EpisodeRunner
     from prompt_r1.errors import PromptR1Error
     from prompt_r1.graph import EpisodeState, build_graph
     from prompt_r1.protocol import AgentTurn, parse_agent_output
