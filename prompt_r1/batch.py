@@ -47,7 +47,7 @@ from prompt_r1.metering import (
     check_budget_prices,
     episode_cost,
 )
-from prompt_r1.pool import RunTally, run_many
+from prompt_r1.pool import RunTally, check_limits, run_many
 from prompt_r1.redaction import RedactedStream, Redactor
 from prompt_r1.results import ResultStore
 from prompt_r1.results_file import check_checkpoint, crc
@@ -190,12 +190,7 @@ async def run_batch(
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
-    if concurrency < 1:
-        raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
-    if max_failures is not None and max_failures < 1:
-        raise ConfigError(f"max_failures must be ≥ 1, got {max_failures}")
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"budget must be > 0 dollars, got {budget}")
+    check_limits(concurrency, max_failures, budget)
     out = Path(out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"the output must be a .jsonl file, got {out}")

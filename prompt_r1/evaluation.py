@@ -43,7 +43,7 @@ from prompt_r1.errors import (
 )
 from prompt_r1.eval_plan import MANIFEST, METHODS, SUITES, MethodInfo, Suite, record_settings, resolve_plan
 from prompt_r1.metering import MeteredAgent, MeteredEnvironment, budget_rule, check_budget_prices
-from prompt_r1.pool import RunTally, run_many
+from prompt_r1.pool import RunTally, check_limits, run_many
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import ANSWER_CLOSE, last_answer
 from prompt_r1.redaction import RedactedStream, Redactor
@@ -176,12 +176,7 @@ async def run_evaluation(
     loop = loop or LoopConfig()
     redact = Redactor()
     log = RedactedStream(log if log is not None else sys.stderr, redact)
-    if concurrency < 1:
-        raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
-    if max_failures is not None and max_failures < 1:
-        raise ConfigError(f"max_failures must be ≥ 1, got {max_failures}")
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"budget must be > 0 dollars, got {budget}")
+    check_limits(concurrency, max_failures, budget)
     for method in methods:
         info = METHODS[method]
         if info.needs_agent and agent is None:

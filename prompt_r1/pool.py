@@ -29,13 +29,23 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from prompt_r1.errors import DataError
+from prompt_r1.errors import ConfigError, DataError
 from prompt_r1.results import ResultStore
 from prompt_r1.results_file import FAILED_STATUSES
 
-__all__ = ["RunTally", "run_many"]
+__all__ = ["RunTally", "check_limits", "run_many"]
 
 MAX_NAMED = 10  # duplicate or conflicting keys named one by one on the log; the rest are counted
+
+
+def check_limits(concurrency: int, max_failures: int | None = None, budget: float | None = None) -> None:
+    """A `ConfigError` for limits a run cannot keep: the surfaces check theirs before they touch a file."""
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
+    if max_failures is not None and max_failures < 1:
+        raise ConfigError(f"max_failures must be ≥ 1, got {max_failures}")
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"budget must be > 0 dollars, got {budget}")
 
 
 @dataclass
@@ -231,8 +241,7 @@ async def run_many(
     docstring). `key(item)` must equal `store.key(row)` for the row `work` returns. `progress`: a tqdm bar,
     advanced per row; `on_row(row, in_flight)` for a surface's own running figures. Returns the tally (`tally`, when given,
     is filled in place), also when stopped early."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
+    check_limits(concurrency, max_failures)
     tally = tally if tally is not None else RunTally()
     log = log if log is not None else sys.stderr
     pool = _Pool(items, work, store, tally, concurrency=concurrency, key=key, question=question,
