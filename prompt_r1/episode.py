@@ -241,9 +241,7 @@ class EpisodeRunner:
                 state = data
             else:
                 yield data
-        yield Episode.from_state(
-            state, id=id, latency_s=time.monotonic() - started, cost_usd=self._price(state)
-        )
+        yield self._finished(state, id, started)
 
     def stream_sync(
         self,
@@ -262,12 +260,16 @@ class EpisodeRunner:
                 state = data
             else:
                 yield data
-        yield Episode.from_state(
-            state, id=id, latency_s=time.monotonic() - started, cost_usd=self._price(state)
-        )
+        yield self._finished(state, id, started)
 
-    def _price(self, state: dict[str, Any]) -> float | None:
-        return self.price(state) if self.price is not None and state else None
+    def _finished(
+        self, state: dict[str, Any], id: str | None, started: float, resumed: str | None = None
+    ) -> Episode:
+        """The Episode of a finished graph state, priced, timed from `started`."""
+        cost = self.price(state) if self.price is not None and state else None
+        return Episode.from_state(
+            state, id=id, cost_usd=cost, latency_s=time.monotonic() - started, resumed=resumed
+        )
 
     async def run(
         self,
@@ -293,6 +295,8 @@ class EpisodeRunner:
                         return item
                     on_event(item)
             state, resumed = await self._invoke(question, golden, self.run_config(id, metadata))
+            # Pricing runs a surface's code on the state: inside the guard, so its failure is this episode's.
+            return self._finished(state, id, started, resumed)
         except AgentError as exc:
             return Episode.failure(
                 "agent_error", f"{type(exc).__name__}: {exc}", latency_s=time.monotonic() - started, **common
@@ -303,9 +307,6 @@ class EpisodeRunner:
             return Episode.failure(
                 "internal_error", describe_exception(exc), latency_s=time.monotonic() - started, **common
             )
-        return Episode.from_state(
-            state, id=id, cost_usd=self._price(state), latency_s=time.monotonic() - started, resumed=resumed
-        )
 
     async def _invoke(
         self, question: str, golden: list[str] | None, config: dict[str, Any]

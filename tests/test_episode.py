@@ -138,3 +138,16 @@ def test_the_store_keeps_a_finished_row_of_another_question_and_reruns_a_failed_
     (tmp_path / "other.jsonl").write_text('{"not": "a row"}\n')
     with pytest.raises(OutputError, match="not a results row"):
         ResultStore.open(tmp_path / "other.jsonl", row_prefix='{"id": ')
+
+
+def test_a_price_that_raises_is_that_episodes_failure():
+    def broken_price(state):
+        raise KeyError("model")
+
+    priced = EpisodeRunner(
+        ScriptedAgent(scripted_agent(TURNS)), ScriptedEnvironment(echo_environment()), price=broken_price
+    )
+    episode = asyncio.run(priced.run("Q?", id="p1"))
+    assert episode.status == "internal_error" and episode.error.startswith(
+        "KeyError: 'model' (at test_episode.py:"
+    )
