@@ -153,6 +153,9 @@ def record_settings(
             for name in sorted(set(old) | set(new)):
                 if old.get(name) != new.get(name):
                     changes.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
+        # A setting added since the folder was written, at its unset value, changed nothing the rows depend on.
+        if not changes:
+            continue
         raise ConfigError(
             f"{out_dir} holds {method} rows made with other settings ({'; '.join(changes)}); "
             "use another --out folder, or the same settings to resume"

@@ -280,7 +280,24 @@ def test_datasets_with_one_name_are_refused(eval_server, tmp_path, capsys):
     sent = len(eval_server.requests)
     assert main(["eval", "--dataset", str(mine), "--method", "env-only", "--out", str(out), *flags]) == 1
     err = capsys.readouterr().err
-    assert "row env-only/hotpot/hotpot-0 was finished in" in err and "for another question: kept, not rerun" in err
+    assert (
+        "row env-only/hotpot/hotpot-0 was finished in" in err
+        and "for another question: kept, not rerun" in err
+    )
     assert "1 rows finished earlier for another question, kept and not scored" in err
     assert len(eval_server.requests) == sent
     assert [r["question"] for r in read_predictions(out / "predictions.jsonl")] != ["Mine?"]
+
+
+def test_a_folder_written_before_a_loop_setting_existed_resumes(tmp_path):
+    from prompt_r1.config import LoopConfig
+    from prompt_r1.evaluation import record_settings
+
+    record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())
+    manifest = tmp_path / "run.json"
+    recorded = json.loads(manifest.read_text())
+    del recorded["methods"]["prompt-r1"]["loop"]["max_turn_tokens"]  # as written before the field existed
+    manifest.write_text(json.dumps(recorded))
+    record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())  # unset: nothing the rows depend on changed
+    with pytest.raises(ConfigError, match=r"loop.max_turn_tokens: None → 64"):
+        record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig(max_turn_tokens=64))
