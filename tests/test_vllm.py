@@ -414,8 +414,6 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
             "float32",
             "--max-model-len",
             "2048",
-            "--gpu-memory-utilization",
-            "0.05",
             "--served-model-name",
             "agent",
             "--worker-extension-cls",
@@ -423,7 +421,13 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
         ],  # fmt: skip
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},  # /collective_rpc: the weight sync without CUDA
+        # /collective_rpc: the weight sync without CUDA. The KV cache gets an explicit size, as the README says to
+        # on CPU: sized as a share of the NUMA node's memory minus the process's own, it can come out below zero.
+        env={
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        },
     )
     base_url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 300
@@ -553,6 +557,9 @@ def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
                 vllm_mode="server",
                 vllm_server_base_url=root,
                 max_steps=2,
+                # The first group's rewards can all be equal (a zero advantage: no gradient); weight decay moves
+                # the weights at every step all the same, so the second sync always has new weights to carry.
+                weight_decay=1.0,
             )
             trainer = build_trainer(config, train_rows=rows * 16)
             assert trainer.vllm_generation.vllm_client.communicator is None  # no NCCL group was joined
@@ -563,6 +570,7 @@ def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
         synced = _sync_rows(Path(config.output_dir))
         assert [r["step"] for r in synced] == [0, 1]
         assert all(r["gap"] < GAP for r in synced), synced
+        assert synced[0]["model_logprob_sum"] != synced[1]["model_logprob_sum"], "the weights never changed"
         assert synced[0]["engine_logprob_sum"] != synced[1]["engine_logprob_sum"], "the server never changed"
     finally:
         original = str(wide_head_model_path / "model.safetensors")
