@@ -47,7 +47,7 @@ from prompt_r1.metering import (
     check_budget_prices,
     episode_cost,
 )
-from prompt_r1.pool import RunTally, check_limits, run_many
+from prompt_r1.pool import RunTally, check_limits, named_keys
 from prompt_r1.redaction import RedactedStream, Redactor
 from prompt_r1.results import ResultStore
 from prompt_r1.results_file import check_checkpoint, crc
@@ -85,6 +85,7 @@ class BatchSummary(RunTally):
             "skipped": self.skipped,
             "duplicates": self.duplicates,
             "conflicts": self.conflicts,
+            "conflict_ids": list(self.conflict_keys),
             "cancelled": self.cancelled,
             "resumed": self.resumed,
             "failed": self.failed,
@@ -110,6 +111,11 @@ class BatchSummary(RunTally):
                 + (f" · {self.cancelled} cancelled" if self.cancelled else "")
                 + (f" · {self.duplicates} duplicate ids" if self.duplicates else "")
                 + (f" · {self.conflicts} ids with a changed question" if self.conflicts else ""),
+            ),
+            *(
+                [("changed", "ids kept for an earlier question: " + named_keys(self.conflict_keys))]
+                if self.conflict_keys
+                else []
             ),
             ("status", " · ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "-"),
             ("time", f"{self.seconds:.1f} s · {rate:.2f} episodes/s"),
@@ -270,10 +276,10 @@ async def run_batch(
                 await runner.forget(sample.id)
 
         try:
-            await run_many(
+            await runner.run_many(
                 samples,
-                work,
                 store,
+                work=work,
                 concurrency=concurrency,
                 max_failures=max_failures,
                 stop=budget_rule(meter, budget),

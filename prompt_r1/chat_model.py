@@ -96,9 +96,8 @@ def question_of(messages: list[BaseMessage]) -> str:
     return question_from_messages(messages)
 
 
-def _usage_metadata(usage: dict) -> dict[str, int]:
-    inputs = usage.get("agent_prompt_tokens", 0) + usage.get("env_input_tokens", 0)
-    outputs = usage.get("agent_completion_tokens", 0) + usage.get("env_output_tokens", 0)
+def _usage_metadata(episode: Episode) -> dict[str, int]:
+    inputs, outputs = episode.token_totals
     return {"input_tokens": inputs, "output_tokens": outputs, "total_tokens": inputs + outputs}
 
 
@@ -306,7 +305,7 @@ class PromptR1Chat(BaseChatModel):
                 "error": episode.error,
                 "usage": usage,
             },
-            usage_metadata=_usage_metadata(usage),
+            usage_metadata=_usage_metadata(episode),
         )
 
     # ---- whole calls ----------------------------------------------------------------------------------------

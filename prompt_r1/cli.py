@@ -103,6 +103,15 @@ def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     )
 
 
+def check_run_flags(args: argparse.Namespace) -> None:
+    """--concurrency, --limit and the stop flags of a run over many items, checked before anything is read."""
+    from prompt_r1.pool import check_limits
+
+    check_limits(args.concurrency, args.max_failures, args.budget, flags=True)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+
+
 def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
     values: dict[str, dict[str, Any]] = load_config_file(args.config) if args.config else {}
     built = []

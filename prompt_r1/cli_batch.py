@@ -17,6 +17,7 @@ from prompt_r1.cli import (
     _prepare,
     add_stop_flags,
     check_reachable,
+    check_run_flags,
     configs_from_args,
 )
 from prompt_r1.costs import PriceTable
@@ -95,10 +96,7 @@ def _log_to_file(path: str) -> None:
 
 def cmd_batch(args: argparse.Namespace) -> int:
     """Check every path first (nothing contacted, loaded or written before), then run, then report."""
-    if args.concurrency < 1:
-        raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+    check_run_flags(args)
     out = Path(args.out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"--out must be a .jsonl file, got {out}")

@@ -8,7 +8,15 @@ import asyncio
 import sys
 from pathlib import Path
 
-from prompt_r1.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, _prepare, add_stop_flags, configs_from_args
+from prompt_r1.cli import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    _prepare,
+    add_stop_flags,
+    check_run_flags,
+    configs_from_args,
+)
 from prompt_r1.costs import PriceTable
 from prompt_r1.data import load_samples, resolve_source
 from prompt_r1.errors import ConfigError
@@ -21,6 +29,7 @@ from prompt_r1.evaluation import (
     resolve_plan,
     run_evaluation,
 )
+from prompt_r1.pool import named_keys
 from prompt_r1.reports import summarize, write_reports
 
 __all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
@@ -107,13 +116,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         source = resolve_source(name)[0].resolve()
         if source == out_dir or out_dir in source.parents:
             raise ConfigError(f"the input {name} is inside the --out folder {args.out}; name another folder")
-    for flag, value in (("--limit", args.limit), ("--max-failures", args.max_failures)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} must be ≥ 1, got {value}")
-    if args.concurrency < 1:
-        raise ConfigError(f"--concurrency must be ≥ 1, got {args.concurrency}")
-    if args.budget is not None and args.budget <= 0:
-        raise ConfigError(f"--budget must be > 0 dollars, got {args.budget}")
+    check_run_flags(args)
     samples = _samples(datasets, args.limit)
     prices = PriceTable.load(args.prices)
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
@@ -183,7 +186,7 @@ def _verdict(outcome, failed: int) -> int:
     if outcome.conflict_keys:
         left.append(
             f"{len(outcome.conflict_keys)} rows finished earlier for another question, kept and not scored "
-            "(use another --out folder to run the new questions)"
+            f"({named_keys(outcome.conflict_keys)}; use another --out folder to run the new questions)"
         )
     if outcome.stopped:
         left.append(f"stopped: {outcome.stopped}")

@@ -214,23 +214,7 @@ def _json_rows(path: Path) -> list[dict[str, Any]]:
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a .parquet, .jsonl or .json (a list of objects) file, as plain dicts."""
-    path = Path(path)
-    _check_file(path)
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise BackendUnavailable("reading parquet needs pyarrow: pip install 'prompt-r1[eval]'") from exc
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow's errors for bad files vary by version
-            raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
-    if suffix == ".jsonl":
-        return [row for _, row in _jsonl_objects(path)]
-    if suffix == ".json":
-        return _json_rows(path)
-    raise DataError(f"{path}: unsupported file type {suffix or '(none)'}; use .parquet, .jsonl or .json")
+    return list(iter_rows(path))
 
 
 def answer_list(value: Any) -> list[str]:
@@ -316,16 +300,17 @@ def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
         except ImportError as exc:
             raise BackendUnavailable("reading parquet needs pyarrow: pip install 'prompt-r1[eval]'") from exc
         try:
-            batches = pq.ParquetFile(path).iter_batches(batch_size=256)
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+                yield from batch.to_pylist()
         except Exception as exc:  # pyarrow's errors for bad files vary by version
             raise DataError(f"{path}: not a readable parquet file ({exc})") from exc
-        for batch in batches:
-            yield from batch.to_pylist()
     elif suffix == ".jsonl":
         for _, row in _jsonl_objects(path):
             yield row
+    elif suffix == ".json":
+        yield from _json_rows(path)
     else:
-        yield from read_rows(path)
+        raise DataError(f"{path}: unsupported file type {suffix or '(none)'}; use .parquet, .jsonl or .json")
 
 
 def count_rows(path: str | Path) -> int:

@@ -132,6 +132,15 @@ class Episode:
         """A failure of the infrastructure or of this code, not an outcome: a rerun retries it."""
         return self.status in FAILED_STATUSES
 
+    @property
+    def token_totals(self) -> tuple[int, int]:
+        """(tokens read, tokens written) by both models together: the agent's prompt and completion tokens plus
+        the environment's input and output tokens. What an OpenAI-style usage block reports."""
+        usage = self.usage
+        read = usage.get("agent_prompt_tokens", 0) + usage.get("env_input_tokens", 0)
+        written = usage.get("agent_completion_tokens", 0) + usage.get("env_output_tokens", 0)
+        return read, written
+
     @classmethod
     def from_state(cls, state: dict[str, Any], *, id: str | None = None, **fields: Any) -> Episode:
         """The episode a finished graph state describes; `fields` sets the rest (cost_usd, latency_s, ...)."""
@@ -282,14 +291,18 @@ class EpisodeRunner:
     ) -> Episode:
         """One episode. Never raises for what the episode meets: an agent's failure is `agent_error`, anything
         unexpected `internal_error` (with where it was raised), each recorded in the episode. `on_event` is
-        called with each event as it happens (see `stream`)."""
+        called with each event as it happens (see `stream`; not with a checkpointer, whose resumed episodes
+        replay none)."""
         if self.checkpointer is not None and id is None:
             raise ValueError("a checkpointed episode needs an id (its checkpoint thread)")
+        if self.checkpointer is not None and on_event is not None:
+            # A resumed episode replays no events: a caller would see only part of it.
+            raise ValueError("on_event needs a runner without a checkpointer")
         started = time.monotonic()
         golden = list(golden_answers) if golden_answers else None
         common = dict(id=id, question=question, golden_answers=golden)
         try:
-            if on_event is not None and self.checkpointer is None:
+            if on_event is not None:
                 async for item in self.stream(question, id=id, golden_answers=golden, metadata=metadata):
                     if isinstance(item, Episode):
                         return item

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -143,9 +143,8 @@ class EvalItem:
 @dataclass
 class RunOutcome(RunTally):
     """What one call of `run_evaluation` did: the pool's tally (written, skipped, failed, cancelled, conflicts,
-    stopped, seconds), the keys kept from an earlier run for another question, and the spending."""
+    stopped, seconds, the keys kept from an earlier run for another question) and the spending."""
 
-    conflict_keys: list[Hashable] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
 
 
@@ -270,7 +269,6 @@ async def run_evaluation(
         )
     finally:
         bar.close()
-        outcome.conflict_keys = list(store.conflicts)
         outcome.usage = meter.to_dict()
     return outcome
 

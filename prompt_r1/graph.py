@@ -29,7 +29,7 @@ from langgraph.graph import END, START, StateGraph
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
 from prompt_r1.config import LoopConfig
-from prompt_r1.environment import EnvironmentClient, as_environment
+from prompt_r1.environment import Environment, as_environment
 from prompt_r1.errors import AgentRefused, ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
@@ -184,7 +184,7 @@ _LOOP_DEFAULTS = LoopConfig().graph_options()  # the keywords' defaults: build_g
 
 def build_graph(
     agent: AgentBackend,
-    environment: EnvironmentClient | BaseChatModel,
+    environment: Environment | BaseChatModel,
     *,
     loop: LoopConfig | None = None,
     max_turns: int = 5,

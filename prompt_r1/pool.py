@@ -33,19 +33,32 @@ from prompt_r1.errors import ConfigError, DataError
 from prompt_r1.results import ResultStore
 from prompt_r1.results_file import FAILED_STATUSES
 
-__all__ = ["RunTally", "check_limits", "run_many"]
+__all__ = ["RunTally", "check_limits", "named_keys", "run_many"]
 
 MAX_NAMED = 10  # duplicate or conflicting keys named one by one on the log; the rest are counted
 
 
-def check_limits(concurrency: int, max_failures: int | None = None, budget: float | None = None) -> None:
-    """A `ConfigError` for limits a run cannot keep: the surfaces check theirs before they touch a file."""
+def check_limits(
+    concurrency: int, max_failures: int | None = None, budget: float | None = None, *, flags: bool = False
+) -> None:
+    """A `ConfigError` for limits a run cannot keep: the surfaces check theirs before they touch a file. `flags`:
+    name them as the command line does (`--max-failures`), not as the keywords do (`max_failures`)."""
+
+    def name(keyword: str) -> str:
+        return "--" + keyword.replace("_", "-") if flags else keyword
+
     if concurrency < 1:
-        raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
+        raise ConfigError(f"{name('concurrency')} must be ≥ 1, got {concurrency}")
     if max_failures is not None and max_failures < 1:
-        raise ConfigError(f"max_failures must be ≥ 1, got {max_failures}")
+        raise ConfigError(f"{name('max_failures')} must be ≥ 1, got {max_failures}")
     if budget is not None and budget <= 0:
-        raise ConfigError(f"budget must be > 0 dollars, got {budget}")
+        raise ConfigError(f"{name('budget')} must be > 0 dollars, got {budget}")
+
+
+def named_keys(keys: list, most: int = MAX_NAMED) -> str:
+    """The first `most` keys, and how many more: how a run's end names what it kept or skipped."""
+    shown = ", ".join(repr(k) for k in keys[:most])
+    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
 @dataclass
@@ -56,6 +69,7 @@ class RunTally:
     skipped: int = 0  # items finished by an earlier run
     duplicates: int = 0  # input items whose key repeats an earlier item's (not run)
     conflicts: int = 0  # keys finished earlier for a different question (kept, not rerun)
+    conflict_keys: list = field(default_factory=list)  # those keys, all of them, for the end-of-run report
     cancelled: int = 0  # items in flight when the run stopped (the next run does them)
     statuses: Counter = field(default_factory=Counter)
     seconds: float = 0.0
@@ -114,6 +128,7 @@ class _Pool:
             plan = self.store.plan(key, self.question(item))
             if plan == "conflict":
                 self.tally.conflicts += 1
+                self.tally.conflict_keys.append(key)
                 if self.tally.conflicts <= MAX_NAMED:
                     print(
                         f"prompt-r1: {self.describe(item)} was finished in {self.store.path} for another question: "

@@ -109,9 +109,7 @@ def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
 
 
 def _usage(episode: Episode) -> dict[str, int]:
-    usage = episode.usage
-    prompt = usage.get("agent_prompt_tokens", 0) + usage.get("env_input_tokens", 0)
-    completion = usage.get("agent_completion_tokens", 0) + usage.get("env_output_tokens", 0)
+    prompt, completion = episode.token_totals
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

@@ -1,5 +1,5 @@
-"""The episode contract (prompt_r1.episode): the runner's result, its stream, its failure rule, and the results store's
-conflict rule, with the in-process players of prompt_r1.scripted."""
+"""The episode contract (prompt_r1.episode): the runner's result, its stream and its failure rule, with the
+in-process players of prompt_r1.scripted."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from prompt_r1.episode import (
     EpisodeRunner,
     question_from_messages,
 )
-from prompt_r1.errors import AgentError, OutputError
-from prompt_r1.results import ResultStore
+from prompt_r1.errors import AgentError
 from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, scripted_agent
 
 TURNS = [PROMPT.format(k=1), ANSWER.format(a="Paris")]
@@ -116,28 +115,6 @@ def test_question_from_messages_reads_the_last_user_text_of_either_kind():
     ]:
         with pytest.raises(ValueError, match=message):
             question_from_messages(bad)
-
-
-def test_the_store_keeps_a_finished_row_of_another_question_and_reruns_a_failed_one(tmp_path):
-    path = tmp_path / "r.jsonl"
-    rows = [
-        {"id": "a", "question": "A?", "status": "answered"},
-        {"id": "b", "question": "B?", "status": "environment_error"},
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    store = ResultStore.open(path, row_prefix='{"id": ')
-    assert (
-        store.plan("a", "A?") == "done" and store.plan("b", "B?") == "run" and store.plan("c", "C?") == "run"
-    )
-    assert store.plan("a", "A changed?") == "conflict" and store.conflicts == ["a"]
-    with store.appending():
-        store.write({"id": "b", "question": "B?", "status": "answered"})
-    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "b"]  # compacted
-    with pytest.raises(RuntimeError, match="appending"):
-        store.write({"id": "c", "question": "C?", "status": "answered"})
-    (tmp_path / "other.jsonl").write_text('{"not": "a row"}\n')
-    with pytest.raises(OutputError, match="not a results row"):
-        ResultStore.open(tmp_path / "other.jsonl", row_prefix='{"id": ')
 
 
 def test_a_price_that_raises_is_that_episodes_failure():

@@ -22,7 +22,8 @@ from prompt_r1.door_codes import (
 from prompt_r1.testing import ScriptedServer
 
 STEPS = 60
-MARGIN = 0.15  # under half the smallest gain seen at this size: +0.38, +0.33, +0.38 over 3 seeds, +0.41 at seed 0
+# Under half the smallest gain seen at this size: +0.38, +0.33, +0.38 over 3 seeds, +0.41 at seed 0.
+MARGIN = 0.15
 
 
 def test_the_environment_gives_a_code_only_for_one_named_door():

@@ -135,6 +135,23 @@ def test_every_environment_setting_reaches_training_with_its_type_and_default():
     )
 
 
+def test_every_loop_setting_reaches_the_rollouts_or_is_fixed_by_training():
+    """Each LoopConfig field is a training field of the same name or one training fixes (ROLLOUT_LOOP): a loop
+    setting added there fails here until training takes it; loop_config() hands every one over."""
+    from prompt_r1.config import LoopConfig
+    from prompt_r1.training.config import ROLLOUT_LOOP
+
+    names = {f.name for f in dataclasses.fields(LoopConfig)}
+    training = {f.name for f in dataclasses.fields(PromptR1GRPOConfig)}
+    assert names - set(ROLLOUT_LOOP) <= training, names - set(ROLLOUT_LOOP) - training
+    config = PromptR1GRPOConfig(
+        output_dir="unused", use_cpu=True, report_to=[], max_turns=3, max_turn_tokens=40, max_total_tokens=400
+    )
+    assert config.loop_config() == LoopConfig(
+        max_turns=3, max_turn_tokens=40, max_total_tokens=400, force_final_answer=False
+    )
+
+
 def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained_tiny_model_path):
     trainer = stand_in_trainer(trained_tiny_model_path, temperature=0.0)  # greedy: the model plays its script
     tok = trainer.processing_class

@@ -22,6 +22,10 @@ __all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
 DEFAULT_TRAIN_DATA = "training/data/mixed_2048.parquet"
 
 
+# The loop settings training fixes rather than takes as fields (see `PromptR1GRPOConfig.loop_config`).
+ROLLOUT_LOOP = {"force_final_answer": False}
+
+
 def _help(text: str, **kw):
     return field(metadata={"help": text}, **kw)
 
@@ -146,14 +150,11 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         return EnvironmentConfig(**values)
 
     def loop_config(self) -> LoopConfig:
-        """The loop's settings for rollouts: force_final_answer off (running out of turns is the agent's outcome
-        to learn from)."""
-        return LoopConfig(
-            max_turns=self.max_turns,
-            force_final_answer=False,
-            max_turn_tokens=self.max_turn_tokens,
-            max_total_tokens=self.max_total_tokens,
-        )
+        """The loop's settings for rollouts: every `LoopConfig` field is a field of this config of the same name,
+        but those training fixes (`ROLLOUT_LOOP`: running out of turns is the agent's outcome to learn from, so
+        it is not asked once more for an answer)."""
+        values = {f.name: getattr(self, f.name) for f in fields(LoopConfig) if f.name not in ROLLOUT_LOOP}
+        return LoopConfig(**values, **ROLLOUT_LOOP)
 
     def resolved_train_data(self) -> str:
         """`train_data` as given, or, for a relative path missing from the working folder, the project's copy."""
