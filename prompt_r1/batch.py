@@ -38,7 +38,7 @@ from prompt_r1.agents.base import AgentBackend
 from prompt_r1.config import LoopConfig
 from prompt_r1.costs import PriceTable, UsageMeter
 from prompt_r1.data import Sample, iter_samples, resolve_source
-from prompt_r1.episode import FAILED_STATUSES, EpisodeRunner, as_environment
+from prompt_r1.episode import FAILED_STATUSES, Episode, EpisodeRunner, as_environment, describe_exception
 from prompt_r1.errors import ConfigError, DataError
 from prompt_r1.metering import (
     MeteredAgent,
@@ -251,6 +251,16 @@ async def run_batch(
             tags=["batch"],
         )
 
+        def row_of(sample: Sample, episode: Episode) -> dict[str, Any]:
+            row = {"id": sample.id, "dataset": sample.dataset, "index": sample.index, **episode.to_row()}
+            row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
+            return row
+
+        def failure_row(sample: Sample, exc: Exception) -> dict[str, Any]:
+            error = describe_exception(exc)
+            failed = Episode.failure("internal_error", error, id=sample.id, question=sample.question)
+            return row_of(sample, failed)
+
         async def work(sample: Sample) -> dict[str, Any]:
             episode = await runner.run(
                 sample.question,
@@ -260,7 +270,7 @@ async def run_batch(
             )
             if episode.resumed:
                 summary.resumed += 1
-            row = {"id": sample.id, "dataset": sample.dataset, "index": sample.index, **episode.to_row()}
+            row = row_of(sample, episode)
             if sample.golden_answers and episode.answer is not None:
                 from prompt_r1.metrics import exact_match, f1
 
@@ -268,7 +278,6 @@ async def run_batch(
                     "em": exact_match(episode.answer, sample.golden_answers),
                     "f1": f1(episode.answer, sample.golden_answers),
                 }
-            row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
             return row
 
         async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
@@ -280,6 +289,7 @@ async def run_batch(
                 samples,
                 store,
                 work=work,
+                failure_row=failure_row,
                 concurrency=concurrency,
                 max_failures=max_failures,
                 stop=budget_rule(meter, budget),

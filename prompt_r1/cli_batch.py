@@ -155,12 +155,16 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if summary.cancelled:
             left.append(f"{summary.cancelled} cancelled")
         if summary.conflicts:
-            left.append(f"{summary.conflicts} ids finished earlier for another question")
+            left.append(
+                f"{summary.conflicts} ids finished earlier for another question, kept: use another --out"
+            )
         if summary.stopped:
             left.append(f"stopped: {summary.stopped}")
+        # A rerun retries what failed or was not run; it never reruns a kept row (use another --out for those).
+        again = summary.failed or summary.cancelled or summary.stopped
         print(
-            f"prompt-r1: error: not every episode finished ({'; '.join(left)}); run the same command again to "
-            "retry the failed ones and run the rest",
+            f"prompt-r1: error: not every episode finished ({'; '.join(left)})"
+            + ("; run the same command again to retry the failed ones and run the rest" if again else ""),
             file=sys.stderr,
         )
         return EXIT_FAILED

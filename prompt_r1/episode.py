@@ -126,6 +126,8 @@ class Episode:
     cost_usd: float | None = None
     latency_s: float = 0.0
     resumed: str | None = None
+    # What a failed episode raised, for a caller that must not lose its traceback (a training step); never in a row.
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def failed(self) -> bool:
@@ -312,13 +314,21 @@ class EpisodeRunner:
             return self._finished(state, id, started, resumed)
         except AgentError as exc:
             return Episode.failure(
-                "agent_error", f"{type(exc).__name__}: {exc}", latency_s=time.monotonic() - started, **common
+                "agent_error",
+                f"{type(exc).__name__}: {exc}",
+                latency_s=time.monotonic() - started,
+                exception=exc,
+                **common,
             )
         except Exception as exc:
             # Whatever else one episode raises (a bug, a library's unexpected error) is that episode's failure:
             # recorded and retried by the next run; the other episodes go on.
             return Episode.failure(
-                "internal_error", describe_exception(exc), latency_s=time.monotonic() - started, **common
+                "internal_error",
+                describe_exception(exc),
+                latency_s=time.monotonic() - started,
+                exception=exc,
+                **common,
             )
 
     async def _invoke(

@@ -83,8 +83,9 @@ class RunTally:
 
 class _Pool:
     def __init__(self, items, work, store, tally, *, concurrency, key, question, describe, max_failures, stop,
-                 after_write, on_row, log, progress) -> None:  # fmt: skip
+                 after_write, on_row, log, progress, failure_row) -> None:  # fmt: skip
         self.items, self.work, self.store, self.tally = iter(items), work, store, tally
+        self.failure_row = failure_row
         self.concurrency, self.key, self.question, self.describe = concurrency, key, question, describe
         self.max_failures, self.stop_rule, self.after_write, self.on_row = (
             max_failures,
@@ -177,6 +178,12 @@ class _Pool:
             except asyncio.CancelledError:
                 self.tally.cancelled += 1
                 return
+            except Exception as exc:
+                # Whatever a surface's own code raises for one item (its scoring, its bookkeeping) is that item's
+                # failed row, retried by the next run; without a failure row the run stops, as a bug must.
+                if self.failure_row is None:
+                    raise
+                row = self.failure_row(item, exc)
             finally:
                 self.in_work.discard(task)
                 self.in_flight -= 1
@@ -251,17 +258,19 @@ async def run_many(
     progress: Any = None,
     log: TextIO | None = None,
     signals: bool = True,
+    failure_row: Callable[[Any, Exception], dict[str, Any]] | None = None,
 ) -> RunTally:
     """Run `work` on every item of `items` not finished in `store`, writing each row as it comes (see the module
     docstring). `key(item)` must equal `store.key(row)` for the row `work` returns. `progress`: a tqdm bar,
-    advanced per row; `on_row(row, in_flight)` for a surface's own running figures. Returns the tally (`tally`, when given,
-    is filled in place), also when stopped early."""
+    advanced per row; `on_row(row, in_flight)` for a surface's own running figures; `failure_row(item, exc)` the row
+    written for an item whose `work` raised (a failed status: the next run retries it), else the exception stops
+    the run. Returns the tally (`tally`, when given, is filled in place), also when stopped early."""
     check_limits(concurrency, max_failures)
     tally = tally if tally is not None else RunTally()
     log = log if log is not None else sys.stderr
     pool = _Pool(items, work, store, tally, concurrency=concurrency, key=key, question=question,
                  describe=describe, max_failures=max_failures, stop=stop, after_write=after_write,
-                 on_row=on_row, log=log, progress=progress)  # fmt: skip
+                 on_row=on_row, log=log, progress=progress, failure_row=failure_row)  # fmt: skip
     started = time.monotonic()
     try:
         with store.appending(), _stop_on_signals(pool, log) if signals else contextlib.nullcontext():

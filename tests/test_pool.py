@@ -152,3 +152,31 @@ def test_limits_are_checked_under_the_names_the_caller_uses():
 def test_named_keys_names_the_first_ten_and_counts_the_rest():
     assert named_keys(["a", "b"]) == "'a', 'b'"
     assert named_keys([f"k{i}" for i in range(12)]).endswith("'k9' and 2 more")
+
+
+def test_what_work_raises_is_that_items_failure_row_and_the_others_go_on(tmp_path):
+    out = tmp_path / "r.jsonl"
+
+    async def work(item: Item) -> dict:
+        if item.id == "q1":
+            raise KeyError("a scoring bug")
+        return _row(item)
+
+    def failure_row(item: Item, exc: Exception) -> dict:
+        return {**_row(item, "internal_error"), "error": repr(exc)}
+
+    tally = asyncio.run(
+        run_many(_items(3), work, _store(out), concurrency=1, failure_row=failure_row, signals=False)
+    )
+    assert tally.written == 3 and tally.failed == 1
+    assert {r["id"]: r["status"] for r in _rows(out)} == {
+        "q0": "answered",
+        "q1": "internal_error",
+        "q2": "answered",
+    }
+    with pytest.raises(KeyError):  # without a failure row, a bug stops the run
+        asyncio.run(run_many([Item("q9", "question 9")], work_raising, _store(out), signals=False))
+
+
+async def work_raising(item: Item) -> dict:
+    raise KeyError("a bug")

@@ -243,7 +243,9 @@ def test_rollout_closes_a_turn_that_stopped_on_a_stop_string(trained_tiny_model_
 
 
 def test_episode_whose_environment_failed_gets_no_reward(trained_tiny_model_path):
-    trainer = stand_in_trainer(trained_tiny_model_path)
+    # Greedy: the model plays its script, which prompts first (sampled, it can answer at once and never reach the
+    # failing environment).
+    trainer = stand_in_trainer(trained_tiny_model_path, temperature=0.0)
     prompts = [[{"role": "user", "content": question_message(TINY_QUESTION)}]] * 2
     with ScriptedServer({"env": echo_environment()}) as server:
         server.inject(*[Fault("500")] * 10, model="env")

@@ -35,6 +35,7 @@ _PER_RUN = {
     "rate_limit": " For the whole run: each process gets its share.",
     "tokens_per_minute": " For the whole run: each process gets its share.",
 }
+_PER_PROCESS = {"max_in_flight": " Per process."}
 
 
 def _environment_fields() -> type:
@@ -46,7 +47,8 @@ def _environment_fields() -> type:
             f"env_{f.name}",
             hints[f.name],
             field(
-                default=f.default, metadata={"help": f.metadata.get("help", "") + _PER_RUN.get(f.name, "")}
+                default=f.default,
+                metadata={"help": f.metadata.get("help", "") + {**_PER_RUN, **_PER_PROCESS}.get(f.name, "")},
             ),
         )
         for f in fields(EnvironmentConfig)
@@ -61,7 +63,8 @@ EnvironmentFields = _environment_fields()
 
 @dataclass
 class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
-    """GRPO for the Prompt-R1 agent. Fields after TRL's own are the agent, data, loop, environment and reward."""
+    """GRPO for the Prompt-R1 agent: TRL's fields, the environment's (`env_*`, derived from EnvironmentConfig and
+    so placed first), then the agent, data, loop and reward."""
 
     # The agent.
     model_name_or_path: str = _help(

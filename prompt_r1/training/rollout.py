@@ -132,7 +132,9 @@ class GraphRollout:
         episodes = run_sync(run_all())
         broken = next((e for e in episodes if e.status in ("agent_error", "internal_error")), None)
         if broken is not None:
-            raise RuntimeError(f"a rollout episode failed ({broken.status}): {broken.error}")
+            raise RuntimeError(
+                f"a rollout episode failed ({broken.status}): {broken.error}"
+            ) from broken.exception
         return episodes
 
     def to_trajectories(self, results: list[Episode], tokenizer: Any) -> dict[str, list]:
