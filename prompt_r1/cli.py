@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -55,8 +56,9 @@ def _flag_type(type_name: str):
     return str
 
 
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """The agent, environment and loop flags shared by every command that runs episodes."""
+def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[str] = ()) -> None:
+    """The agent, environment and loop flags shared by every command that runs episodes; the environment fields
+    named in `repeatable_env` may be given several times (eval's sweep over environments)."""
     parser.add_argument(
         "--config", help="YAML/JSON file with agent/environment/loop sections (flags override it)."
     )
@@ -76,6 +78,11 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
             if kind is None:
                 group.add_argument(
                     flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                )
+            elif section == "environment" and f.name in repeatable_env:
+                help_text += "; repeat it to sweep over environments, in the same order as --env-model"
+                group.add_argument(
+                    flag, dest=dest, type=kind, action="append", default=None, metavar=metavar, help=help_text
                 )
             else:
                 group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
@@ -119,6 +126,10 @@ def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, Environmen
         merged = dict(values.get(section, {}))
         for f in fields(cls):
             flag_value = getattr(args, f"{section}__{f.name}", None)
+            if isinstance(
+                flag_value, list
+            ):  # a repeated flag (a sweep): the first is the base settings' value
+                flag_value = flag_value[0]
             if flag_value is not None:
                 merged[f.name] = flag_value
         try:

@@ -31,6 +31,8 @@ from prompt_r1.evaluation import (
 )
 from prompt_r1.pool import named_keys
 from prompt_r1.reports import summarize, write_reports
+from prompt_r1.scorers import SCORERS, release_rows
+from prompt_r1.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
 
 __all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
 
@@ -72,7 +74,8 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     add_stop_flags(ev, "rows")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
-    add_run_flags(ev)
+    _add_scorer_flag(ev)
+    add_run_flags(ev, repeatable_env=SWEEP_FIELDS)
 
     sc = sub.add_parser(
         "score",
@@ -90,6 +93,18 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "--out", metavar="DIR", help="where to write summary.csv/table.md/chart.png (default: beside FILE)"
     )
     sc.add_argument("--no-chart", action="store_true", help="skip the chart")
+    _add_scorer_flag(sc)
+
+
+def _add_scorer_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scorer",
+        choices=list(SCORERS),
+        default="paper",
+        help="paper: the paper's metric definitions (default); release: the reference release's scoring rules "
+        "(two-way substring match, an empty prediction scoring SM 1 and SSim 1.0, and for eval the release's "
+        "reading of an episode's answer), written to summary.release.csv, table.release.md, chart.release.png",
+    )
 
 
 def _samples(datasets: list[str], limit: int | None) -> list:
@@ -122,18 +137,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     needs_agent = any(METHODS[m].needs_agent for m in methods)
     needs_env = any(METHODS[m].needs_environment for m in methods)
-    agent_cfg, env_cfg = (agent_cfg if needs_agent else None), (env_cfg if needs_env else None)
+    agent_cfg = agent_cfg if needs_agent else None
+    given = {name: getattr(args, f"environment__{name}", None) for name in SWEEP_FIELDS}
+    sweep = environment_sweep(env_cfg, given) if needs_env else [("", None)]
+    folders = [(Path(args.out) / name if len(sweep) > 1 else Path(args.out), cfg) for name, cfg in sweep]
     # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
-    record_settings(args.out, methods, agent_config=agent_cfg, environment_config=env_cfg, loop=loop_cfg)
-    agent, environment = _prepare(agent_cfg, env_cfg)
+    for folder, cfg in folders:
+        record_settings(folder, methods, agent_config=agent_cfg, environment_config=cfg, loop=loop_cfg)
+    # Every environment's key and socket are checked before the agent loads (the cheap checks first), and the
+    # agent is loaded once, whatever the environments.
+    environments = [_prepare(None, cfg)[1] for _, cfg in folders]
+    agent, _ = _prepare(agent_cfg, None)
+    summaries, code = {}, EXIT_OK
+    for (name, _), (folder, cfg), environment in zip(sweep, folders, environments, strict=True):
+        summary, done = _evaluate(
+            args, folder, methods, samples, prices, agent, environment, agent_cfg, cfg, loop_cfg
+        )
+        summaries[name] = summary
+        code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130 interrupted)
+        if done == EXIT_INTERRUPTED:  # Ctrl-C stops the sweep, not only this environment's run
+            break
+    if len(sweep) > 1:
+        written = write_sweep_report(summaries, args.out)
+        print(written["markdown"].read_text(encoding="utf-8"))
+        print("sweep: " + ", ".join(str(p) for p in written.values()), file=sys.stderr)
+    return code
+
+
+def _evaluate(args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg):
+    """One folder's run, scoring and reports; (its summary, its exit code)."""
     print(
-        f"evaluating {', '.join(methods)} on {len(datasets)} dataset(s), {len(samples)} rows each method "
-        f"→ {args.out}",
+        f"evaluating {', '.join(methods)} on {len({s.dataset for s in samples})} dataset(s), {len(samples)} rows "
+        f"each method → {out}",
         file=sys.stderr,
     )
     outcome = asyncio.run(
         run_evaluation(
-            args.out,
+            out,
             methods,
             samples,
             agent=agent,
@@ -152,11 +192,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     wanted = {(m, str(s.dataset), str(s.id)) for m in methods for s in samples} - set(outcome.conflict_keys)
     rows = [
         r
-        for r in read_predictions(Path(args.out) / PREDICTIONS)
+        for r in read_predictions(Path(out) / PREDICTIONS)
         if (str(r["method"]), str(r["dataset"]), str(r["id"])) in wanted
     ]
-    summary = summarize(rows)
-    written = write_reports(summary, args.out, chart=not args.no_chart)
+    if args.scorer == "release":
+        rows = release_rows(rows)
+    summary = summarize(rows, scoring=args.scorer)
+    written = write_reports(summary, out, chart=not args.no_chart)
     print(written["markdown"].read_text(encoding="utf-8"))
     cost = outcome.usage.get("cost_usd")
     print(
@@ -166,7 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         + ", ".join(str(p) for p in written.values()),
         file=sys.stderr,
     )
-    return _verdict(outcome, sum(s.failed for s in summary))
+    return summary, _verdict(outcome, sum(s.failed for s in summary))
 
 
 def _verdict(outcome, failed: int) -> int:
@@ -191,9 +233,13 @@ def _verdict(outcome, failed: int) -> int:
     if outcome.stopped:
         left.append(f"stopped: {outcome.stopped}")
     if left:
-        print(
-            f"prompt-r1: error: {'; '.join(left)}; run the same command again to retry them", file=sys.stderr
+        # A rerun retries what failed or was not run; it never reruns a kept row, so it is not offered for those.
+        again = (
+            "; run the same command again to retry them"
+            if failed or outcome.cancelled or outcome.stopped
+            else ""
         )
+        print(f"prompt-r1: error: {'; '.join(left)}{again}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
@@ -237,7 +283,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             f"{len(repeats)} earlier row{'s' if len(repeats) > 1 else ''} left out",
             file=sys.stderr,
         )
-    summary = summarize(rows, metrics=args.metric)
+    summary = summarize(rows, metrics=args.metric, scoring=args.scorer)
     written = write_reports(
         summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric
     )

@@ -19,7 +19,16 @@ from prompt_r1.config import LoopConfig
 from prompt_r1.data import DATASETS
 from prompt_r1.errors import ConfigError
 
-__all__ = ["MANIFEST", "METHODS", "SUITES", "MethodInfo", "Suite", "record_settings", "resolve_plan"]
+__all__ = [
+    "MANIFEST",
+    "METHODS",
+    "SUITES",
+    "MethodInfo",
+    "Suite",
+    "ordered",
+    "record_settings",
+    "resolve_plan",
+]
 
 MANIFEST = "run.json"
 
@@ -55,6 +64,22 @@ SUITES: dict[str, Suite] = {
     ),
     "ablation": Suite(_MAIN, ("prompt-r1", "agent-only", "env-only"), "w/o agent and w/o env (Table 4)"),
 }
+
+
+def ordered(groups: Sequence[Any]) -> list[Any]:
+    """Per-(dataset, method) results (anything with `.dataset` and `.method`) in the paper's order: bundled
+    datasets as listed, then others by name; methods as `METHODS` lists them, then others by name."""
+    dataset_rank = {name: i for i, name in enumerate(DATASETS)}
+    method_rank = {name: i for i, name in enumerate(METHODS)}
+    return sorted(
+        groups,
+        key=lambda g: (
+            dataset_rank.get(g.dataset, len(dataset_rank)),
+            g.dataset,
+            method_rank.get(g.method, len(method_rank)),
+            g.method,
+        ),
+    )
 
 
 def resolve_plan(

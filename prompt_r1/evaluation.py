@@ -42,7 +42,7 @@ from prompt_r1.errors import (
     EnvironmentRefused,
 )
 from prompt_r1.eval_plan import MANIFEST, METHODS, SUITES, MethodInfo, Suite, record_settings, resolve_plan
-from prompt_r1.metering import MeteredAgent, MeteredEnvironment, budget_rule, check_budget_prices
+from prompt_r1.metering import MeteredAgent, MeteredEnvironment, budget_rule, check_budget_prices, row_cost
 from prompt_r1.pool import RunTally, check_limits, run_many
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import ANSWER_CLOSE, last_answer
@@ -197,6 +197,8 @@ async def run_evaluation(
     )
     meter = UsageMeter(prices)
     agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
+    # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.
+    agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
     agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
     environment = MeteredEnvironment(environment, meter, redact) if environment is not None else None
     runner = EpisodeRunner(agent, environment, loop, tags=["eval"]) if "prompt-r1" in methods else None
@@ -226,6 +228,7 @@ async def run_evaluation(
         else:
             prediction, status, error, latency = await _baseline(method, sample, row, agent, environment)
         row.update(prediction=prediction, status=status, error=error, latency_s=round(latency, 3))
+        row["cost_usd"] = row_cost(row, prices, agent_model, agent_paid=agent_paid)
         if status not in FAILED_STATUSES:
             row["metrics"] = row_metrics(prediction, sample.golden_answers)
         return row
@@ -251,12 +254,29 @@ async def run_evaluation(
             refresh=False,
         )
 
+    def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
+        """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
+        sample = item.sample
+        return {
+            "method": item.method,
+            "dataset": sample.dataset,
+            "id": sample.id,
+            "index": sample.index,
+            "question": sample.question,
+            "golden_answers": sample.golden_answers,
+            "prediction": "",
+            "status": "internal_error",
+            "error": describe_exception(exc),
+            "latency_s": 0.0,
+        }
+
     items = (EvalItem(method, sample) for sample in samples for method in methods)
     try:
         await run_many(
             items,
             work,
             store,
+            failure_row=failure_row,
             concurrency=concurrency,
             key=lambda item: item.key,
             describe=EvalItem.describe,
@@ -302,6 +322,7 @@ async def _baseline(
                 "env_output_tokens": reply.output_tokens,
                 "env_retries": reply.attempts - 1,
             }
+            row["environment_calls"] = [reply.to_dict()]
         row["response"] = text
         tagged = last_answer(text)
         row["answer_tagged"] = tagged is not None

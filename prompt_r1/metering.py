@@ -85,6 +85,29 @@ def episode_cost(state: dict[str, Any], prices: PriceTable, agent_model: str) ->
     return total + agent
 
 
+def row_cost(row: dict[str, Any], prices: PriceTable, agent_model: str, *, agent_paid: bool) -> float | None:
+    """The estimated dollars of one evaluation row: every environment call it made (an episode's turns, a
+    baseline's `environment_calls`, each priced by the model that answered) plus the agent's tokens. An unpriced
+    paid model makes the row unpriced (None); an agent that is not `agent_paid` (a local model) costs 0 unless
+    the table prices it."""
+    calls = [t["environment_call"] for t in row.get("turns") or () if t.get("environment_call")]
+    calls += list(row.get("environment_calls") or ())
+    total = 0.0
+    for call in calls:
+        cost = prices.cost(call.get("model") or "", call["input_tokens"], call["output_tokens"])
+        if cost is None:
+            return None
+        total += cost
+    usage = row.get("usage") or {}
+    read, written = usage.get("agent_prompt_tokens", 0), usage.get("agent_completion_tokens", 0)
+    if read or written:
+        agent = prices.cost(agent_model, read, written)
+        if agent is None and agent_paid:
+            return None
+        total += agent or 0.0
+    return total
+
+
 def priced_models(environment: Any, agent: AgentBackend | None) -> dict[str, str]:
     """What a budget is spent on: label → model name, for every environment model (each pool member's) and for a
     served agent (an in-process agent makes no paid calls)."""

@@ -28,6 +28,7 @@ __all__ = [
     "METRICS",
     "SemanticScorer",
     "as_answer_list",
+    "default_semantic_scorer",
     "exact_match",
     "exact_match_batch",
     "f1",
@@ -171,9 +172,15 @@ class SemanticScorer:
         return self._model
 
     def similarity_batch(
-        self, predictions: Sequence[str], golden_answers: Sequence[Sequence[str]]
+        self,
+        predictions: Sequence[str],
+        golden_answers: Sequence[Sequence[str]],
+        *,
+        empty_score: float | None = None,
     ) -> list[float]:
-        """Per row, the best cosine similarity between the prediction and any of its golden answers."""
+        """Per row, the best cosine similarity between the prediction and any of its golden answers. A pair with an
+        empty side scores `empty_score` when given (the release's scorer: 1.0), else 1 when both are empty and 0
+        when one is, as F1 does."""
         if len(predictions) != len(golden_answers):
             raise ValueError(f"{len(predictions)} predictions but {len(golden_answers)} golden-answer lists")
         rows = [
@@ -190,6 +197,8 @@ class SemanticScorer:
 
         def cosine(prediction: str, gold: str) -> float:
             if not prediction or not gold:
+                if empty_score is not None:
+                    return empty_score
                 return float(prediction == gold)  # as in F1: both empty agree, one empty does not
             return float(vectors[index[prediction]] @ vectors[index[gold]])
 
@@ -200,6 +209,11 @@ class SemanticScorer:
 
 
 _default_scorer = SemanticScorer()
+
+
+def default_semantic_scorer() -> SemanticScorer:
+    """The process's shared scorer of the bundled model (loaded once, on first use)."""
+    return _default_scorer
 
 
 def semantic_similarity(prediction: str, golden_answers: Sequence[str]) -> float:

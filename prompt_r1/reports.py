@@ -10,22 +10,23 @@ from __future__ import annotations
 import csv
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.data import DATASETS, dataset_info
+from prompt_r1.charts import LABELS, write_chart, write_cost_chart
+from prompt_r1.data import dataset_info
 from prompt_r1.episode import FAILED_STATUSES
 from prompt_r1.errors import ConfigError
-from prompt_r1.eval_plan import METHODS
+from prompt_r1.eval_plan import METHODS, ordered
 from prompt_r1.metrics import METRICS, SemanticScorer, as_answer_list
+from prompt_r1.scorers import SCORERS, check_scorer, release_scores
 
 __all__ = [
     "SummaryRow",
     "render_markdown",
     "row_metrics",
     "summarize",
-    "write_chart",
     "write_reports",
     "write_summary_csv",
 ]
@@ -36,9 +37,13 @@ def _scores(
     predictions: Sequence[str],
     golds: Sequence[Sequence[str]],
     scorer: SemanticScorer | None = None,
+    scoring: str = "paper",
 ) -> list[float]:
-    """Metric `name` per row; a row without an answer earns nothing, even against a golden answer that
-    normalises to "" (which an empty prediction would otherwise match)."""
+    """Metric `name` per row. Under the paper's scorer a row without an answer earns nothing, even against a
+    golden answer that normalises to "" (which an empty prediction would otherwise match); the release's rules
+    are prompt_r1.scorers'."""
+    if scoring == "release":
+        return release_scores(name, predictions, golds, scorer)
     if name == "ssim" and scorer is not None:
         values = scorer.similarity_batch(predictions, golds)
     else:
@@ -60,6 +65,10 @@ class SummaryRow:
     n: int  # rows scored
     failed: int  # rows left out because the environment or agent failed
     scores: dict[str, float]  # metric name → mean over the scored rows (0–1)
+    scoring: str = "paper"  # the scorer's name (prompt_r1.scorers.SCORERS)
+    # What the rows cost, failed ones included (they were paid for): calls and tokens summed, `cost_usd` the
+    # estimated dollars (None when a row is unpriced), `usd_per_row` that over every row.
+    spend: dict[str, Any] = field(default_factory=dict)
 
 
 def _metrics_for(dataset: str, requested: Sequence[str] | None) -> list[str]:
@@ -84,16 +93,22 @@ def summarize(
     *,
     metrics: Sequence[str] | None = None,
     scorer: SemanticScorer | None = None,
+    scoring: str = "paper",
 ) -> list[SummaryRow]:
     """Mean scores per (dataset, method). By default: EM, SM and F1 everywhere, SSim on the text-generation
-    sets, math equivalence on the math sets; `metrics` picks the metrics for every dataset instead."""
+    sets, math equivalence on the math sets; `metrics` picks the metrics for every dataset instead. `scoring`:
+    the paper's definitions or the release's rules (prompt_r1.scorers; the rows' predictions are scored as they
+    are: `release_rows` reads an episode's prediction the release's way first)."""
+    check_scorer(scoring)
     unknown = [m for m in metrics or () if m not in METRICS]
     if unknown:
         raise ConfigError(f"unknown metric(s) {', '.join(unknown)}; choose from {', '.join(METRICS)}")
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
     failed: dict[tuple[str, str], int] = defaultdict(int)
+    spend: dict[tuple[str, str], dict[str, Any]] = defaultdict(_no_spend)
     for row in rows:
         key = (str(row["dataset"]), str(row["method"]))
+        _add_spend(spend[key], row)
         if row.get("status") in FAILED_STATUSES:
             failed[key] += 1
         else:
@@ -109,35 +124,101 @@ def summarize(
         for name in _metrics_for(dataset, metrics):
             if not members:
                 continue
-            values = _scores(name, predictions, golds, scorer)
+            values = _scores(name, predictions, golds, scorer, scoring)
             scores[name] = sum(values) / len(values)
-        summary.append(SummaryRow(dataset, method, len(members), failed[(dataset, method)], scores))
-    return _ordered(summary)
+        cost = _closed_spend(spend[(dataset, method)])
+        summary.append(
+            SummaryRow(dataset, method, len(members), failed[(dataset, method)], scores, scoring, cost)
+        )
+    return ordered(summary)
 
 
-def _ordered(summary: list[SummaryRow]) -> list[SummaryRow]:
-    dataset_rank = {name: i for i, name in enumerate(DATASETS)}
-    method_rank = {name: i for i, name in enumerate(METHODS)}
-    return sorted(
-        summary,
-        key=lambda s: (
-            dataset_rank.get(s.dataset, len(dataset_rank)),
-            s.dataset,
-            method_rank.get(s.method, len(method_rank)),
-            s.method,
-        ),
-    )
+SPEND_COLUMNS = (
+    "env_calls",
+    "env_input_tokens",
+    "env_output_tokens",
+    "agent_input_tokens",
+    "agent_output_tokens",
+    "cost_usd",
+    "usd_per_row",
+)
+
+
+def _no_spend() -> dict[str, Any]:
+    return {name: 0 for name in SPEND_COLUMNS[:5]} | {"rows": 0, "cost_usd": 0.0, "unpriced": 0}
+
+
+def _add_spend(spend: dict[str, Any], row: Mapping[str, Any]) -> None:
+    usage = row.get("usage") or {}
+    spend["rows"] += 1
+    spend["env_calls"] += usage.get("env_calls", 0)
+    spend["env_input_tokens"] += usage.get("env_input_tokens", 0)
+    spend["env_output_tokens"] += usage.get("env_output_tokens", 0)
+    spend["agent_input_tokens"] += usage.get("agent_prompt_tokens", 0)
+    spend["agent_output_tokens"] += usage.get("agent_completion_tokens", 0)
+    cost = row.get("cost_usd")
+    if cost is None:  # unpriced, or a row written before costs were kept
+        spend["unpriced"] += 1
+    else:
+        spend["cost_usd"] += cost
+
+
+def _closed_spend(spend: dict[str, Any]) -> dict[str, Any]:
+    """The group's spending with `cost_usd` and `usd_per_row` None unless every row was priced."""
+    closed = {name: spend[name] for name in SPEND_COLUMNS[:5]}
+    priced = spend["rows"] > 0 and spend["unpriced"] == 0
+    closed["cost_usd"] = spend["cost_usd"] if priced else None
+    closed["usd_per_row"] = spend["cost_usd"] / spend["rows"] if priced else None
+    return closed
+
+
+_COLUMNS = (
+    "env_calls",
+    "env_input_tokens",
+    "env_output_tokens",
+    "agent_input_tokens",
+    "agent_output_tokens",
+    "cost_usd",
+    "usd_per_row",
+)
+
+
+def _no_spend() -> dict[str, Any]:
+    return {name: 0 for name in SPEND_COLUMNS[:5]} | {"rows": 0, "cost_usd": 0.0, "unpriced": 0}
+
+
+def _add_spend(spend: dict[str, Any], row: Mapping[str, Any]) -> None:
+    usage = row.get("usage") or {}
+    spend["rows"] += 1
+    spend["env_calls"] += usage.get("env_calls", 0)
+    spend["env_input_tokens"] += usage.get("env_input_tokens", 0)
+    spend["env_output_tokens"] += usage.get("env_output_tokens", 0)
+    spend["agent_input_tokens"] += usage.get("agent_prompt_tokens", 0)
+    spend["agent_output_tokens"] += usage.get("agent_completion_tokens", 0)
+    cost = row.get("cost_usd")
+    if cost is None:  # unpriced, or a row written before costs were kept
+        spend["unpriced"] += 1
+    else:
+        spend["cost_usd"] += cost
+
+
+def _closed_spend(spend: dict[str, Any]) -> dict[str, Any]:
+    """The group's spending with `cost_usd` and `usd_per_row` None unless every row was priced."""
+    closed = {name: spend[name] for name in SPEND_COLUMNS[:5]}
+    priced = spend["rows"] > 0 and spend["unpriced"] == 0
+    closed["cost_usd"] = spend["cost_usd"] if priced else None
+    closed["usd_per_row"] = spend["cost_usd"] / spend["rows"] if priced else None
+    return closed
 
 
 _COLUMNS = ("em", "sm", "f1", "ssim", "math")
-_LABELS = {"em": "EM", "sm": "SM", "f1": "F1", "ssim": "SSim", "math": "MathEq"}
 
 
 def write_summary_csv(summary: Sequence[SummaryRow], path: str | Path) -> Path:
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["dataset", "title", "method", "n", "failed", *_COLUMNS])
+        writer.writerow(["dataset", "title", "method", "n", "failed", *_COLUMNS, *SPEND_COLUMNS, "scorer"])
         for s in summary:
             info = dataset_info(s.dataset)
             writer.writerow(
@@ -148,6 +229,8 @@ def write_summary_csv(summary: Sequence[SummaryRow], path: str | Path) -> Path:
                     s.n,
                     s.failed,
                     *(f"{s.scores[c]:.6f}" if c in s.scores else "" for c in _COLUMNS),
+                    *("" if s.spend.get(c) is None else s.spend[c] for c in SPEND_COLUMNS),
+                    s.scoring,
                 ]
             )
     return path
@@ -183,7 +266,7 @@ def _markdown_table(header: list[str], body: list[list[str]], best_columns: rang
 def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None = None) -> str:
     """Methods × (dataset, metric) in percent, averages per metric, best per column in bold (paper Table 2)."""
     datasets = list(dict.fromkeys(s.dataset for s in summary))
-    methods = list(dict.fromkeys(s.method for s in _ordered(list(summary))))
+    methods = list(dict.fromkeys(s.method for s in ordered(list(summary))))
     by_key = {(s.dataset, s.method): s for s in summary}
     columns: list[tuple[str, str]] = []
     for dataset in datasets:
@@ -194,8 +277,8 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
     header = ["Method"]
     for dataset, metric in columns:
         info = dataset_info(dataset)
-        header.append(f"{info.title if info else dataset} {_LABELS[metric]}")
-    header += [f"Avg. {_LABELS[m]}" for m in averaged]
+        header.append(f"{info.title if info else dataset} {LABELS[metric]}")
+    header += [f"Avg. {LABELS[m]}" for m in averaged]
     body = []
     for method in methods:
         cells = [METHODS[method].title if method in METHODS else method]
@@ -235,7 +318,12 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
             f"{s.dataset}/{s.method} {s.n}" + (f" ({s.failed} failed, left out)" if s.failed else "")
             for s in summary
         )
-    lines += ["", f"Scores in percent. Rows scored: {counts}."]
+    lines += _cost_table(summary, methods)
+    scoring = summary[0].scoring if summary else "paper"
+    lines += [
+        "",
+        f"Scores in percent, scorer `{scoring}` ({SCORERS[scoring]}). Rows scored: {counts}.",
+    ]
     if any(s.failed for s in summary):
         lines.append(
             "† some rows failed on the environment or agent and are left out: rerun the command to retry them."
@@ -243,43 +331,31 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
     return "\n".join(lines) + "\n"
 
 
-def write_chart(summary: Sequence[SummaryRow], path: str | Path, metric: str = "f1") -> Path | None:
-    """A grouped bar chart of `metric` per dataset, one bar per method; None if nothing has that metric."""
-    points = [s for s in summary if metric in s.scores]
-    if not points:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never needs a display
-    import matplotlib.pyplot as plt
-
-    datasets = list(dict.fromkeys(s.dataset for s in points))
-    methods = list(dict.fromkeys(s.method for s in _ordered(points)))
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(datasets) + 2), 4.0))
-    for i, method in enumerate(methods):
-        # A (dataset, method) pair that was not scored gets no bar rather than a bar at 0.
-        values = [
-            next(
-                (100 * s.scores[metric] for s in points if s.dataset == d and s.method == method),
-                float("nan"),
-            )
-            for d in datasets
-        ]
-        positions = [x + (i - (len(methods) - 1) / 2) * width for x in range(len(datasets))]
-        ax.bar(positions, values, width, label=METHODS[method].title if method in METHODS else method)
-    ax.set_xticks(range(len(datasets)))
-    ax.set_xticklabels(
-        [dataset_info(d).title if dataset_info(d) else d for d in datasets], rotation=30, ha="right"
-    )
-    ax.set_ylabel(f"{_LABELS[metric]} (%)")
-    ax.set_title(f"{_LABELS[metric]} by dataset and method")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def _cost_table(summary: Sequence[SummaryRow], methods: list[str]) -> list[str]:
+    """Dollars per row for each dataset and method, the environment calls per row, and each method's total: what
+    a point of accuracy costs. Nothing when no row recorded any usage (a `score` file without it)."""
+    if not any(s.spend.get("env_calls") or s.spend.get("agent_input_tokens") for s in summary):
+        return []
+    datasets = list(dict.fromkeys(s.dataset for s in summary))
+    by_key = {(s.dataset, s.method): s for s in summary}
+    header = ["Method", *(f"{dataset_info(d).title if dataset_info(d) else d} $/row" for d in datasets)]
+    header += ["Env calls/row", "Total $"]
+    body = []
+    for method in methods:
+        groups = [by_key[(d, method)] for d in datasets if (d, method) in by_key]
+        cells = [METHODS[method].title if method in METHODS else method]
+        for dataset in datasets:
+            s = by_key.get((dataset, method))
+            per_row = s.spend.get("usd_per_row") if s else None
+            cells.append("–" if per_row is None else f"{per_row:.6f}")
+        rows = sum(s.n + s.failed for s in groups)
+        calls = sum(s.spend.get("env_calls", 0) for s in groups)
+        cells.append(f"{calls / rows:.2f}" if rows else "–")
+        costs = [s.spend.get("cost_usd") for s in groups]
+        cells.append("unpriced" if not costs or None in costs else f"{sum(costs):.4f}")
+        body.append(cells)
+    lines = ["", "Cost (estimated from the price table; failed rows included, they were paid for):", ""]
+    return lines + _markdown_table(header, body)
 
 
 def write_reports(
@@ -290,16 +366,23 @@ def write_reports(
     chart: bool = True,
     metrics: Sequence[str] | None = None,
 ) -> dict[str, Path]:
-    """summary.csv, table.md and (with matplotlib) chart.png in `out_dir`; `stem` prefixes the file names."""
+    """summary.csv, table.md and (with matplotlib) chart.png in `out_dir`; `stem` prefixes the file names, and a
+    scorer other than the paper's names itself in them (summary.release.csv), so its tables never replace the
+    paper scorer's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    scoring = summary[0].scoring if summary else "paper"
+    tail = "" if scoring == "paper" else f".{scoring}"
     written = {
-        "csv": write_summary_csv(summary, out_dir / f"{stem}summary.csv"),
-        "markdown": out_dir / f"{stem}table.md",
+        "csv": write_summary_csv(summary, out_dir / f"{stem}summary{tail}.csv"),
+        "markdown": out_dir / f"{stem}table{tail}.md",
     }
     written["markdown"].write_text(render_markdown(summary, metrics), encoding="utf-8")
     if chart:
-        png = write_chart(summary, out_dir / f"{stem}chart.png")
+        png = write_chart(summary, out_dir / f"{stem}chart{tail}.png")
         if png is not None:
             written["chart"] = png
+        png = write_cost_chart(summary, out_dir / f"{stem}cost{tail}.png")
+        if png is not None:
+            written["cost_chart"] = png
     return written

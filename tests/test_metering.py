@@ -22,3 +22,15 @@ def test_the_budget_rule_gives_a_reason_once_the_cost_reaches_the_budget():
     assert rule() is None
     meter.add("environment", "gpt-4o-mini", 1_000_000, 0)  # $0.15 at the bundled price
     assert rule() == "budget of $0.1 reached ($0.1500 spent)"
+
+
+def test_a_rows_cost_prices_each_environment_call_and_a_local_agent_is_free_unless_priced():
+    from prompt_r1.metering import row_cost
+
+    prices = PriceTable.load()
+    call = {"model": "gpt-4o-mini", "input_tokens": 1_000_000, "output_tokens": 0}
+    row = {"turns": [{"environment_call": call}, {}], "usage": {"agent_prompt_tokens": 10}}
+    assert row_cost(row, prices, "my-local-agent", agent_paid=False) == pytest.approx(0.15)
+    assert row_cost(row, prices, "my-served-agent", agent_paid=True) is None  # a paid model with no price
+    baseline = {"environment_calls": [call, {**call, "model": "nobody-prices-this"}]}
+    assert row_cost(baseline, prices, "agent", agent_paid=True) is None
