@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import html
 import re
 import sys
 
@@ -25,16 +26,43 @@ def _fraction(text: str) -> float:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
-def build_servers(limit: int) -> ScriptedServer:
-    # Keyed by the stripped question: the agent's prompt reaches the environment stripped, as the protocol parses it.
-    golds = {
+def golden_answers(rows: int) -> dict[str, str]:
+    """The first golden answer of the first `rows` rows of every paper-main set, keyed by the stripped question:
+    the agent's prompt reaches the environment stripped, as the protocol parses it."""
+    return {
         s.question.strip(): s.golden_answers[0]
         for n in SUITES["paper-main"].datasets
-        for s in load_samples(n, limit=limit)
+        for s in load_samples(n, limit=rows)
     }
+
+
+def question_finder(golds: dict[str, str]):
+    """The question a text holds: the longest known one inside it."""
 
     def question_in(text: str) -> str:
         return max((q for q in golds if q in text), key=len)
+
+    return question_in
+
+
+def scripted_agent(question_in):
+    """The agent: it asks the environment once (its question "Explained:"), then answers what it was told."""
+
+    def agent(body: dict) -> str:
+        messages = body["messages"]
+        question = question_in(messages[0]["content"])
+        if len(messages) == 1:
+            return f"<think>Explain the question first.</think><interaction_prompt>Explained: {question}</interaction_prompt>"
+        # The loop escapes the environment's reply inside <interaction_response> (its tags are not the agent's).
+        said = re.findall(r"<answer>(.*?)</answer>", html.unescape(messages[-1]["content"]), re.DOTALL)
+        return f"<think>The environment answered.</think><answer>{said[-1] if said else ''}</answer>"
+
+    return agent
+
+
+def build_servers(limit: int) -> ScriptedServer:
+    golds = golden_answers(limit)
+    question_in = question_finder(golds)
 
     def environment(body: dict) -> str:
         prompt = body["messages"][-1]["content"]
@@ -43,15 +71,7 @@ def build_servers(limit: int) -> ScriptedServer:
         right = _fraction(question) < share
         return f"Here is my answer. <answer>{golds[question] if right else 'not sure'}</answer>"
 
-    def agent(body: dict) -> str:
-        messages = body["messages"]
-        question = question_in(messages[0]["content"])
-        if len(messages) == 1:
-            return f"<think>Explain the question first.</think><interaction_prompt>Explained: {question}</interaction_prompt>"
-        said = re.findall(r"<answer>(.*?)</answer>", messages[-1]["content"], re.DOTALL)
-        return f"<think>The environment answered.</think><answer>{said[-1] if said else ''}</answer>"
-
-    return ScriptedServer({"env": environment, "agent": agent})
+    return ScriptedServer({"env": environment, "agent": scripted_agent(question_in)})
 
 
 def run(argv: list[str] | None = None) -> int:

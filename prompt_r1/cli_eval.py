@@ -29,6 +29,9 @@ from prompt_r1.evaluation import (
     resolve_plan,
     run_evaluation,
 )
+from prompt_r1.metering import check_budget_prices
+from prompt_r1.opro import OproSettings
+from prompt_r1.optimizers import SearchSettings, search_instructions
 from prompt_r1.pool import named_keys
 from prompt_r1.reports import summarize, write_reports
 from prompt_r1.scorers import SCORERS, release_rows
@@ -75,6 +78,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     _add_scorer_flag(ev)
+    _add_search_flags(ev)
     add_run_flags(ev, repeatable_env=SWEEP_FIELDS)
 
     sc = sub.add_parser(
@@ -96,6 +100,49 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     _add_scorer_flag(sc)
 
 
+def _add_search_flags(parser: argparse.ArgumentParser) -> None:
+    """The prompt optimisers' (`--method opro`, `gepa`, `textgrad`): their search budget, training rows and the OPRO
+    paper's knobs."""
+    group = parser.add_argument_group("prompt optimisers (--method opro, gepa, textgrad)")
+    defaults = SearchSettings()
+    group.add_argument("--optimizer-budget", type=int, default=defaults.budget, metavar="N",
+                       help="metric calls per search: training rows answered under a candidate instruction "
+                       f"(default: {defaults.budget})")  # fmt: skip
+    group.add_argument("--optimizer-train-rows", type=int, default=defaults.train_rows, metavar="N",
+                       help="training rows per search: the dataset's rows after the evaluated ones "
+                       f"(default: {defaults.train_rows})")  # fmt: skip
+    group.add_argument("--optimizer-train", metavar="FILE", help="training rows from this file instead")
+    group.add_argument("--reflection-model", metavar="NAME",
+                       help="the optimiser model, on the environment's endpoint (default: the environment model)")  # fmt: skip
+    opro = defaults.opro
+    group.add_argument("--opro-candidates", type=int, default=opro.candidates, metavar="N",
+                       help=f"instructions sampled per step (default: {opro.candidates}, the paper's)")  # fmt: skip
+    group.add_argument("--opro-steps", type=int, default=opro.steps, metavar="N",
+                       help=f"most steps; the budget usually ends the search first (default: {opro.steps})")  # fmt: skip
+    group.add_argument("--opro-keep", type=int, default=opro.keep, metavar="N",
+                       help=f"best instructions shown in the meta-prompt (default: {opro.keep})")  # fmt: skip
+    group.add_argument("--opro-temperature", type=float, default=opro.temperature, metavar="X",
+                       help=f"the optimiser model's sampling temperature, every optimiser's (default: {opro.temperature})")  # fmt: skip
+
+
+def _search_settings(args: argparse.Namespace) -> SearchSettings:
+    for flag in ("optimizer_budget", "optimizer_train_rows", "opro_candidates", "opro_steps", "opro_keep"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
+    return SearchSettings(
+        budget=args.optimizer_budget,
+        train_rows=args.optimizer_train_rows,
+        reflection_model=args.reflection_model,
+        train_file=args.optimizer_train,
+        opro=OproSettings(
+            candidates=args.opro_candidates,
+            steps=args.opro_steps,
+            keep=args.opro_keep,
+            temperature=args.opro_temperature,
+        ),  # fmt: skip
+    )
+
+
 def _add_scorer_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scorer",
@@ -107,7 +154,8 @@ def _add_scorer_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _samples(datasets: list[str], limit: int | None) -> list:
+def _samples(datasets: list[str], limit: int | None) -> tuple[list, dict[str, str]]:
+    """The rows to evaluate, and each dataset's label → the name or file it was loaded from."""
     samples, sources = [], {}
     for name in datasets:
         loaded = load_samples(name, limit=limit)
@@ -118,7 +166,7 @@ def _samples(datasets: list[str], limit: int | None) -> list:
             )
         sources[label] = name
         samples += loaded
-    return samples
+    return samples, sources
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -132,7 +180,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if source == out_dir or out_dir in source.parents:
             raise ConfigError(f"the input {name} is inside the --out folder {args.out}; name another folder")
     check_run_flags(args)
-    samples = _samples(datasets, args.limit)
+    samples, sources = _samples(datasets, args.limit)
+    search = _search_settings(args)
     prices = PriceTable.load(args.prices)
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     needs_agent = any(METHODS[m].needs_agent for m in methods)
@@ -143,50 +192,75 @@ def cmd_eval(args: argparse.Namespace) -> int:
     folders = [(Path(args.out) / name if len(sweep) > 1 else Path(args.out), cfg) for name, cfg in sweep]
     # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
     for folder, cfg in folders:
-        record_settings(folder, methods, agent_config=agent_cfg, environment_config=cfg, loop=loop_cfg)
+        record_settings(
+            folder,
+            methods,
+            agent_config=agent_cfg,
+            environment_config=cfg,
+            loop=loop_cfg,
+            search=search.to_dict(),
+        )
     # Every environment's key and socket are checked before the agent loads (the cheap checks first), and the
     # agent is loaded once, whatever the environments.
     environments = [_prepare(None, cfg)[1] for _, cfg in folders]
     agent, _ = _prepare(agent_cfg, None)
+    if args.budget is not None:  # every environment's model priced before the first one is paid for
+        for environment in environments:
+            check_budget_prices(prices, environment, agent)
     summaries, code = {}, EXIT_OK
     for (name, _), (folder, cfg), environment in zip(sweep, folders, environments, strict=True):
         summary, done = _evaluate(
-            args, folder, methods, samples, prices, agent, environment, agent_cfg, cfg, loop_cfg
+            args,
+            folder,
+            methods,
+            samples,
+            prices,
+            agent,
+            environment,
+            agent_cfg,
+            cfg,
+            loop_cfg,
+            (sources, search),
         )
         summaries[name] = summary
         code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130 interrupted)
         if done == EXIT_INTERRUPTED:  # Ctrl-C stops the sweep, not only this environment's run
             break
     if len(sweep) > 1:
-        written = write_sweep_report(summaries, args.out)
+        written = write_sweep_report(summaries, args.out, chart=not args.no_chart, scoring=args.scorer)
         print(written["markdown"].read_text(encoding="utf-8"))
         print("sweep: " + ", ".join(str(p) for p in written.values()), file=sys.stderr)
     return code
 
 
-def _evaluate(args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg):
-    """One folder's run, scoring and reports; (its summary, its exit code)."""
+def _evaluate(
+    args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg, searching
+):
+    """One folder's searches, run, scoring and reports; (its summary, its exit code)."""
+    sources, search = searching
     print(
         f"evaluating {', '.join(methods)} on {len({s.dataset for s in samples})} dataset(s), {len(samples)} rows "
         f"each method → {out}",
         file=sys.stderr,
     )
-    outcome = asyncio.run(
-        run_evaluation(
+    records, outcome = asyncio.run(
+        _search_then_run(
             out,
             methods,
+            sources,
             samples,
+            environment,
+            env_cfg,
+            search,
+            prices,
             agent=agent,
-            environment=environment,
             loop=loop_cfg,
             agent_config=agent_cfg,
-            environment_config=env_cfg,
             concurrency=args.concurrency,
             max_failures=args.max_failures,
             budget=args.budget,
-            prices=prices,
             progress=not args.no_progress,
-        )
+        )  # fmt: skip
     )
     # Scored: this run's rows, less those kept from an earlier run for another question.
     wanted = {(m, str(s.dataset), str(s.id)) for m in methods for s in samples} - set(outcome.conflict_keys)
@@ -198,7 +272,12 @@ def _evaluate(args, out, methods, samples, prices, agent, environment, agent_cfg
     if args.scorer == "release":
         rows = release_rows(rows)
     summary = summarize(rows, scoring=args.scorer)
-    written = write_reports(summary, out, chart=not args.no_chart)
+    for s in summary:  # what a prompt optimiser's search cost, beside what answering the rows cost
+        record = records.get((s.method, s.dataset))
+        if record is not None:
+            s.spend["search_calls"] = record["metric_calls"] + record["calls"]["reflection"]
+            s.spend["search_usd"] = record["cost_usd"]
+    written = write_reports(summary, out, chart=not args.no_chart, scoring=args.scorer)
     print(written["markdown"].read_text(encoding="utf-8"))
     cost = outcome.usage.get("cost_usd")
     print(
@@ -209,6 +288,18 @@ def _evaluate(args, out, methods, samples, prices, agent, environment, agent_cfg
         file=sys.stderr,
     )
     return summary, _verdict(outcome, sum(s.failed for s in summary))
+
+
+async def _search_then_run(out, methods, sources, samples, environment, env_cfg, search, prices, **options):
+    """The optimisers' searches (read back when done before), then the rows: one event loop for both, so the
+    environment's client serves them on the loop it was first used on."""
+    records = await search_instructions(out, methods, sources, samples, environment, env_cfg, search, prices)
+    instructions = {key: record["instruction"] for key, record in records.items()}
+    outcome = await run_evaluation(
+        out, methods, samples, environment=environment, environment_config=env_cfg, prices=prices,
+        instructions=instructions, search=search.to_dict(), **options,
+    )  # fmt: skip
+    return records, outcome
 
 
 def _verdict(outcome, failed: int) -> int:
@@ -285,7 +376,12 @@ def cmd_score(args: argparse.Namespace) -> int:
         )
     summary = summarize(rows, metrics=args.metric, scoring=args.scorer)
     written = write_reports(
-        summary, args.out or path.parent, stem=f"{path.stem}.", chart=not args.no_chart, metrics=args.metric
+        summary,
+        args.out or path.parent,
+        stem=f"{path.stem}.",
+        chart=not args.no_chart,
+        metrics=args.metric,
+        scoring=args.scorer,
     )
     print(written["markdown"].read_text(encoding="utf-8"))
     print(", ".join(str(p) for p in written.values()), file=sys.stderr)

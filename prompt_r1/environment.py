@@ -242,7 +242,8 @@ class EnvironmentClient:
             exc.attempts = attempts
             raise
         usage = message.usage_metadata or {}
-        text, repaired = repair(message.text if isinstance(message.text, str) else str(message.content))
+        # str(): LangChain's `text` is a str subclass (a text accessor); the reply keeps plain text.
+        text, repaired = repair(str(message.text) if isinstance(message.text, str) else str(message.content))
         # A reply that repeats a key (an endpoint echoing its request) must not carry it into the state, the
         # checkpoint, or the agent's next prompt.
         text = redaction.redact(text)

@@ -3,7 +3,8 @@ settings manifest (run.json) that keeps one output folder to one set of settings
 
 Methods: `prompt-r1` (the agent ⇄ environment loop, through the same graph and client as `prompt-r1 run`),
 `env-only` (the question straight to the environment: the paper's "w/o agent"), `agent-only` (the agent answers
-alone: "w/o env"), `env-cot` (a chain-of-thought prompt to the environment).
+alone: "w/o env"), `env-cot` (a chain-of-thought prompt to the environment), `opro`, `gepa` and `textgrad` (a prompt optimiser's
+searched instruction, then env-only's request: prompt_r1.optimizers).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ METHODS: dict[str, MethodInfo] = {
     "env-only": MethodInfo("Env only (w/o agent)", needs_agent=False, needs_environment=True),
     "agent-only": MethodInfo("Agent only (w/o env)", needs_agent=True, needs_environment=False),
     "env-cot": MethodInfo("Env CoT", needs_agent=False, needs_environment=True),
+    # A prompt optimiser's instruction, searched on training rows, then env-only's request (prompt_r1.optimizers).
+    "opro": MethodInfo("OPRO", needs_agent=False, needs_environment=True),
+    "gepa": MethodInfo("GEPA", needs_agent=False, needs_environment=True),
+    "textgrad": MethodInfo("TextGrad", needs_agent=False, needs_environment=True),
 }
 
 
@@ -123,7 +128,9 @@ def _measured(config: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in _OPERATIONAL}
 
 
-def _method_settings(method: str, agent_config: Any, environment_config: Any, loop: LoopConfig) -> dict:
+def _method_settings(
+    method: str, agent_config: Any, environment_config: Any, loop: LoopConfig, search: dict | None
+) -> dict:
     info = METHODS[method]
     settings: dict[str, Any] = {}
     if info.needs_agent and agent_config is not None:
@@ -132,6 +139,10 @@ def _method_settings(method: str, agent_config: Any, environment_config: Any, lo
         settings["environment"] = _measured(environment_config)
     if method == "prompt-r1":
         settings["loop"] = dataclasses.asdict(loop)
+    if (
+        method in ("opro", "gepa", "textgrad") and search is not None
+    ):  # the instruction and every row come of the search
+        settings["search"] = search
     return settings
 
 
@@ -157,13 +168,14 @@ def record_settings(
     agent_config: Any = None,
     environment_config: Any = None,
     loop: LoopConfig | None = None,
+    search: dict | None = None,
 ) -> None:
     """Refuse to mix rows produced under different settings in one folder; record the settings otherwise.
 
     Only what changes results is compared (models, sampling, loop); endpoints, limits and retries may change.
     """
     loop = loop or LoopConfig()
-    settings = {m: _method_settings(m, agent_config, environment_config, loop) for m in methods}
+    settings = {m: _method_settings(m, agent_config, environment_config, loop, search) for m in methods}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / MANIFEST

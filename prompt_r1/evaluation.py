@@ -43,6 +43,7 @@ from prompt_r1.errors import (
 )
 from prompt_r1.eval_plan import MANIFEST, METHODS, SUITES, MethodInfo, Suite, record_settings, resolve_plan
 from prompt_r1.metering import MeteredAgent, MeteredEnvironment, budget_rule, check_budget_prices, row_cost
+from prompt_r1.optimizers import OPTIMIZERS, instruction_request
 from prompt_r1.pool import RunTally, check_limits, run_many
 from prompt_r1.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import ANSWER_CLOSE, last_answer
@@ -148,7 +149,9 @@ class RunOutcome(RunTally):
     usage: dict[str, Any] = field(default_factory=dict)
 
 
-def _baseline_request(method: str, question: str) -> str:
+def _baseline_request(method: str, question: str, instruction: str | None = None) -> str:
+    if instruction is not None:  # a prompt optimiser's method: its instruction, then env-only's request
+        return instruction_request(instruction, question)
     template = CHAIN_OF_THOUGHT_TEMPLATE if method == "env-cot" else DIRECT_ANSWER_TEMPLATE
     return template.format(question=question)
 
@@ -169,9 +172,12 @@ async def run_evaluation(
     prices: PriceTable | None = None,
     progress: bool = True,
     log: TextIO | None = None,
+    instructions: Mapping[tuple[str, str], str] | None = None,
+    search: dict | None = None,
 ) -> RunOutcome:
     """Run every method on every sample not yet finished in `out_dir`, appending rows as they finish (see the
-    module docstring). Returns the outcome, also when stopped early."""
+    module docstring). A prompt optimiser's method answers under `instructions[(method, dataset)]`, found by the
+    search whose settings are `search` (prompt_r1.optimizers). Returns the outcome, also when stopped early."""
     loop = loop or LoopConfig()
     redact = Redactor()
     log = RedactedStream(log if log is not None else sys.stderr, redact)
@@ -182,6 +188,15 @@ async def run_evaluation(
             raise ConfigError(f"method {method} needs an agent")
         if info.needs_environment and environment is None:
             raise ConfigError(f"method {method} needs an environment")
+    for method in methods:
+        if method in OPTIMIZERS:
+            missing = sorted(
+                {str(s.dataset) for s in samples} - {d for m, d in instructions or {} if m == method}
+            )
+            if missing:
+                raise ConfigError(
+                    f"method {method} has no instruction for {', '.join(missing)}: search it first"
+                )
     prices = prices or PriceTable.load()
     if environment is not None:
         environment = as_environment(environment)
@@ -189,7 +204,12 @@ async def run_evaluation(
         check_budget_prices(prices, environment, agent)
     out_dir = Path(out_dir)
     record_settings(
-        out_dir, methods, agent_config=agent_config, environment_config=environment_config, loop=loop
+        out_dir,
+        methods,
+        agent_config=agent_config,
+        environment_config=environment_config,
+        loop=loop,
+        search=search,
     )
     # The folder's rows are checked before anything is appended: a file there that is not ours is left untouched.
     store = ResultStore.open(
@@ -226,7 +246,10 @@ async def run_evaluation(
             row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
             latency = episode.latency_s
         else:
-            prediction, status, error, latency = await _baseline(method, sample, row, agent, environment)
+            instruction = (instructions or {}).get((method, sample.dataset)) if method in OPTIMIZERS else None
+            prediction, status, error, latency = await _baseline(
+                method, sample, row, agent, environment, instruction
+            )
         row.update(prediction=prediction, status=status, error=error, latency_s=round(latency, 3))
         row["cost_usd"] = row_cost(row, prices, agent_model, agent_paid=agent_paid)
         if status not in FAILED_STATUSES:
@@ -294,14 +317,19 @@ async def run_evaluation(
 
 
 async def _baseline(
-    method: str, sample: Sample, row: dict[str, Any], agent: Any, environment: Any
+    method: str,
+    sample: Sample,
+    row: dict[str, Any],
+    agent: Any,
+    environment: Any,
+    instruction: str | None = None,
 ) -> tuple[str, str, str | None, float]:
     """One baseline's answer: (prediction, status, error, latency); its usage and reply go into `row`."""
     import time
 
     started = time.monotonic()
     prediction, status, error = "", "answered", None
-    request = _baseline_request(method, sample.question)
+    request = _baseline_request(method, sample.question, instruction)
     try:
         if method == "agent-only":
             output = await agent.generate(

@@ -141,11 +141,19 @@ SPEND_COLUMNS = (
     "agent_output_tokens",
     "cost_usd",
     "usd_per_row",
+    "rows_without_cost",  # written before costs were kept, or failed in this code: in neither figure above
+    "search_calls",  # a prompt optimiser's search: its metric and optimiser-model calls,
+    "search_usd",  # and their dollars (prompt_r1.optimizers)
 )
 
 
 def _no_spend() -> dict[str, Any]:
-    return {name: 0 for name in SPEND_COLUMNS[:5]} | {"rows": 0, "cost_usd": 0.0, "unpriced": 0}
+    return {name: 0 for name in SPEND_COLUMNS[:5]} | {
+        "rows": 0,
+        "cost_usd": 0.0,
+        "unpriced": 0,
+        "unrecorded": 0,
+    }
 
 
 def _add_spend(spend: dict[str, Any], row: Mapping[str, Any]) -> None:
@@ -156,58 +164,23 @@ def _add_spend(spend: dict[str, Any], row: Mapping[str, Any]) -> None:
     spend["env_output_tokens"] += usage.get("env_output_tokens", 0)
     spend["agent_input_tokens"] += usage.get("agent_prompt_tokens", 0)
     spend["agent_output_tokens"] += usage.get("agent_completion_tokens", 0)
-    cost = row.get("cost_usd")
-    if cost is None:  # unpriced, or a row written before costs were kept
+    if "cost_usd" not in row:  # written before costs were kept, or by a row that failed in this code
+        spend["unrecorded"] += 1
+    elif row["cost_usd"] is None:  # a model the price table lacks
         spend["unpriced"] += 1
     else:
-        spend["cost_usd"] += cost
+        spend["cost_usd"] += row["cost_usd"]
 
 
 def _closed_spend(spend: dict[str, Any]) -> dict[str, Any]:
-    """The group's spending with `cost_usd` and `usd_per_row` None unless every row was priced."""
+    """The group's spending: `cost_usd` and `usd_per_row` None when a row was unpriced; rows with no cost recorded
+    at all are left out of both and counted in `rows_without_cost`."""
     closed = {name: spend[name] for name in SPEND_COLUMNS[:5]}
-    priced = spend["rows"] > 0 and spend["unpriced"] == 0
+    recorded = spend["rows"] - spend["unrecorded"]
+    priced = recorded > 0 and spend["unpriced"] == 0
     closed["cost_usd"] = spend["cost_usd"] if priced else None
-    closed["usd_per_row"] = spend["cost_usd"] / spend["rows"] if priced else None
-    return closed
-
-
-_COLUMNS = (
-    "env_calls",
-    "env_input_tokens",
-    "env_output_tokens",
-    "agent_input_tokens",
-    "agent_output_tokens",
-    "cost_usd",
-    "usd_per_row",
-)
-
-
-def _no_spend() -> dict[str, Any]:
-    return {name: 0 for name in SPEND_COLUMNS[:5]} | {"rows": 0, "cost_usd": 0.0, "unpriced": 0}
-
-
-def _add_spend(spend: dict[str, Any], row: Mapping[str, Any]) -> None:
-    usage = row.get("usage") or {}
-    spend["rows"] += 1
-    spend["env_calls"] += usage.get("env_calls", 0)
-    spend["env_input_tokens"] += usage.get("env_input_tokens", 0)
-    spend["env_output_tokens"] += usage.get("env_output_tokens", 0)
-    spend["agent_input_tokens"] += usage.get("agent_prompt_tokens", 0)
-    spend["agent_output_tokens"] += usage.get("agent_completion_tokens", 0)
-    cost = row.get("cost_usd")
-    if cost is None:  # unpriced, or a row written before costs were kept
-        spend["unpriced"] += 1
-    else:
-        spend["cost_usd"] += cost
-
-
-def _closed_spend(spend: dict[str, Any]) -> dict[str, Any]:
-    """The group's spending with `cost_usd` and `usd_per_row` None unless every row was priced."""
-    closed = {name: spend[name] for name in SPEND_COLUMNS[:5]}
-    priced = spend["rows"] > 0 and spend["unpriced"] == 0
-    closed["cost_usd"] = spend["cost_usd"] if priced else None
-    closed["usd_per_row"] = spend["cost_usd"] / spend["rows"] if priced else None
+    closed["usd_per_row"] = spend["cost_usd"] / recorded if priced else None
+    closed["rows_without_cost"] = spend["unrecorded"]
     return closed
 
 
@@ -340,6 +313,9 @@ def _cost_table(summary: Sequence[SummaryRow], methods: list[str]) -> list[str]:
     by_key = {(s.dataset, s.method): s for s in summary}
     header = ["Method", *(f"{dataset_info(d).title if dataset_info(d) else d} $/row" for d in datasets)]
     header += ["Env calls/row", "Total $"]
+    searched = any("search_calls" in s.spend for s in summary)
+    if searched:
+        header += ["Search calls", "Search $"]
     body = []
     for method in methods:
         groups = [by_key[(d, method)] for d in datasets if (d, method) in by_key]
@@ -352,10 +328,20 @@ def _cost_table(summary: Sequence[SummaryRow], methods: list[str]) -> list[str]:
         calls = sum(s.spend.get("env_calls", 0) for s in groups)
         cells.append(f"{calls / rows:.2f}" if rows else "–")
         costs = [s.spend.get("cost_usd") for s in groups]
-        cells.append("unpriced" if not costs or None in costs else f"{sum(costs):.4f}")
+        cells.append("unpriced" if not costs or None in costs else f"{sum(costs):.6f}")
+        if searched:
+            found = [s for s in groups if "search_calls" in s.spend]
+            dollars = [s.spend["search_usd"] for s in found]
+            cells.append(str(sum(s.spend["search_calls"] for s in found)) if found else "–")
+            cells.append("–" if not found else "unpriced" if None in dollars else f"{sum(dollars):.6f}")
         body.append(cells)
     lines = ["", "Cost (estimated from the price table; failed rows included, they were paid for):", ""]
-    return lines + _markdown_table(header, body)
+    lines += _markdown_table(header, body)
+    missing = sum(s.spend.get("rows_without_cost", 0) for s in summary)
+    if missing:
+        lines += ["", f"{missing} rows have no recorded cost (written before costs were kept, or failed in this "
+                  "code) and are left out of the dollars."]  # fmt: skip
+    return lines
 
 
 def write_reports(
@@ -365,13 +351,14 @@ def write_reports(
     stem: str = "",
     chart: bool = True,
     metrics: Sequence[str] | None = None,
+    scoring: str | None = None,
 ) -> dict[str, Path]:
     """summary.csv, table.md and (with matplotlib) chart.png in `out_dir`; `stem` prefixes the file names, and a
     scorer other than the paper's names itself in them (summary.release.csv), so its tables never replace the
     paper scorer's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    scoring = summary[0].scoring if summary else "paper"
+    scoring = scoring or (summary[0].scoring if summary else "paper")
     tail = "" if scoring == "paper" else f".{scoring}"
     written = {
         "csv": write_summary_csv(summary, out_dir / f"{stem}summary{tail}.csv"),

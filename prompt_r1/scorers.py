@@ -12,10 +12,16 @@ and a row without an answer earns nothing on any metric.
 - semantic similarity is 1.0 when either side is empty after stripping, else the embeddings' cosine;
 - exact match and token F1 are the paper's (two empty answers agree for F1; an empty against a non-empty one
   does not), with no rule that an empty prediction earns nothing;
+- semantic similarity's best per row starts at 0, so a negative cosine counts 0;
 - the prediction of a Prompt-R1 episode is read from its last agent turn as `batch_inference.py` reads it: the
-  first `<answer>…</answer>` in it, stripped, else ""; an episode that ran out of turns still prompting is
-  "Maximum turns reached without final answer", and one whose context filled up "Maximum context length
-  exceeded". Any other row (a baseline's, or a `score` file's) keeps its `prediction` as it is.
+  first `<answer>…</answer>` in it, stripped, else ""; an episode that ran out of turns is "Maximum turns
+  reached without final answer" (also when it answered only because the loop asked it once more, which the
+  release never does), and one whose context filled up "Maximum context length exceeded". Any other row (a
+  baseline's, or a `score` file's) keeps its `prediction` as it is.
+
+The release's loop also counts its turn budget differently (agent generations, where ours counts environment
+calls): to run episodes the way its inference did, use `--no-force-final-answer` and a `--max-turns` one below
+the release's.
 
 Every report names the scorer it was made with, so tables from the two are never mixed up.
 """
@@ -62,13 +68,15 @@ def check_scorer(name: str) -> str:
 
 def release_prediction(row: Mapping[str, Any]) -> str:
     """The prediction `batch_inference.py` would have recorded for this row (see the module docstring)."""
+    if row.get("status") == "context_overflow":  # also when the very first turn did not fit
+        return CONTEXT_EXCEEDED
     turns = row.get("turns")
     if not turns:
         return str(row.get("prediction") or "")
-    if row.get("status") == "context_overflow":
-        return CONTEXT_EXCEEDED
     last = turns[-1]
-    if last.get("kind") == "prompt":  # turns used up while the agent still prompted
+    # Turns used up: still prompting, or answering only because it was asked once more (force_final_answer),
+    # which the release never does.
+    if row.get("status") == "max_turns" or last.get("kind") == "prompt" or last.get("after_final_request"):
         return MAX_TURNS_REACHED
     found = _ANSWER.search(str(last.get("text") or ""))
     return found.group(1).strip() if found else ""
@@ -107,7 +115,9 @@ def release_scores(
     if name == "f1":
         return f1_batch(predictions, golds)
     if name == "ssim":
-        return (semantic or default_semantic_scorer()).similarity_batch(predictions, golds, empty_score=1.0)
+        # Each row's best starts at 0 there, so a negative cosine counts 0.
+        scores = (semantic or default_semantic_scorer()).similarity_batch(predictions, golds, empty_score=1.0)
+        return [max(0.0, score) for score in scores]
     if name == "math":  # the release has no math-aware column; ours is reported beside EM as it is
         from prompt_r1.metrics import METRICS
 

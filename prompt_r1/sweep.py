@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,15 +52,20 @@ def environment_sweep(
                 "in the same order, or one for all"
             )
         lists[name] = values * len(models) if len(values) == 1 else values
-    sweep, seen = [], set()
-    for i, model in enumerate(models):
-        changes = {name: values[i] for name, values in lists.items() if values}
-        config = dataclasses.replace(base, **changes)
-        folder = _name(model)
-        if folder in seen:  # the same model at two endpoints
-            folder = f"{folder}-{i + 1}"
-        seen.add(folder)
-        sweep.append((folder, config))
+    configs = [
+        dataclasses.replace(base, **{n: v[i] for n, v in lists.items() if v}) for i in range(len(models))
+    ]
+    names = [_name(model) for model in models]
+    sweep = []
+    for name, config in zip(names, configs, strict=True):
+        if names.count(name) > 1:
+            # The same model at several endpoints: each folder is named by its endpoint too, so a rerun that lists
+            # them in another order resumes each from its own rows (a folder's settings leave the URL out).
+            digest = hashlib.sha256(str(config.base_url).encode()).hexdigest()[:8]
+            name = f"{name}-{digest}"
+        sweep.append((name, config))
+    if len({name for name, _ in sweep}) < len(sweep):
+        raise ConfigError("the same environment (model and --env-base-url) is listed twice in the sweep")
     return sweep
 
 
@@ -69,12 +75,16 @@ def _primary(dataset: str) -> str:
     return "f1" if info is not None and info.task == "text" else "em"
 
 
-def write_sweep_report(summaries: Mapping[str, Sequence], out_dir: str | Path) -> dict[str, Path]:
+def write_sweep_report(
+    summaries: Mapping[str, Sequence], out_dir: str | Path, *, chart: bool = True, scoring: str = "paper"
+) -> dict[str, Path]:
     """sweep.csv (every environment × dataset × method score and cost), sweep.md (environments × datasets, with
     and without the agent, the paper's Figure 4/5 layout) and sweep.png, from each environment's summary rows
-    (prompt_r1.reports.SummaryRow)."""
+    (prompt_r1.reports.SummaryRow). A scorer other than the paper's names itself in the file names
+    (sweep.release.md), as the folders' own reports do."""
     out_dir = Path(out_dir)
-    csv_path, md_path = out_dir / "sweep.csv", out_dir / "sweep.md"
+    tail = "" if scoring == "paper" else f".{scoring}"
+    csv_path, md_path = out_dir / f"sweep{tail}.csv", out_dir / f"sweep{tail}.md"
     rows = [(env, s) for env, summary in summaries.items() for s in summary]
     metrics = sorted({m for _, s in rows for m in s.scores})
     with csv_path.open("w", newline="", encoding="utf-8") as handle:
@@ -114,14 +124,13 @@ def write_sweep_report(summaries: Mapping[str, Sequence], out_dir: str | Path) -
         body.append(cells)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in body]
-    scoring = rows[0][1].scoring if rows else "paper"
     lines += ["", f"Scores in percent, scorer `{scoring}`; w/ agent: `{WITH}`, w/o: `{WITHOUT}`. Each "
               "environment's own tables, costs and predictions are in its folder."]  # fmt: skip
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     written = {"csv": csv_path, "markdown": md_path}
-    chart = _sweep_chart(summaries, datasets, out_dir / "sweep.png")
-    if chart is not None:
-        written["chart"] = chart
+    png = _sweep_chart(summaries, datasets, out_dir / f"sweep{tail}.png") if chart else None
+    if png is not None:
+        written["chart"] = png
     return written
 
 

@@ -79,7 +79,9 @@ def test_what_an_episode_raises_is_its_failure_and_the_stream_raises_it(exc, sta
     episode = asyncio.run(broken.run("Q?", id="x"))
     assert episode.status == status and episode.failed and episode.error.startswith(error)
     assert status in FAILED_STATUSES and episode.to_row()["id"] == "x"
-    assert episode.exception is exc and "exception" not in episode.to_row()  # kept for a traceback, never written
+    assert (
+        episode.exception is exc and "exception" not in episode.to_row()
+    )  # kept for a traceback, never written
     with pytest.raises(type(exc)):
         asyncio.run(_collect(broken.stream("Q?")))
 

@@ -57,3 +57,45 @@ def test_eval_demo_produces_the_table(tmp_path):
     assert done.stdout.startswith("| Method | HotpotQA EM | HotpotQA F1 | 2WikiMQA EM")
     assert "| Prompt-R1 |" in done.stdout and "| Env CoT |" in done.stdout
     assert (tmp_path / "demo" / "chart.png").exists()
+    # The scripted agent reads the environment's answer out of its (escaped) reply: a loop that lost it would
+    # score nothing, as once went unnoticed here.
+    prompt_r1 = next(line for line in done.stdout.splitlines() if line.startswith("| Prompt-R1 |"))
+    assert any(
+        float(cell.strip(" *†")) > 0 for cell in prompt_r1.split("|")[2:-1] if cell.strip() not in ("", "–")
+    )
+
+
+def test_the_comparison_demo_runs_every_method_against_two_environments(tmp_path):
+    """The paper's comparisons in one command (evals/demo_comparison.py): Prompt-R1, the baselines and the three
+    prompt optimisers on the paper-main suite against two scripted environments, with costs and the sweep."""
+    script = GRAPHS.parent / "evals" / "demo_comparison.py"
+    out = tmp_path / "cmp"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--limit",
+            "1",
+            "--train-rows",
+            "1",
+            "--budget",
+            "3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,  # nothing may be written outside --out (TextGrad opens a log on import)
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp"]
+    for env in ("big", "small"):
+        table = (out / env / "table.md").read_text()
+        for title in ("Prompt-R1", "Env only (w/o agent)", "Env CoT", "OPRO", "GEPA", "TextGrad"):
+            assert f"| {title} |" in table, (env, title)
+        assert "| Search calls | Search $ |" in table and (out / env / "cost.png").exists()
+        for method in ("opro", "gepa", "textgrad"):
+            assert len(list((out / env / "optimized" / method).glob("*.json"))) == 8, (env, method)
+    sweep = (out / "sweep.md").read_text()
+    assert "| big |" in sweep and "| small |" in sweep and sweep in done.stdout

@@ -69,6 +69,11 @@ def test_the_release_reads_an_episodes_answer_from_its_last_turn():
     assert release_prediction({"status": "answered", "turns": [prompting, answered]}) == "Paris"  # the first
     assert release_prediction({"status": "max_turns", "turns": [prompting, prompting]}) == MAX_TURNS_REACHED
     assert release_prediction({"status": "context_overflow", "turns": [prompting]}) == CONTEXT_EXCEEDED
+    assert (
+        release_prediction({"status": "context_overflow", "turns": []}) == CONTEXT_EXCEEDED
+    )  # the first turn
+    asked_again = {**answered, "after_final_request": True}  # the release never asks once more
+    assert release_prediction({"status": "answered", "turns": [prompting, asked_again]}) == MAX_TURNS_REACHED
     assert release_prediction({"status": "format_error", "turns": [malformed]}) == ""
     # A baseline's row, or a `score` file's, has no turns: its prediction stands as it is.
     assert release_prediction({"prediction": "42", "status": "answered"}) == "42"
@@ -102,3 +107,13 @@ def test_eval_with_the_release_scorer_writes_its_own_reports_beside_the_papers(e
         assert float(release[method]["em"]) == pytest.approx(2 / 3) == float(paper[method]["em"])
     assert "scorer `release`" in (out / "table.release.md").read_text()
     assert "scorer `paper`" in (out / "table.md").read_text()
+
+
+def test_the_release_counts_a_negative_similarity_as_zero():
+    from prompt_r1.scorers import release_scores
+
+    class Opposite:
+        def similarity_batch(self, predictions, golds, *, empty_score=None):
+            return [-1.0 for _ in predictions]
+
+    assert release_scores("ssim", ["up"], [["down"]], Opposite()) == [0.0]

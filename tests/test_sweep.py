@@ -61,9 +61,15 @@ def test_the_same_methods_run_against_each_environment_and_the_report_sets_them_
 
 def test_each_environment_takes_its_own_endpoint_and_one_given_once_applies_to_all():
     base = EnvironmentConfig(model="a", base_url="http://127.0.0.1:1/v1", api_key_env="K")
-    sweep = environment_sweep(base, {"model": ["a", "b/c", "a"], "base_url": ["http://x/v1"]})
-    assert [name for name, _ in sweep] == ["a", "b-c", "a-3"]
+    sweep = environment_sweep(base, {"model": ["a", "b/c"], "base_url": ["http://x/v1"]})
+    assert [name for name, _ in sweep] == ["a", "b-c"]
     assert {cfg.base_url for _, cfg in sweep} == {"http://x/v1"} and sweep[1][1].model == "b/c"
     assert environment_sweep(base, {})[0][1] == base
+    # The same model at two endpoints: each folder is named by its endpoint, whatever the order they come in.
+    twice = dict(environment_sweep(base, {"model": ["a", "a"], "base_url": ["http://x/v1", "http://y/v1"]}))
+    swapped = dict(environment_sweep(base, {"model": ["a", "a"], "base_url": ["http://y/v1", "http://x/v1"]}))
+    assert twice == swapped and len(twice) == 2 and all(name.startswith("a-") for name in twice)
+    with pytest.raises(ConfigError, match="listed twice"):
+        environment_sweep(base, {"model": ["a", "a"], "base_url": ["http://x/v1"]})
     with pytest.raises(ConfigError, match="2 --env-model given but 3 --env-base-url"):
         environment_sweep(base, {"model": ["a", "b"], "base_url": ["u1", "u2", "u3"]})
