@@ -1,4 +1,4 @@
-"""Running the async loop from synchronous code.
+"""Running the async loop from synchronous code, and synchronous code beside the async loop.
 
 Sync callers (`graph.invoke`, TRL's synchronous `rollout_func`, scripts) submit coroutines to one persistent
 event loop in a daemon thread, rather than starting a fresh loop per call: network clients, rate limiters and the
@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
-__all__ = ["PerLoop", "background_loop", "run_sync"]
+__all__ = ["PerLoop", "StopWorker", "background_loop", "in_worker_thread", "run_sync"]
 
 T = TypeVar("T")
 
@@ -85,3 +85,36 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
     loop.call_soon_threadsafe(start)
     return result.result()
+
+
+class StopWorker(BaseException):
+    """Raised in `in_worker_thread`'s thread once its caller was cancelled: a BaseException, so that a library's
+    `except Exception` does not swallow it and the thread unwinds."""
+
+
+async def in_worker_thread(work: Callable[[Callable[[Coroutine[Any, Any, Any]], Any]], T]) -> T:
+    """Run synchronous `work(call)` in a worker thread while this loop stays free; `call(coroutine)` runs a
+    coroutine on this loop and returns its result, so a synchronous library (GEPA, TextGrad) can use the loop's
+    clients. When the caller is cancelled (Ctrl-C), the thread's next or pending `call` raises `StopWorker`, so
+    the thread ends instead of waiting forever on a loop that has stopped."""
+    loop = asyncio.get_running_loop()
+    stopped = threading.Event()
+
+    def call(coroutine: Coroutine[Any, Any, Any]) -> Any:
+        if stopped.is_set():
+            coroutine.close()
+            raise StopWorker
+        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        while True:
+            try:
+                return future.result(timeout=0.5)
+            except concurrent.futures.TimeoutError:
+                if stopped.is_set():
+                    future.cancel()
+                    raise StopWorker from None
+
+    try:
+        return await asyncio.to_thread(work, call)
+    except asyncio.CancelledError:
+        stopped.set()
+        raise

@@ -129,6 +129,11 @@ def _search_settings(args: argparse.Namespace) -> SearchSettings:
     for flag in ("optimizer_budget", "optimizer_train_rows", "opro_candidates", "opro_steps", "opro_keep"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
+    if args.optimizer_budget < args.optimizer_train_rows:  # the first instruction is scored on every row
+        raise ConfigError(
+            f"--optimizer-budget {args.optimizer_budget} cannot score one instruction on "
+            f"--optimizer-train-rows {args.optimizer_train_rows}: give a budget of at least the training rows"
+        )
     return SearchSettings(
         budget=args.optimizer_budget,
         train_rows=args.optimizer_train_rows,
@@ -276,6 +281,8 @@ def _evaluate(
         record = records.get((s.method, s.dataset))
         if record is not None:
             s.spend["search_calls"] = record["metric_calls"] + record["calls"]["reflection"]
+            s.spend["search_input_tokens"] = record["tokens"]["input"]
+            s.spend["search_output_tokens"] = record["tokens"]["output"]
             s.spend["search_usd"] = record["cost_usd"]
     written = write_reports(summary, out, chart=not args.no_chart, scoring=args.scorer)
     print(written["markdown"].read_text(encoding="utf-8"))

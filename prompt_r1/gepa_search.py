@@ -2,7 +2,7 @@
 through the run's environment client, and its reflection model is a client of the same endpoint.
 
 GEPA is synchronous; the search runs it in a worker thread while the event loop stays free, and every model call
-it makes is sent back to that loop (`asyncio.run_coroutine_threadsafe`), so the calls share the run's rate
+it makes is sent back to that loop (prompt_r1.aio.in_worker_thread), so the calls share the run's rate
 limiter, retries, key redaction and token counts with everything else. The component GEPA evolves is named
 `instruction`; a row's score is its token F1, and the reflective dataset shows GEPA each question, the reply and
 the golden answer.
@@ -11,9 +11,11 @@ the golden answer.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from prompt_r1.aio import in_worker_thread
 from prompt_r1.errors import BackendUnavailable
 
 __all__ = ["SEED_INSTRUCTION", "gepa_search"]
@@ -24,7 +26,7 @@ SEED_INSTRUCTION = "Answer the question."
 Answer = Callable[[str, tuple[str, Sequence[str]]], Awaitable[tuple[float, str]]]
 
 
-def _adapter(answer: Answer, loop: asyncio.AbstractEventLoop) -> Any:
+def _adapter(answer: Answer, call: Callable[[Any], Any]) -> Any:
     from gepa.core.adapter import EvaluationBatch
 
     class InstructionAdapter:
@@ -36,7 +38,7 @@ def _adapter(answer: Answer, loop: asyncio.AbstractEventLoop) -> Any:
             async def all_rows():
                 return await asyncio.gather(*(answer(candidate["instruction"], row) for row in batch))
 
-            results = asyncio.run_coroutine_threadsafe(all_rows(), loop).result()
+            results = call(all_rows())
             scores = [score for score, _ in results]
             outputs = [text for _, text in results]
             traces = [{"row": row, "reply": text, "score": score} for row, (score, text) in zip(batch, results, strict=True)]  # fmt: skip
@@ -59,6 +61,11 @@ def _adapter(answer: Answer, loop: asyncio.AbstractEventLoop) -> Any:
     return InstructionAdapter()
 
 
+class _StderrLogger:
+    def log(self, message: str) -> None:
+        print(message, file=sys.stderr)
+
+
 async def gepa_search(
     answer: Answer,
     propose: Callable[[str], Awaitable[str]],
@@ -74,25 +81,25 @@ async def gepa_search(
         raise BackendUnavailable(
             "the gepa method needs the gepa package: pip install 'prompt-r1[eval]'"
         ) from exc
-    loop = asyncio.get_running_loop()
 
-    def reflection_lm(prompt: str) -> str:
-        return asyncio.run_coroutine_threadsafe(propose(prompt), loop).result()
+    def run(call: Callable[[Any], Any]) -> Any:
+        def reflection_lm(prompt: str) -> str:
+            return call(propose(prompt))
 
-    def run() -> Any:
         return gepa.optimize(
             seed_candidate={"instruction": SEED_INSTRUCTION},
             trainset=list(rows),
             valset=list(rows),
-            adapter=_adapter(answer, loop),
+            adapter=_adapter(answer, call),
             reflection_lm=reflection_lm,
             max_metric_calls=budget,
             seed=seed,
             display_progress_bar=False,
             raise_on_exception=True,
+            logger=_StderrLogger(),  # GEPA's own log prints to stdout, where eval prints its tables
         )
 
-    result = await asyncio.to_thread(run)
+    result = await in_worker_thread(run)
     scores = list(result.val_aggregate_scores)
     best = max(range(len(scores)), key=lambda i: (scores[i], -i))
     history = [(c["instruction"], s) for c, s in zip(result.candidates, scores, strict=True)]

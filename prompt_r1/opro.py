@@ -56,13 +56,9 @@ _INS = re.compile(r"<INS>(.*?)</INS>", re.DOTALL)
 
 def parse_instruction(text: str) -> str | None:
     """The instruction in an optimiser reply: between <INS> and </INS>, else inside square brackets (the paper's
-    other format), else None (the reply is dropped)."""
-    found = _INS.search(text)
-    if found is None:
-        found = re.search(r"\[(.*?)\]", text, re.DOTALL)
-    if found is None:
-        return None
-    instruction = found.group(1).strip()
+    other format), else the whole reply, as the paper's code takes it; None for an empty or overlong one."""
+    found = _INS.search(text) or re.search(r"\[(.*?)\]", text, re.DOTALL)
+    instruction = (found.group(1) if found else text).strip()
     return instruction if instruction and len(instruction) <= 2000 else None
 
 
@@ -81,7 +77,14 @@ def meta_prompt(
         lines += [f"text:\n{instruction or '(empty)'}", f"score:\n{round(100 * score)}", ""]
     lines += ["Below are some problems.", ""]
     for question, answers in exemplars:
-        lines += ["Problem:", f"Q: <INS>\n{question}", f"A: {answers[0] if answers else ''}", ""]
+        lines += [
+            "input:",
+            f"Q: <INS>\n{question}",
+            "A:",
+            "Ground truth answer:",
+            answers[0] if answers else "",
+            "",
+        ]
     lines.append(
         "Generate an instruction that is different from all the instructions <INS> above, and has a higher score "
         "than all the instructions <INS> above. The instruction should begin with <INS> and end with </INS>. "
@@ -128,7 +131,8 @@ async def opro_search(
             break
         shown = rng.sample(list(rows), min(settings.exemplars, len(rows)))
         prompt = meta_prompt(state.scored, shown, settings.keep)
-        replies = await asyncio.gather(*(propose(prompt) for _ in range(settings.candidates)))
+        # No more candidates than the budget can still score.
+        replies = await asyncio.gather(*(propose(prompt) for _ in range(min(settings.candidates, room))))
         state.proposals += len(replies)
         tried = {instruction for instruction, _ in state.scored}
         fresh = []

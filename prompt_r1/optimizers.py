@@ -23,7 +23,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from prompt_r1.costs import PriceTable
 from prompt_r1.data import Sample, load_samples
 from prompt_r1.errors import ConfigError, ContextOverflow, EnvironmentCallError
-from prompt_r1.metrics import f1
+from prompt_r1.metrics import f1, normalize_answer
 from prompt_r1.opro import OproSettings, opro_search
 from prompt_r1.prompts import DIRECT_ANSWER_TEMPLATE
 from prompt_r1.protocol import last_answer
@@ -75,16 +75,19 @@ def instruction_request(instruction: str, question: str) -> str:
     return f"{instruction}\n\n{request}" if instruction else request
 
 
-def training_rows(name: str, evaluated: int, settings: SearchSettings) -> list[Sample]:
+def training_rows(
+    name: str, evaluated: int, settings: SearchSettings, exclude: Collection[str] = ()
+) -> list[Sample]:
     """The rows a search learns from: `settings.train_file`'s first rows, else `name`'s rows after the first
-    `evaluated` (the evaluated ones), at most `train_rows`."""
-    if settings.train_file:
-        return load_samples(settings.train_file, limit=settings.train_rows)
-    rows = load_samples(name, limit=evaluated + settings.train_rows)[evaluated:]
+    `evaluated` (the evaluated ones), at most `train_rows`; never a row whose question, normalised, is in
+    `exclude` (the evaluated questions: a dataset may hold one question twice)."""
+    excluded = {normalize_answer(q) for q in exclude}
+    source = load_samples(settings.train_file) if settings.train_file else load_samples(name)[evaluated:]
+    rows = [s for s in source if normalize_answer(s.question) not in excluded][: settings.train_rows]
     if not rows:
         raise ConfigError(
-            f"{name} has no rows after the {evaluated} evaluated ones for the optimiser to learn from: evaluate "
-            "fewer (--limit) or give training rows (--optimizer-train FILE)"
+            f"{settings.train_file or name} has no rows apart from the {evaluated} evaluated ones for the optimiser "
+            "to learn from: evaluate fewer (--limit) or give other training rows (--optimizer-train FILE)"
         )
     return rows
 
@@ -178,6 +181,12 @@ async def find_instruction(
         )
         (instruction, score), metric_calls, history = state.best(), state.metric_calls, state.scored
     print(f"{method} {dataset}: best instruction scores {score:.3f} on {len(rows)} training rows", file=log)
+    if spend.calls["failed"]:
+        print(
+            f"prompt-r1: warning: {spend.calls['failed']} calls of the {method} search for {dataset} failed after "
+            "their retries (their rows scored 0); the search is kept for this run and done again by the next",
+            file=log,
+        )
     return {
         "method": method,
         "dataset": dataset,
@@ -194,17 +203,22 @@ async def find_instruction(
 
 
 async def load_or_find(
-    out_dir: str | Path, method: str, dataset: str, find, settings: SearchSettings
+    out_dir: str | Path, method: str, dataset: str, find, settings: SearchSettings, train: Sequence[Sample]
 ) -> dict:
-    """The search's record from `OUT/optimized/<method>/<dataset>.json` when it was made with these settings,
-    else `await find()`, written there (whole or not at all) before it is returned."""
+    """The search's record from `OUT/optimized/<method>/<dataset>.json` when it was made with these settings on
+    these training rows and none of its calls failed, else `await find()`, written there (whole or not at all)
+    before it is returned."""
     path = Path(out_dir) / FOLDER / method / f"{dataset}.json"
     if path.exists():
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             record = None
-        if isinstance(record, dict) and record.get("settings") == json.loads(json.dumps(settings.to_dict())):
+        same = isinstance(record, dict) and record.get("settings") == json.loads(
+            json.dumps(settings.to_dict())
+        )
+        # Only a search on the same training rows whose every call succeeded is taken as done.
+        if same and record.get("train_ids") == [s.id for s in train] and not record["calls"].get("failed"):
             return record
     record = await find()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,8 +258,8 @@ async def search_instructions(
     )
     for method in chosen:
         for label, name in sources.items():
-            evaluated = sum(1 for s in samples if s.dataset == label)
-            train = training_rows(name, evaluated, settings)
+            mine = [s.question for s in samples if s.dataset == label]
+            train = training_rows(name, len(mine), settings, exclude=mine)
 
             async def find(method=method, label=label, train=train) -> dict[str, Any]:
                 return await find_instruction(
@@ -253,5 +267,5 @@ async def search_instructions(
                     log_dir=Path(out_dir) / FOLDER / method / "logs",
                 )  # fmt: skip
 
-            records[(method, label)] = await load_or_find(out_dir, method, label, find, settings)
+            records[(method, label)] = await load_or_find(out_dir, method, label, find, settings, train)
     return records

@@ -143,6 +143,8 @@ SPEND_COLUMNS = (
     "usd_per_row",
     "rows_without_cost",  # written before costs were kept, or failed in this code: in neither figure above
     "search_calls",  # a prompt optimiser's search: its metric and optimiser-model calls,
+    "search_input_tokens",  # their tokens (task and optimiser model together),
+    "search_output_tokens",
     "search_usd",  # and their dollars (prompt_r1.optimizers)
 )
 

@@ -16,11 +16,11 @@ call on import, in ./logs unless TEXTGRAD_LOG_DIR says otherwise: the search poi
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 
+from prompt_r1.aio import in_worker_thread
 from prompt_r1.errors import BackendUnavailable
 
 __all__ = ["MINIBATCH", "textgrad_search"]
@@ -55,34 +55,32 @@ async def textgrad_search(
         raise BackendUnavailable(
             "the textgrad method needs the textgrad package: pip install textgrad"
         ) from exc
-    loop = asyncio.get_running_loop()
 
-    def on_loop(coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+    def run(call) -> tuple[list[tuple[str, float]], int]:
+        """The search, in the worker thread; `call` runs a coroutine on the event loop (aio.in_worker_thread)."""
 
-    class TaskEngine(EngineLM):
-        """The environment, answering a question under the instruction TextGrad passes as the system prompt."""
+        class TaskEngine(EngineLM):
+            """The environment, answering a question under the instruction TextGrad passes as the system prompt."""
 
-        model_string = "prompt-r1-environment"
+            model_string = "prompt-r1-environment"
 
-        def generate(self, prompt, system_prompt=None, **kwargs):
-            return on_loop(reply(system_prompt or "", prompt))
+            def generate(self, prompt, system_prompt=None, **kwargs):
+                return call(reply(system_prompt or "", prompt))
 
-        def __call__(self, prompt, **kwargs):
-            return self.generate(prompt, **kwargs)
+            def __call__(self, prompt, **kwargs):
+                return self.generate(prompt, **kwargs)
 
-    class ReflectionEngine(EngineLM):
-        """The optimiser model: TextGrad's system prompt, then its request, as one user message."""
+        class ReflectionEngine(EngineLM):
+            """The optimiser model: TextGrad's system prompt, then its request, as one user message."""
 
-        model_string = "prompt-r1-reflection"
+            model_string = "prompt-r1-reflection"
 
-        def generate(self, prompt, system_prompt=None, **kwargs):
-            return on_loop(propose(f"{system_prompt}\n\n{prompt}" if system_prompt else prompt))
+            def generate(self, prompt, system_prompt=None, **kwargs):
+                return call(propose(f"{system_prompt}\n\n{prompt}" if system_prompt else prompt))
 
-        def __call__(self, prompt, **kwargs):
-            return self.generate(prompt, **kwargs)
+            def __call__(self, prompt, **kwargs):
+                return self.generate(prompt, **kwargs)
 
-    def run() -> tuple[list[tuple[str, float]], int]:
         rng = random.Random(seed)
         reflection = ReflectionEngine()
         tg.set_backward_engine(reflection, override=True)
@@ -106,7 +104,7 @@ async def textgrad_search(
             return sum(score(reply_sync(text, q), g) for q, g in rows) / len(rows)
 
         def reply_sync(text: str, question: str) -> str:
-            return on_loop(reply(text, question))
+            return call(reply(text, question))
 
         tried = [(SEED_INSTRUCTION, mean_score(SEED_INSTRUCTION))]
         calls = len(rows)
@@ -120,13 +118,16 @@ async def textgrad_search(
                 )
                 losses.append(loss_fn(inputs={"prediction": model(asked), "question": asked}))
             tg.sum(losses).backward()
-            optimizer.step()
             calls += batch
+            try:
+                optimizer.step()
+            except Exception:  # an optimiser reply without TextGrad's tags (IndexError, ...)
+                continue  # the instruction stays as it was; the step's calls are spent all the same
             candidate = instruction.value
             tried.append((candidate, mean_score(candidate)))
             calls += len(rows)
         return tried, calls
 
-    tried, calls = await asyncio.to_thread(run)
+    tried, calls = await in_worker_thread(run)
     best = max(reversed(tried), key=lambda item: item[1])  # among equals the earliest
     return best[0], best[1], calls, tried

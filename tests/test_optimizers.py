@@ -41,9 +41,14 @@ def test_the_meta_prompt_lists_the_best_instructions_ascending_then_the_problems
     prompt = meta_prompt([("b", 0.5), ("a", 0.9), ("c", 0.1), ("b", 0.2)], [("Q1?", ["x"])], keep=2)
     assert prompt.index("text:\nb\nscore:\n50") < prompt.index("text:\na\nscore:\n90")
     assert "text:\nc" not in prompt  # only the best two, each instruction once
-    assert "Q: <INS>\nQ1?\nA: x" in prompt and prompt.endswith("all problems above.")
+    assert "input:\nQ: <INS>\nQ1?\nA:\nGround truth answer:\nx" in prompt  # the OPRO code's exemplar format
+    assert prompt.endswith("all problems above.")
     assert parse_instruction("x <INS> Be brief. </INS> y") == "Be brief."
-    assert parse_instruction("[Think first.]") == "Think first." and parse_instruction("nothing") is None
+    assert (
+        parse_instruction("[Think first.]") == "Think first."
+        and parse_instruction(" Just this. ") == "Just this."
+    )
+    assert parse_instruction("   ") is None
 
 
 def test_opro_keeps_to_its_budget_and_returns_the_best_instruction():
@@ -61,11 +66,45 @@ def test_opro_keeps_to_its_budget_and_returns_the_best_instruction():
     assert [i for i, _ in state.scored] == ["", GOOD, "Hurry.", "Be brief."][: len(state.scored)]
 
 
-def test_training_rows_are_the_rows_after_the_evaluated_ones(tmp_path):
+def test_training_rows_are_the_rows_after_the_evaluated_ones_and_never_an_evaluated_question(tmp_path):
     rows = training_rows("hotpot", 64, SearchSettings(train_rows=3))
     assert [r.index for r in rows] == [64, 65, 66]
-    with pytest.raises(ConfigError, match="no rows after the 128 evaluated ones"):
+    with pytest.raises(ConfigError, match="no rows apart from the 128 evaluated ones"):
         training_rows("hotpot", 128, SearchSettings())
+    # DAPO-Math holds one question at rows 62 and 71: evaluating rows 0-63, row 71 is left out of the training.
+    dapo = load_samples("dapo")
+    assert dapo[62].question == dapo[71].question
+    evaluated = [s.question for s in dapo[:64]]
+    train = training_rows("dapo", 64, SearchSettings(train_rows=16), exclude=evaluated)
+    assert 71 not in [r.index for r in train] and len(train) == 16
+    mine = tmp_path / "train.jsonl"  # a file of the user's is checked the same way
+    mine.write_text(json.dumps({"question": evaluated[0], "answer": "x"}) + "\n")
+    with pytest.raises(ConfigError, match="no rows apart from"):
+        training_rows("dapo", 64, SearchSettings(train_file=str(mine)), exclude=evaluated)
+
+
+def test_a_search_with_failed_calls_is_done_again_and_a_budget_below_one_pass_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    failing = {"fail": True}
+
+    def flaky(body: dict) -> str:
+        if failing["fail"] and body["messages"][-1]["content"].startswith("Your task is to generate"):
+            raise RuntimeError("down")  # the scripted server answers 500
+        return environment()(body)
+
+    with ScriptedServer({"env": flaky}) as server:
+        args = ["eval", "--dataset", "hotpot", "--method", "opro", "--limit", "2", "--optimizer-train-rows", "2",
+                "--optimizer-budget", "6", "--opro-candidates", "2", "--out", str(out), "--no-progress",
+                "--no-chart", "--env-model", "env", "--env-base-url", server.base_url, "--env-max-retries", "0"]  # fmt: skip
+        assert main(args) == 0
+        first = json.loads((out / "optimized" / "opro" / "hotpot.json").read_text())
+        assert first["calls"]["failed"] > 0 and "failed after their retries" in capsys.readouterr().err
+        failing["fail"] = False
+        assert main(args) == 0  # the search is done again; the rows, finished, are not
+        second = json.loads((out / "optimized" / "opro" / "hotpot.json").read_text())
+        assert second["calls"]["failed"] == 0 and second["instruction"] == GOOD
+        assert main([*args, "--optimizer-budget", "1"]) == 2
+    assert "cannot score one instruction on --optimizer-train-rows 2" in capsys.readouterr().err
 
 
 def test_eval_opro_searches_on_other_rows_then_answers_the_same_rows_as_every_method(tmp_path, capsys):
@@ -170,3 +209,22 @@ def test_eval_textgrad_runs_the_textgrad_package_with_every_call_through_our_cli
     with (out / "summary.csv").open() as handle:
         (row,) = list(csv.DictReader(handle))
     assert row["method"] == "textgrad" and float(row["em"]) == 1.0
+
+
+def test_a_textgrad_step_whose_update_has_no_tags_keeps_the_instruction(tmp_path, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.setenv("TEXTGRAD_LOG_DIR", str(tmp_path / "textgrad-logs"))
+    pytest.importorskip("textgrad")
+    from prompt_r1.textgrad_search import SEED_INSTRUCTION, textgrad_search
+
+    async def reply(instruction: str, question: str) -> str:
+        return "<answer>no idea</answer>"
+
+    async def propose(prompt: str) -> str:
+        return "I would rather not say."  # never TextGrad's <IMPROVED_VARIABLE> tags
+
+    rows = [(q, [a]) for q, a in list(GOLD.items())[:3]]
+    best, score, calls, tried = asyncio.run(
+        textgrad_search(reply, lambda text, golds: 0.0, propose, rows, budget=12)
+    )
+    assert best == SEED_INSTRUCTION and calls <= 12 and [i for i, _ in tried] == [SEED_INSTRUCTION]
