@@ -54,22 +54,15 @@ def write_chart(summary: Sequence[Any], path: str | Path, metric: str = "f1") ->
             for d in datasets
         ]
         positions = [x + (i - (len(methods) - 1) / 2) * width for x in range(len(datasets))]
-        ax.bar(positions, values, width, label=METHODS[method].title if method in METHODS else method)
+        ax.bar(positions, values, width, label=_title(method))
     ax.set_xticks(range(len(datasets)))
-    ax.set_xticklabels(
-        [dataset_info(d).title if dataset_info(d) else d for d in datasets], rotation=30, ha="right"
-    )
+    ax.set_xticklabels([_dataset_title(d) for d in datasets], rotation=30, ha="right")
     ax.set_ylabel(f"{LABELS[metric]} (%)")
     scoring = points[0].scoring
     ax.set_title(
         f"{LABELS[metric]} by dataset and method" + (f" (scorer: {scoring})" if scoring != "paper" else "")
     )
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def write_cost_chart(summary: Sequence[Any], path: str | Path) -> Path | None:
@@ -98,12 +91,11 @@ def write_cost_chart(summary: Sequence[Any], path: str | Path) -> Path | None:
             xs,
             ys,
             marker=markers[i % len(markers)],
-            label=METHODS[method].title if method in METHODS else method,
+            label=_title(method),
         )
         for s, x, y in zip(mine, xs, ys, strict=True):
-            info = dataset_info(s.dataset)
             ax.annotate(
-                info.title if info else s.dataset,
+                _dataset_title(s.dataset),
                 (x, y),
                 fontsize="x-small",
                 xytext=(3, 3),
@@ -112,6 +104,13 @@ def write_cost_chart(summary: Sequence[Any], path: str | Path) -> Path | None:
     ax.set_xlabel("estimated $ per row")
     ax.set_ylabel("F1 (%) (EM where there is no F1)")
     ax.set_title("Accuracy against cost")
+    return _save(fig, ax, path)
+
+
+def _save(fig: Any, ax: Any, path: str | Path) -> Path:
+    """The legend, a tight layout, the PNG written and the figure closed (pyplot keeps every open one)."""
+    import matplotlib.pyplot as plt
+
     ax.legend(fontsize="small")
     fig.tight_layout()
     path = Path(path)
