@@ -126,9 +126,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, Environmen
         merged = dict(values.get(section, {}))
         for f in fields(cls):
             flag_value = getattr(args, f"{section}__{f.name}", None)
-            if isinstance(
-                flag_value, list
-            ):  # a repeated flag (a sweep): the first is the base settings' value
+            # A repeated flag (eval's sweep): the first value is the base settings'.
+            if isinstance(flag_value, list):
                 flag_value = flag_value[0]
             if flag_value is not None:
                 merged[f.name] = flag_value

@@ -31,7 +31,7 @@ from prompt_r1.evaluation import (
 )
 from prompt_r1.metering import check_budget_prices
 from prompt_r1.opro import OproSettings
-from prompt_r1.optimizers import SearchSettings, search_instructions
+from prompt_r1.optimizers import SearchSettings, search_instructions, search_spend
 from prompt_r1.pool import named_keys
 from prompt_r1.reports import summarize, write_reports
 from prompt_r1.scorers import SCORERS, release_rows
@@ -225,7 +225,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             agent_cfg,
             cfg,
             loop_cfg,
-            (sources, search),
+            sources=sources,
+            search=search,
         )
         summaries[name] = summary
         code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130 interrupted)
@@ -239,10 +240,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _evaluate(
-    args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg, searching
+    args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg, *, sources, search
 ):
     """One folder's searches, run, scoring and reports; (its summary, its exit code)."""
-    sources, search = searching
     print(
         f"evaluating {', '.join(methods)} on {len({s.dataset for s in samples})} dataset(s), {len(samples)} rows "
         f"each method → {out}",
@@ -280,10 +280,7 @@ def _evaluate(
     for s in summary:  # what a prompt optimiser's search cost, beside what answering the rows cost
         record = records.get((s.method, s.dataset))
         if record is not None:
-            s.spend["search_calls"] = record["metric_calls"] + record["calls"]["reflection"]
-            s.spend["search_input_tokens"] = record["tokens"]["input"]
-            s.spend["search_output_tokens"] = record["tokens"]["output"]
-            s.spend["search_usd"] = record["cost_usd"]
+            s.spend.update(search_spend(record))
     written = write_reports(summary, out, chart=not args.no_chart, scoring=args.scorer)
     print(written["markdown"].read_text(encoding="utf-8"))
     cost = outcome.usage.get("cost_usd")

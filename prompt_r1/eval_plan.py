@@ -19,6 +19,7 @@ from typing import Any
 from prompt_r1.config import LoopConfig
 from prompt_r1.data import DATASETS
 from prompt_r1.errors import ConfigError
+from prompt_r1.optimizers import OPTIMIZERS
 
 __all__ = [
     "MANIFEST",
@@ -139,9 +140,7 @@ def _method_settings(
         settings["environment"] = _measured(environment_config)
     if method == "prompt-r1":
         settings["loop"] = dataclasses.asdict(loop)
-    if (
-        method in ("opro", "gepa", "textgrad") and search is not None
-    ):  # the instruction and every row come of the search
+    if method in OPTIMIZERS and search is not None:  # the instruction, and so every row, comes of the search
         settings["search"] = search
     return settings
 

@@ -149,6 +149,19 @@ class RunOutcome(RunTally):
     usage: dict[str, Any] = field(default_factory=dict)
 
 
+def _row_head(item: EvalItem) -> dict[str, Any]:
+    """How every row of an item begins: its key (method, dataset, id first), then the sample."""
+    sample = item.sample
+    return {
+        "method": item.method,
+        "dataset": sample.dataset,
+        "id": sample.id,
+        "index": sample.index,
+        "question": sample.question,
+        "golden_answers": sample.golden_answers,
+    }
+
+
 def _baseline_request(method: str, question: str, instruction: str | None = None) -> str:
     if instruction is not None:  # a prompt optimiser's method: its instruction, then env-only's request
         return instruction_request(instruction, question)
@@ -225,14 +238,7 @@ async def run_evaluation(
 
     async def work(item: EvalItem) -> dict[str, Any]:
         method, sample = item.method, item.sample
-        row: dict[str, Any] = {
-            "method": method,
-            "dataset": sample.dataset,
-            "id": sample.id,
-            "index": sample.index,
-            "question": sample.question,
-            "golden_answers": sample.golden_answers,
-        }
+        row = _row_head(item)
         if method == "prompt-r1":
             episode = await runner.run(
                 sample.question,
@@ -279,14 +285,8 @@ async def run_evaluation(
 
     def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
         """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
-        sample = item.sample
         return {
-            "method": item.method,
-            "dataset": sample.dataset,
-            "id": sample.id,
-            "index": sample.index,
-            "question": sample.question,
-            "golden_answers": sample.golden_answers,
+            **_row_head(item),
             "prediction": "",
             "status": "internal_error",
             "error": describe_exception(exc),

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from prompt_r1.costs import PriceTable
+from prompt_r1.costs import PriceTable, UsageMeter
 from prompt_r1.data import Sample, load_samples
 from prompt_r1.errors import ConfigError, ContextOverflow, EnvironmentCallError
 from prompt_r1.metrics import f1, normalize_answer
@@ -42,6 +42,9 @@ __all__ = [
     "find_instruction",
     "instruction_request",
     "load_or_find",
+    "score_reply",
+    "search_instructions",
+    "search_spend",
     "training_rows",
 ]
 
@@ -92,20 +95,6 @@ def training_rows(
     return rows
 
 
-@dataclass
-class _Spend:
-    calls: dict[str, int] = field(default_factory=lambda: {"task": 0, "reflection": 0, "failed": 0})
-    tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0})
-    cost: float | None = 0.0
-
-    def add(self, role: str, reply: Any, prices: PriceTable) -> None:
-        self.calls[role] += 1
-        self.tokens["input"] += reply.input_tokens
-        self.tokens["output"] += reply.output_tokens
-        cost = prices.cost(reply.model or "", reply.input_tokens, reply.output_tokens)
-        self.cost = None if cost is None or self.cost is None else self.cost + cost
-
-
 async def find_instruction(
     method: str,
     dataset: str,
@@ -123,17 +112,21 @@ async def find_instruction(
     if method not in OPTIMIZERS:
         raise ConfigError(f"unknown optimiser {method!r}; choose from {', '.join(OPTIMIZERS)}")
     log = log if log is not None else sys.stderr
-    spend = _Spend()
+    meter, failed = UsageMeter(prices), [0]
+
+    async def ask(client: Any, role: str, prompt: str) -> str:
+        """One call of the search, metered under `role`; "" when it failed after its retries."""
+        try:
+            reply = await client.respond(prompt)
+        except (EnvironmentCallError, ContextOverflow):
+            failed[0] += 1
+            return ""
+        meter.add(role, reply.model or "", reply.input_tokens, reply.output_tokens)
+        return reply.text
 
     async def task_reply(instruction: str, question: str) -> str:
-        """The environment's reply to the question under the instruction ("" when the call failed)."""
-        try:
-            reply = await environment.respond(instruction_request(instruction, question))
-        except (EnvironmentCallError, ContextOverflow):
-            spend.calls["failed"] += 1
-            return ""
-        spend.add("task", reply, prices)
-        return reply.text
+        """The environment's reply to the question under the instruction."""
+        return await ask(environment, "task", instruction_request(instruction, question))
 
     async def answer(instruction: str, row: tuple[str, Sequence[str]]) -> tuple[float, str]:
         """One metric call: the row's question under the instruction; its score and the reply."""
@@ -145,13 +138,7 @@ async def find_instruction(
         return sum(score for score, _ in results) / len(results), len(results)
 
     async def propose(prompt: str) -> str:
-        try:
-            reply = await reflection.respond(prompt)
-        except (EnvironmentCallError, ContextOverflow):
-            spend.calls["failed"] += 1
-            return ""
-        spend.add("reflection", reply, prices)
-        return reply.text
+        return await ask(reflection, "reflection", prompt)
 
     def on_step(step: int, state: Any) -> None:
         best = state.best()
@@ -181,12 +168,15 @@ async def find_instruction(
         )
         (instruction, score), metric_calls, history = state.best(), state.metric_calls, state.scored
     print(f"{method} {dataset}: best instruction scores {score:.3f} on {len(rows)} training rows", file=log)
-    if spend.calls["failed"]:
+    if failed[0]:
         print(
-            f"prompt-r1: warning: {spend.calls['failed']} calls of the {method} search for {dataset} failed after "
+            f"prompt-r1: warning: {failed[0]} calls of the {method} search for {dataset} failed after "
             "their retries (their rows scored 0); the search is kept for this run and done again by the next",
             file=log,
         )
+    calls = {"task": 0, "reflection": 0}
+    for (role, _), usage in meter.by_model.items():
+        calls[role] += usage.calls
     return {
         "method": method,
         "dataset": dataset,
@@ -194,11 +184,24 @@ async def find_instruction(
         "score": score,
         "train_ids": [s.id for s in train],
         "metric_calls": metric_calls,
-        "calls": spend.calls,
-        "tokens": spend.tokens,
-        "cost_usd": spend.cost,
+        "calls": {"task": calls["task"], "reflection": calls["reflection"], "failed": failed[0]},
+        "tokens": {
+            "input": sum(u.input_tokens for u in meter.by_model.values()),
+            "output": sum(u.output_tokens for u in meter.by_model.values()),
+        },
+        "cost_usd": None if meter.unpriced else meter.cost,
         "history": [{"instruction": i, "score": s} for i, s in history],
         "settings": settings.to_dict(),
+    }
+
+
+def search_spend(record: dict[str, Any]) -> dict[str, Any]:
+    """A search's calls (metric and optimiser model), tokens and dollars, as a summary row's spend columns."""
+    return {
+        "search_calls": record["metric_calls"] + record["calls"]["reflection"],
+        "search_input_tokens": record["tokens"]["input"],
+        "search_output_tokens": record["tokens"]["output"],
+        "search_usd": record["cost_usd"],
     }
 
 

@@ -69,7 +69,7 @@ class RunTally:
     skipped: int = 0  # items finished by an earlier run
     duplicates: int = 0  # input items whose key repeats an earlier item's (not run)
     conflicts: int = 0  # keys finished earlier for a different question (kept, not rerun)
-    conflict_keys: list = field(default_factory=list)  # those keys, all of them, for the end-of-run report
+    conflict_keys: list = field(default_factory=list)  # those keys, all of them (the store's), for the report
     cancelled: int = 0  # items in flight when the run stopped (the next run does them)
     statuses: Counter = field(default_factory=Counter)
     seconds: float = 0.0
@@ -129,7 +129,6 @@ class _Pool:
             plan = self.store.plan(key, self.question(item))
             if plan == "conflict":
                 self.tally.conflicts += 1
-                self.tally.conflict_keys.append(key)
                 if self.tally.conflicts <= MAX_NAMED:
                     print(
                         f"prompt-r1: {self.describe(item)} was finished in {self.store.path} for another question: "
@@ -277,4 +276,5 @@ async def run_many(
             await pool.run()
     finally:
         tally.seconds = time.monotonic() - started
+        tally.conflict_keys = list(store.conflicts)
     return tally

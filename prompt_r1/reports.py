@@ -24,6 +24,7 @@ from prompt_r1.scorers import SCORERS, check_scorer, release_scores
 
 __all__ = [
     "SummaryRow",
+    "markdown_table",
     "render_markdown",
     "row_metrics",
     "summarize",
@@ -224,7 +225,9 @@ def _table_metrics(dataset: str, scores_seen: set[str], requested: Sequence[str]
     return [m for m in wanted if m in scores_seen]
 
 
-def _markdown_table(header: list[str], body: list[list[str]], best_columns: range | None = None) -> list[str]:
+def markdown_table(header: list[str], body: list[list[str]], best_columns: range | None = None) -> list[str]:
+    """A Markdown table's lines: the header, right-aligned numeric columns, and the best value of each of
+    `best_columns` in bold."""
     if best_columns is not None:
         for col in best_columns:
             values = [float(r[col].rstrip("†")) for r in body if r[col] not in ("", "–")]
@@ -270,7 +273,7 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
             values = per_metric[metric]
             cells.append(f"{100 * sum(values) / len(values):.2f}" if values and complete else "–")
         body.append(cells)
-    lines = _markdown_table(header, body, range(1, len(header)))
+    lines = markdown_table(header, body, range(1, len(header)))
 
     math_rows = [s for s in summary if "math" in s.scores]
     if math_rows:
@@ -284,7 +287,7 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
                 s = by_key.get((dataset, method))
                 cells.append(f"{100 * s.scores['math']:.2f}" if s and "math" in s.scores else "–")
             body.append(cells)
-        lines += _markdown_table(header, body, range(1, len(header)))
+        lines += markdown_table(header, body, range(1, len(header)))
 
     if len({s.n for s in summary}) == 1 and not any(s.failed for s in summary):
         counts = f"{summary[0].n} per dataset and method" if summary else "none"
@@ -338,7 +341,7 @@ def _cost_table(summary: Sequence[SummaryRow], methods: list[str]) -> list[str]:
             cells.append("–" if not found else "unpriced" if None in dollars else f"{sum(dollars):.6f}")
         body.append(cells)
     lines = ["", "Cost (estimated from the price table; failed rows included, they were paid for):", ""]
-    lines += _markdown_table(header, body)
+    lines += markdown_table(header, body)
     missing = sum(s.spend.get("rows_without_cost", 0) for s in summary)
     if missing:
         lines += ["", f"{missing} rows have no recorded cost (written before costs were kept, or failed in this "

@@ -37,6 +37,7 @@ from prompt_r1.metrics import (
     SemanticScorer,
     as_answer_list,
     default_semantic_scorer,
+    exact_match_batch,
     f1_batch,
     normalize_answer,
 )
@@ -87,10 +88,6 @@ def release_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{**row, "prediction": release_prediction(row)} for row in rows]
 
 
-def _exact(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
-
-
 def _two_way_substring(prediction: str, gold: str) -> float:
     p, g = normalize_answer(prediction), normalize_answer(gold)
     return float(g in p or p in g)
@@ -107,11 +104,10 @@ def release_scores(
     semantic: SemanticScorer | None = None,
 ) -> list[float]:
     """Metric `name` per row under the release's rules (see the module docstring)."""
-    pairs = list(zip(predictions, golds, strict=True))
-    if name == "em":
-        return [_best(_exact, p, gs) for p, gs in pairs]
+    if name == "em":  # the paper's exact match, without the rule that an empty prediction earns nothing
+        return exact_match_batch(predictions, golds)
     if name == "sm":
-        return [_best(_two_way_substring, p, gs) for p, gs in pairs]
+        return [_best(_two_way_substring, p, gs) for p, gs in zip(predictions, golds, strict=True)]
     if name == "f1":
         return f1_batch(predictions, golds)
     if name == "ssim":

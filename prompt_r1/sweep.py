@@ -23,6 +23,7 @@ from prompt_r1.charts import LABELS
 from prompt_r1.config import EnvironmentConfig
 from prompt_r1.data import dataset_info
 from prompt_r1.errors import ConfigError
+from prompt_r1.reports import markdown_table
 
 __all__ = ["SWEEP_FIELDS", "environment_sweep", "write_sweep_report"]
 
@@ -122,8 +123,7 @@ def write_sweep_report(
                 metric = _primary(dataset)
                 cells.append(f"{100 * s.scores[metric]:.2f}" if s and metric in s.scores else "–")
         body.append(cells)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
+    lines = markdown_table(header, body)
     lines += ["", f"Scores in percent, scorer `{scoring}`; w/ agent: `{WITH}`, w/o: `{WITHOUT}`. Each "
               "environment's own tables, costs and predictions are in its folder."]  # fmt: skip
     md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -35,7 +35,7 @@ _PER_RUN = {
     "rate_limit": " For the whole run: each process gets its share.",
     "tokens_per_minute": " For the whole run: each process gets its share.",
 }
-_PER_PROCESS = {"max_in_flight": " Per process."}
+_HELP_TAILS = {**_PER_RUN, "max_in_flight": " Per process."}  # added to the environment fields' help
 
 
 def _environment_fields() -> type:
@@ -48,7 +48,7 @@ def _environment_fields() -> type:
             hints[f.name],
             field(
                 default=f.default,
-                metadata={"help": f.metadata.get("help", "") + {**_PER_RUN, **_PER_PROCESS}.get(f.name, "")},
+                metadata={"help": f.metadata.get("help", "") + _HELP_TAILS.get(f.name, "")},
             ),
         )
         for f in fields(EnvironmentConfig)
