@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import yaml
 
 from prompt_r1.errors import ConfigError, MissingCredentials
+from prompt_r1.release import PROTOCOLS
 
 __all__ = [
     "DEFAULT_AGENT_MODEL",
@@ -167,21 +168,43 @@ class LoopConfig:
     """How one episode runs: the one source of the loop's settings for `build_graph`, `EpisodeRunner`,
     `PromptR1Chat`, `serve` and GRPO rollouts (`PromptR1GRPOConfig.loop_config()`)."""
 
-    max_turns: int = _help("Most environment calls per episode (paper: 5).", default=5)
-    force_final_answer: bool = _help(
-        "When the agent prompts again after its last allowed call, ask it once for a final answer.",
-        default=True,
+    max_turns: int = _help(
+        "Most environment calls per episode (paper: 5); under --protocol release, most agent turns.",
+        default=5,
+    )
+    force_final_answer: bool | None = _help(
+        "When the agent prompts again after its last allowed call, ask it once for a final answer; unset: on "
+        "under the paper protocol, off under release (which ends unanswered).",
+        default=None,
     )
     max_turn_tokens: int | None = _help(
         "Most tokens the agent writes in one turn; unset: the agent's own max_new_tokens (paper: 1,024).",
         default=None,
     )
     max_total_tokens: int = _help(
-        "Token budget of one agent trajectory (paper: 8,192); token-exact backends only.", default=8192
+        "Token budget of one agent trajectory (paper: 8,192); token-exact backends only. Under --protocol release, "
+        "the limit on prompt + trajectory checked before each agent turn, as the release does.",
+        default=8192,
+    )
+    protocol: str = _help(
+        "paper (the paper's loop) or release (the reference release's training rollout token for token: its "
+        "tools prompt, JSON calls and replies, error observations, turn counting; see prompt_r1/release.py).",
+        default="paper",
     )
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.force_final_answer is None:  # the protocol's own: frozen, so set through object
+            object.__setattr__(self, "force_final_answer", self.protocol == "paper")
+        if self.protocol == "release" and self.max_turns < 1:
+            raise ConfigError("the release protocol counts agent turns: max_turns must be >= 1")
+        if self.force_final_answer and self.protocol == "release":
+            raise ConfigError(
+                "the release protocol ends an episode unanswered when its turns run out: force_final_answer must "
+                "be off under it"
+            )
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:

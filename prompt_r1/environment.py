@@ -214,12 +214,14 @@ class EnvironmentClient:
         history: Sequence[tuple[str, str]] = (),
         *,
         run_config: RunnableConfig | None = None,
+        system_prompt: str | None = None,
     ) -> EnvironmentReply:
-        """Answer `prompt` in the context of the earlier (prompt, response) pairs.
+        """Answer `prompt` in the context of the earlier (prompt, response) pairs; `system_prompt` replaces the
+        client's own for this call (the release protocol's differs by a trailing space).
 
         Raises `EnvironmentCallError` (after the retries) or `ContextOverflow`.
         """
-        messages = self.messages(prompt, history)
+        messages = environment_messages(prompt, history, system_prompt or self.system_prompt)
         run_config = {**(run_config or {}), "run_name": "environment"}
         run_config["tags"] = [*run_config.get("tags", []), "prompt-r1", "environment"]
         started = time.monotonic()
@@ -419,13 +421,16 @@ class EnvironmentPool:
         history: Sequence[tuple[str, str]] = (),
         *,
         run_config: RunnableConfig | None = None,
+        system_prompt: str | None = None,
     ) -> EnvironmentReply:
         home = self.route(session_key(run_config))
         last_error: EnvironmentCallError | None = None
         for index in self._order(home):
             member = self.members[index]
             try:
-                reply = await member.respond(prompt, history, run_config=run_config)
+                reply = await member.respond(
+                    prompt, history, run_config=run_config, system_prompt=system_prompt
+                )
             except EnvironmentCallError as exc:
                 last_error = exc
                 # Only failures of the endpoint count toward its trip. A rejected request (a 4xx such as a bad
@@ -448,7 +453,8 @@ class EnvironmentPool:
 @runtime_checkable
 class Environment(Protocol):
     """What the loop needs of an environment: one call given the earlier (prompt, response) pairs, returning the
-    reply with its usage and the attempts it took; `retries` counts the retries made so far."""
+    reply with its usage and the attempts it took; `retries` counts the retries made so far. The loop passes
+    `system_prompt` only under the release protocol, so an environment without the keyword serves the paper's."""
 
     retries: int
 

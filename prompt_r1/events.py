@@ -5,6 +5,7 @@ The graph's nodes emit one small JSON dict per thing that happened, in order:
     {"type": "think",    "turn": 0, "text": "..."}    the agent's reasoning for turn 0
     {"type": "prompt",   "turn": 0, "text": "..."}    the prompt it sends to the environment
     {"type": "response", "turn": 0, "text": "...", "attempts": 1, "latency_s": 0.8}   the environment's reply
+    {"type": "call_error", "turn": 0, "text": "Error: No tool name"}   --protocol release: a malformed call's answer
     {"type": "final_request", "turn": 4, "text": "..."}   turns used up: the agent is asked once for an answer
     {"type": "answer",   "turn": 1, "text": "..."}    the agent's final answer
     {"type": "malformed", "turn": 1, "text": "<raw generation>", "defects": ["..."]}
@@ -40,7 +41,17 @@ __all__ = [
 ]
 
 EVENT_NAME = "prompt_r1"  # the name of the custom events in astream_events
-EVENT_TYPES = ("think", "prompt", "response", "final_request", "answer", "malformed", "error", "end")
+EVENT_TYPES = (
+    "think",
+    "prompt",
+    "response",
+    "call_error",
+    "final_request",
+    "answer",
+    "malformed",
+    "error",
+    "end",
+)
 
 
 def turn_events(record: dict) -> list[dict[str, Any]]:
@@ -53,7 +64,7 @@ def turn_events(record: dict) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     if record.get("think"):
         events.append({"type": "think", "turn": index, "text": record["think"]})
-    if record["kind"] == "prompt":
+    if record["kind"] == "prompt" and record.get("prompt") is not None:
         events.append({"type": "prompt", "turn": index, "text": record["prompt"]})
     elif record["kind"] == "answer" and record.get("answer"):
         events.append({"type": "answer", "turn": index, "text": record["answer"]})
@@ -126,7 +137,9 @@ def format_event(event: dict[str, Any]) -> str:
     text = str(event.get("text", "")).strip()
     if kind == "malformed":
         text = "; ".join(event.get("defects", [])) or text
-    label = {"final_request": "asked:", "malformed": "defects:"}.get(kind, f"{kind}:")
+    label = {"final_request": "asked:", "malformed": "defects:", "call_error": "answered:"}.get(
+        kind, f"{kind}:"
+    )
     body = text.replace("\n", "\n" + " " * 19)  # under the text of the first line
     return f"turn {event['turn'] + 1:<2} {label:<10} {body}"
 

@@ -26,6 +26,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.graph import END, START, StateGraph
 
+from prompt_r1 import release
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.aio import run_sync
 from prompt_r1.config import LoopConfig
@@ -33,7 +34,7 @@ from prompt_r1.environment import Environment, as_environment
 from prompt_r1.errors import AgentRefused, ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
-from prompt_r1.protocol import parse_agent_output
+from prompt_r1.protocol import STOP_SEQUENCES, parse_agent_output
 from prompt_r1.text import repair, valid
 from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
 
@@ -179,7 +180,14 @@ def _inline(func, name: str, *, trace: bool = True):
     return _both_paths(func, afunc, name, trace=trace)
 
 
-_LOOP_DEFAULTS = LoopConfig().graph_options()  # the keywords' defaults: build_graph's and LoopConfig's agree
+# build_graph's loop keywords and their defaults (a LoopConfig of them has LoopConfig's own defaults).
+_LOOP_KEYWORDS = {
+    "max_turns": 5,
+    "force_final_answer": None,
+    "max_new_tokens": None,
+    "max_total_tokens": 8192,
+    "protocol": "paper",
+}
 
 
 def build_graph(
@@ -188,9 +196,10 @@ def build_graph(
     *,
     loop: LoopConfig | None = None,
     max_turns: int = 5,
-    force_final_answer: bool = True,
+    force_final_answer: bool | None = None,
     max_new_tokens: int | None = None,
     max_total_tokens: int = 8192,
+    protocol: str = "paper",
     token_exact: bool | None = None,
     checkpointer: Any = None,
     name: str = "prompt_r1",
@@ -198,23 +207,42 @@ def build_graph(
     """Compile the loop. The result is a LangChain Runnable (`invoke`, `ainvoke`, `abatch`, `astream`) and can be
     added as a node of a parent graph whose state has `question` (and optionally `golden_answers`).
 
-    loop: the loop's settings in one object (prompt_r1.LoopConfig), instead of the four keywords below.
-    max_turns: most environment calls per episode (paper: 5).
+    loop: the loop's settings in one object (prompt_r1.LoopConfig), instead of the five keywords below.
+    max_turns: most environment calls per episode (paper: 5); under the release protocol, most agent turns.
     force_final_answer: when the agent prompts after its last allowed call, ask it once for a final answer
-        (inference default); off, the episode ends with status `max_turns` (the training setting).
+        (unset: on under the paper protocol, the inference default); off, the episode ends with status
+        `max_turns` (the training setting, and the release protocol's).
     max_new_tokens: per-turn generation budget (None: the backend config's `max_new_tokens`; paper: 1,024).
     max_total_tokens: budget of the whole trajectory after the first prompt (paper: 8,192); token-exact only.
+        Under the release protocol: the limit on prompt + trajectory, checked before each agent turn.
+    protocol: "paper", or "release" for the reference release's training rollout (prompt_r1/release.py).
     token_exact: keep token ids (default: whenever the backend has a tokenizer).
     """
+    passed = dict(
+        max_turns=max_turns,
+        force_final_answer=force_final_answer,
+        max_new_tokens=max_new_tokens,
+        max_total_tokens=max_total_tokens,
+        protocol=protocol,
+    )
     if loop is not None:
-        given = {k: v for k, v in locals().items() if k in _LOOP_DEFAULTS and v != _LOOP_DEFAULTS[k]}
+        given = [k for k, default in _LOOP_KEYWORDS.items() if passed[k] != default]
         if given:
             raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
-        options = loop.graph_options()
-        max_turns, force_final_answer = options["max_turns"], options["force_final_answer"]
-        max_new_tokens, max_total_tokens = options["max_new_tokens"], options["max_total_tokens"]
-    if max_turns < 0:
+    elif max_turns < 0:
         raise ValueError(f"max_turns must be >= 0, got {max_turns}")
+    else:
+        loop = LoopConfig(
+            max_turns=max_turns,
+            force_final_answer=force_final_answer,
+            max_turn_tokens=max_new_tokens,
+            max_total_tokens=max_total_tokens,
+            protocol=protocol,
+        )
+    options = loop.graph_options()
+    max_turns, force_final_answer = options["max_turns"], options["force_final_answer"]
+    max_new_tokens, max_total_tokens = options["max_new_tokens"], options["max_total_tokens"]
+    by_release = options["protocol"] == "release"
     environment = as_environment(environment)
     tokenizer = getattr(agent, "tokenizer", None)
     token_exact = tokenizer is not None if token_exact is None else token_exact
@@ -222,6 +250,12 @@ def build_graph(
     per_turn = max_new_tokens or getattr(getattr(agent, "config", None), "max_new_tokens", None)
     if token_exact and tokenizer is None:
         raise ValueError("token_exact=True needs an agent backend with a tokenizer (local or vLLM)")
+    if by_release and token_exact:
+        release.check_tokenizer(tokenizer)
+    # The release's turns end on the end-of-turn token alone; the paper's at the first closing action tag.
+    stop = () if by_release else STOP_SEQUENCES
+    # The environment's system prompt under the release (a trailing space); None: the environment's own.
+    system_prompt = release.ENVIRONMENT_SYSTEM_PROMPT_RELEASE if by_release else None
 
     async def agent_node(state: EpisodeState, config: RunnableConfig) -> dict:
         turns = state.get("turns", [])
@@ -229,27 +263,34 @@ def build_graph(
         question = state.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"the input needs a non-empty 'question' string, got {question!r}")
-        messages = agent_messages(state)
+        messages = release.agent_messages(question, turns) if by_release else agent_messages(state)
         update: dict[str, Any] = {}
         prompt_ids = None
         budget = per_turn
         trajectory_bound = False  # True when the trajectory budget, not the per-turn one, caps this turn
         if token_exact:
-            prompt_ids = state.get("prompt_ids") or initial_prompt_ids(tokenizer, messages[:1])
+            prompt_ids = state.get("prompt_ids") or (
+                release.first_prompt_ids(tokenizer, question)
+                if by_release
+                else initial_prompt_ids(tokenizer, messages[:1])
+            )
             if not state.get("prompt_ids"):
                 update["prompt_ids"] = prompt_ids
             used = len(state.get("completion_ids", []))
             remaining = max_total_tokens - used
-            if remaining <= 0:
+            # The release stops before a turn once prompt + trajectory exceed its limit, and never cuts a turn
+            # short to fit; ours bounds the trajectory and cuts the last turn to what is left.
+            over = len(prompt_ids) + used > max_total_tokens if by_release else remaining <= 0
+            if over:
                 update.update(
                     status="context_overflow", error=f"trajectory reached {used} of {max_total_tokens} tokens"
                 )
                 await emit(config, [end_event(state, update)])
                 return update
-            trajectory_bound = per_turn is None or remaining < per_turn
+            trajectory_bound = not by_release and (per_turn is None or remaining < per_turn)
             budget = remaining if trajectory_bound else per_turn
             prompt_ids = prompt_ids + state.get("completion_ids", [])
-        request = AgentRequest(messages=messages, prompt_ids=prompt_ids, max_new_tokens=budget)
+        request = AgentRequest(messages=messages, prompt_ids=prompt_ids, max_new_tokens=budget, stop=stop)
         try:
             output = await traced_agent_call(agent, request, config, index)
         except ContextOverflow as exc:
@@ -261,12 +302,18 @@ def build_graph(
             await emit(config, [{"type": "error", "turn": index, "text": str(exc)}, end_event(state, update)])
             return update
         text, repaired = repair(output.text)
+        if by_release and token_exact and index > 0:
+            text = release.PREFILL + text  # the turn as the agent's context has it: the prefill is its start
         turn = parse_agent_output(text)
+        if by_release:
+            turn, call_fields = release.release_turn(turn, text)
         if turn.prompt is not None and not valid(turn.prompt):
             # A JSON tool call can spell half a surrogate pair as an escape (\ud800) in valid text.
             turn = dataclasses.replace(turn, prompt=repair(turn.prompt)[0])
             repaired = True
         record = turn.to_record()
+        if by_release:
+            record.update(call_fields)
         record.update(index=index, finish_reason=output.finish_reason, agent_tokens=output.completion_tokens)
         if repaired:  # the generation held text UTF-8 cannot encode; the record has U+FFFD in its place
             record["text_repaired"] = True
@@ -305,11 +352,17 @@ def build_graph(
     async def environment_node(state: EpisodeState, config: RunnableConfig) -> dict:
         turns = state["turns"]
         last = turns[-1]
+        if by_release and last.get("call_error"):
+            return await _release_observation(state, config, last["call_error"], None)
         try:
             # The environment's chat-model run carries the turn it answers, for traces.
             metadata = {**(config.get("metadata") or {}), "prompt_r1_turn": last["index"]}
+            history = (
+                release.environment_history(turns[:-1]) if by_release else environment_history(turns[:-1])
+            )
+            extra = {} if system_prompt is None else {"system_prompt": system_prompt}
             reply = await environment.respond(
-                last["prompt"], environment_history(turns[:-1]), run_config={**config, "metadata": metadata}
+                last["prompt"], history, run_config={**config, "metadata": metadata}, **extra
             )
         except ContextOverflow as exc:
             await emit(config, [{"type": "error", "turn": last["index"], "text": str(exc)}])
@@ -327,6 +380,8 @@ def build_graph(
                 "turns": [{"index": last["index"], "error": error}],
                 "usage": {"env_failed_calls": 1, "env_retries": exc.attempts - 1},
             }
+        if by_release:
+            return await _release_observation(state, config, reply.text.strip(), reply)
         update: dict[str, Any] = {
             "turns": [
                 {
@@ -357,6 +412,39 @@ def build_graph(
                 }
             ],
         )
+        return update
+
+    async def _release_observation(
+        state: EpisodeState, config: RunnableConfig, text: str, reply: Any
+    ) -> dict:
+        """The release's answer to a call: the environment's reply as JSON, or the call's error text, cut and
+        wrapped as one user message; on the token path appended whole after the agent's own end-of-turn token,
+        with the next turn's `<think>\n` prefilled."""
+        index = state["turns"][-1]["index"]
+        content = release.reply_content(text) if reply is not None else text
+        record: dict[str, Any] = {
+            "index": index,
+            "response": text,
+            "response_source": "environment" if reply is not None else "call_error",
+            "observation": release.observation_body(content),
+        }
+        update: dict[str, Any] = {"turns": [record]}
+        if reply is not None:
+            record["environment_call"] = reply.to_dict()
+            update["usage"] = {
+                "env_calls": 1,
+                "env_input_tokens": reply.input_tokens,
+                "env_output_tokens": reply.output_tokens,
+                "env_retries": reply.attempts - 1,
+            }
+            event = {"type": "response", "turn": index, "text": text, "attempts": reply.attempts}
+            event["latency_s"] = round(reply.latency_s, 3)
+        else:
+            event = {"type": "call_error", "turn": index, "text": text}
+        if token_exact:
+            ids = list(tokenizer.encode(release.observation(content), add_special_tokens=False))
+            update.update(completion_ids=ids, logprobs=[0.0] * len(ids), env_mask=[0] * len(ids))
+        await emit(config, [event])
         return update
 
     async def final_answer_node(state: EpisodeState, config: RunnableConfig) -> dict:
@@ -406,6 +494,8 @@ def build_graph(
         last = state["turns"][-1]
         if last["kind"] != "prompt":
             return "finalize"
+        if by_release:  # every call is answered, the last turn's too; the turn limit is checked after it
+            return "environment"
         if state.get("final_request_sent"):
             return "finalize"
         if len(environment_history(state["turns"])) < max_turns:
@@ -414,8 +504,10 @@ def build_graph(
 
     def route_after_environment(state: EpisodeState) -> Literal["agent", "finalize"]:
         """After the environment's response or the final-answer request: on to the agent unless it failed or
-        no longer fits the trajectory budget."""
-        return "finalize" if state.get("status") else "agent"
+        no longer fits the trajectory budget; under the release protocol, once the agent has had its turns."""
+        if state.get("status"):
+            return "finalize"
+        return "finalize" if by_release and len(state["turns"]) >= max_turns else "agent"
 
     builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
     builder.add_node("agent", _sync_and_async(agent_node, "agent"))

@@ -33,9 +33,9 @@ class MeteredEnvironment:
     def __init__(self, inner: Any, meter: UsageMeter, redact: Redactor) -> None:
         self.inner, self.meter, self.redact = inner, meter, redact
 
-    async def respond(self, prompt: str, history=(), *, run_config=None) -> EnvironmentReply:
+    async def respond(self, prompt: str, history=(), *, run_config=None, **options: Any) -> EnvironmentReply:
         try:
-            reply = await self.inner.respond(prompt, history, run_config=run_config)
+            reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
         except Exception as exc:
             self.redact.exception(exc)
             raise

@@ -5,13 +5,14 @@
     R     = −ε + R_fmt + R_ans   when R_fmt = ε,   else   −ε + R_fmt
 
 T is the final agent turn; M_t says intermediate turn t is well formed, A_p that the final turn holds an answer,
-A_n that it is not blank, C_f that the final turn is complete. Two presets:
+A_n that it is not blank, C_f that the final turn is complete. Two presets (`reference` is the older name of
+`release`, kept as an alias):
 
 - `paper` (App. G: α=0.25, β=0.3, γ=0.4, δ=0.3, ε=1.5). Turns are read with `parse_agent_output`: M_t is a
   defect-free prompt turn with non-blank think and prompt; A_p a final turn that parses as an answer; A_n a
   non-blank answer; C_f a final turn that is exactly `<think>` (non-blank) then `<answer>` with no defects.
   Because 0.25 per turn is needed twice to reach ε, the answer only counts after two or more prompts.
-- `reference` (α=0.4, β=0.25, γ=0.25, δ=0.1, ε=1.0) gives exactly the numbers of the public release's
+- `release` (α=0.4, β=0.25, γ=0.25, δ=0.1, ε=1.0) gives exactly the numbers of the public release's
   `compute_score_format_answer`, including its regular expressions: an intermediate turn earns α when it holds
   exactly one of each think/prompt tag and is think, whitespace, prompt from its first to last character; the
   final turn earns β + γ when its first `<answer>…</answer>` is not blank, δ more when the turn is
@@ -19,10 +20,11 @@ A_n that it is not blank, C_f that the final turn is complete. Two presets:
 
 `score_transcript` scores the Qwen chat-format text the reference release scores (`<|im_start|>assistant\\n…
 <|im_end|>` blocks), `score_episode` a result of the graph, `score_turns` a list of agent generations, and
-`trl_reward` wraps them in TRL's reward-function signature.
+`trl_reward` wraps them in TRL's reward-function signature (and, for `--protocol release` rollouts, scores the
+decoded stream as the release does: see prompt_r1/release.py).
 
     >>> one_turn = "<|im_start|>assistant\\n<think>t</think><answer>Paris</answer><|im_end|>"
-    >>> score_transcript(one_turn, ["Paris"]).total, score_transcript(one_turn, ["Paris"], "reference").total
+    >>> score_transcript(one_turn, ["Paris"]).total, score_transcript(one_turn, ["Paris"], "release").total
     (-0.5, -0.4)
 """
 
@@ -41,6 +43,7 @@ from prompt_r1.protocol import parse_agent_output
 
 __all__ = [
     "PRESETS",
+    "PRESET_ALIASES",
     "RewardPreset",
     "RewardScore",
     "assistant_blocks",
@@ -55,10 +58,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RewardPreset:
-    """Coefficients of the format reward and the rule that judges each term ("paper" or "reference")."""
+    """Coefficients of the format reward and the rule that judges each term ("paper" or "release"; "reference"
+    is read as "release")."""
 
     name: str
-    rule: Literal["paper", "reference"]
+    rule: Literal["paper", "release"]
     alpha: float  # per well-formed intermediate turn (M_t)
     beta: float  # the final turn holds an answer (A_p)
     gamma: float  # the answer is not blank (A_n)
@@ -67,8 +71,10 @@ class RewardPreset:
     gate: bool = True  # False (an ablation): the answer counts whatever the format reward
 
     def __post_init__(self) -> None:
-        if self.rule not in ("paper", "reference"):
-            raise ConfigError(f"reward rule must be 'paper' or 'reference', got {self.rule!r}")
+        if self.rule == "reference":  # the rule's former name
+            object.__setattr__(self, "rule", "release")
+        if self.rule not in ("paper", "release"):
+            raise ConfigError(f"reward rule must be 'paper' or 'release', got {self.rule!r}")
         for name in ("alpha", "beta", "gamma", "delta", "epsilon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -79,10 +85,9 @@ class RewardPreset:
 
 PRESETS: dict[str, RewardPreset] = {
     "paper": RewardPreset("paper", "paper", alpha=0.25, beta=0.3, gamma=0.4, delta=0.3, epsilon=1.5),
-    "reference": RewardPreset(
-        "reference", "reference", alpha=0.4, beta=0.25, gamma=0.25, delta=0.1, epsilon=1.0
-    ),
+    "release": RewardPreset("release", "release", alpha=0.4, beta=0.25, gamma=0.25, delta=0.1, epsilon=1.0),
 }
+PRESET_ALIASES = {"reference": "release"}  # former names, still accepted
 
 
 def get_preset(preset: str | RewardPreset = "paper", **coefficients: float | bool) -> RewardPreset:
@@ -93,6 +98,7 @@ def get_preset(preset: str | RewardPreset = "paper", **coefficients: float | boo
     1.2
     """
     if isinstance(preset, str):
+        preset = PRESET_ALIASES.get(preset, preset)
         if preset not in PRESETS:
             raise ConfigError(f"unknown reward preset {preset!r}; choose one of {', '.join(PRESETS)}")
         preset = PRESETS[preset]
@@ -147,7 +153,7 @@ def assistant_blocks(transcript: str) -> list[str]:
     return _BLOCK.findall(transcript)
 
 
-def _reference_terms(turns: Sequence[str]) -> tuple[int, bool, bool, bool, str | None]:
+def _release_terms(turns: Sequence[str]) -> tuple[int, bool, bool, bool, str | None]:
     intermediate_ok = sum(
         1
         for turn in turns[:-1]
@@ -201,7 +207,7 @@ def score_turns(
     if not turns:
         return RewardScore(0.0, 0.0, -spec.epsilon, False, 0, 0, False, False, False, None, spec.name)
 
-    terms = _reference_terms if spec.rule == "reference" else _paper_terms
+    terms = _release_terms if spec.rule == "release" else _paper_terms
     intermediate_ok, parsed, nonempty, complete, answer = terms(turns)
     # Summed term by term in this order, as the reference does, so float results match it to the last bit.
     fmt = 0.0
@@ -222,7 +228,7 @@ def score_turns(
     if nonempty and answer is not None:
         # The reference's F1 gives 0 when the answer normalises to nothing ("the"), even against an equally empty
         # golden answer; the metric's convention (both empty → 1) would differ there.
-        if spec.rule == "reference" and not normalize_answer(answer).split():
+        if spec.rule == "release" and not normalize_answer(answer).split():
             answer_reward = 0.0
         else:
             answer_reward = f1(answer, golds)
@@ -334,8 +340,10 @@ def trl_reward(
     """A reward function with TRL's signature `f(prompts, completions, completion_ids, **columns) -> list[float]`.
 
     Golden answers come from the dataset columns (`golden_answers`, `reward_model` or `answer`). When the rollout
-    passes `turn_texts` (the agent's generations of each episode) those are scored; otherwise each completion is
-    read as chat-format text. Episodes whose `status` is `environment_error` get None: an infrastructure failure
+    passes `transcript` (`--protocol release`: the decoded prompt and trajectory) that is scored as the release
+    scores it, and an episode whose `ends_on_agent_token` is false gets a total of 0 (the release's GRPO sums the
+    reward over the agent's tokens only); else, when it passes `turn_texts` (the agent's generations of each
+    episode) those are scored; otherwise each completion is read as chat-format text. Episodes whose `status` is `environment_error` get None: an infrastructure failure
     is not the agent's doing, and TRL leaves a None reward out of the group's baseline. Use one function per
     component (weights 1, 0, 0) to have TRL log the format and answer parts next to the total.
     """
@@ -348,6 +356,8 @@ def trl_reward(
         rows = len(completions)
         statuses = columns.get("status") or [None] * rows
         turn_texts = columns.get("turn_texts") or [None] * rows
+        transcripts = columns.get("transcript") or [None] * rows
+        on_agent_token = columns.get("ends_on_agent_token") or [True] * rows
         keys = [k for k in ("golden_answers", "reward_model", "answer") if columns.get(k) is not None]
         if not keys:
             raise KeyError(
@@ -360,8 +370,14 @@ def trl_reward(
                 out.append(None)
                 continue
             golds = golden_answers_of({k: columns[k][i] for k in keys})
-            turns = turn_texts[i] if turn_texts[i] is not None else _completion_turns(completions[i])
-            out.append(getattr(score_turns(turns, golds, spec), attribute))
+            if transcripts[i] is not None:
+                score = score_transcript(transcripts[i], golds, spec)
+                if not on_agent_token[i]:
+                    score = dataclasses.replace(score, total=0.0)
+            else:
+                turns = turn_texts[i] if turn_texts[i] is not None else _completion_turns(completions[i])
+                score = score_turns(turns, golds, spec)
+            out.append(getattr(score, attribute))
         return out
 
     reward.__name__ = f"prompt_r1_{component}"

@@ -18,6 +18,7 @@ from typing import Any
 
 from prompt_r1.agents.base import AgentOutput, AgentRequest
 from prompt_r1.environment import EnvironmentReply, environment_messages
+from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
 
 __all__ = [
     "Responder",
@@ -134,11 +135,18 @@ class ScriptedEnvironment:
         self.retries = 0
         self.bodies: list[dict] = []
 
-    async def respond(self, prompt: str, history: Sequence[tuple[str, str]] = (), *, run_config: Any = None):
+    async def respond(
+        self,
+        prompt: str,
+        history: Sequence[tuple[str, str]] = (),
+        *,
+        run_config: Any = None,
+        system_prompt: str | None = None,
+    ):
         started = time.monotonic()
         messages = [
             {"role": {"system": "system", "human": "user", "ai": "assistant"}[m.type], "content": m.content}
-            for m in environment_messages(prompt, history)
+            for m in environment_messages(prompt, history, system_prompt or ENVIRONMENT_SYSTEM_PROMPT)
         ]
         body = {"model": self.model_name, "messages": messages}
         self.bodies.append(body)

@@ -10,12 +10,51 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["CHAT_TEMPLATE", "build_protocol_model", "build_tiny_model"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "QWEN3_ADDED_TOKENS",
+    "QWEN3_SPECIAL_TOKENS",
+    "build_protocol_model",
+    "build_tiny_model",
+]
 
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen3's added tokens in its order: these are special (dropped by decode(skip_special_tokens=True)) ...
+QWEN3_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# ... and these are not: one token each, but kept in decoded text (the reward's patterns read <think>).
+QWEN3_ADDED_TOKENS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 )
 
 _TINY_CORPUS = [
@@ -38,6 +77,8 @@ def build_tiny_model(
     seed: int = 0,
     corpus: Sequence[str] = (),
     added_tokens: Sequence[str] = (),
+    qwen3_tokens: bool = False,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> Path:
     """Save a random Qwen2 model and a byte-level BPE tokenizer (trained here, with a chat template) to `path`.
 
@@ -45,6 +86,8 @@ def build_tiny_model(
     model of a few thousand parameters for tests; the GPU benchmark asks for one of a few hundred million.
     `corpus`: more text for the tokenizer to learn from (a task's words then become single tokens).
     `added_tokens`: strings that become one token each wherever they occur (tags, a fixed instruction).
+    `qwen3_tokens`: the tokenizer gets Qwen3's special and added tokens, special or not as in Qwen3
+    (`<think>` one token, kept by decoding); `chat_template`: the template it is saved with.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -52,7 +95,7 @@ def build_tiny_model(
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    specials = list(QWEN3_SPECIAL_TOKENS) if qwen3_tokens else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -63,8 +106,11 @@ def build_tiny_model(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
     )
+    if qwen3_tokens:
+        tokenizer.add_special_tokens({"additional_special_tokens": specials[3:]})
+        tokenizer.add_tokens(list(QWEN3_ADDED_TOKENS))
     tokenizer.add_tokens(list(added_tokens))
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(path)
 
     torch.manual_seed(seed)

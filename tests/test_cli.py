@@ -144,7 +144,7 @@ def test_console_script_end_to_end(server):
         (
             ["run", "q"],
             "loop:\n  force_final_answer: 1\n",
-            "LoopConfig.force_final_answer must be bool, got 1",
+            "LoopConfig.force_final_answer must be bool or None, got 1",
         ),
     ],
 )

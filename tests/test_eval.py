@@ -101,7 +101,7 @@ def test_eval_writes_rows_tables_chart_and_resumes(eval_server, tmp_path, capsys
 
     episode = next(r for r in rows if r["method"] == "prompt-r1" and r["index"] == 0)
     assert episode["status"] == "answered" and len(episode["turns"]) == 2
-    assert episode["reward"] == {"paper": pytest.approx(-0.25), "reference": pytest.approx(1.0)}
+    assert episode["reward"] == {"paper": pytest.approx(-0.25), "release": pytest.approx(1.0)}
     baseline = next(r for r in rows if r["method"] == "env-cot")
     assert baseline["answer_tagged"] and baseline["response"].startswith("Reasoning first.")
     cot = [

@@ -242,6 +242,6 @@ def test_the_format_gate_can_be_turned_off_as_an_ablation():
     ungated = score_turns(one_turn, ["Paris"], "reference", gate=False)
     assert not gated.gated and gated.total == pytest.approx(-1.0 + gated.format_reward)
     assert ungated.total == pytest.approx(gated.total + 1.0) and ungated.answer_reward == 1.0
-    assert get_preset("reference", gate=False).name == "reference(no gate)"
+    assert get_preset("reference", gate=False).name == "release(no gate)"
     with pytest.raises(ConfigError, match="gate must be true or false"):
         get_preset("reference", gate="no")

@@ -14,7 +14,8 @@ from trl import GRPOConfig
 
 from prompt_r1.config import DEFAULT_AGENT_MODEL, EnvironmentConfig, LoopConfig
 from prompt_r1.errors import ConfigError
-from prompt_r1.rewards import PRESETS
+from prompt_r1.release import PROTOCOLS
+from prompt_r1.rewards import PRESET_ALIASES, PRESETS
 
 __all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
 
@@ -88,10 +89,19 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     )
     max_train_samples: int | None = _help("Use only the first N training rows.", default=None)
     # The loop.
-    max_turns: int = _help("Most environment calls per episode (paper: 5).", default=5)
+    max_turns: int = _help(
+        "Most environment calls per episode (paper: 5); under protocol release, most agent turns.", default=5
+    )
     max_turn_tokens: int = _help("Most tokens the agent writes in one turn (paper: 1,024).", default=1024)
     max_total_tokens: int = _help(
-        "Token budget of a whole trajectory after the first prompt (paper: 8,192).", default=8192
+        "Token budget of a whole trajectory after the first prompt (paper: 8,192); under protocol release, the "
+        "limit on prompt + trajectory checked before each agent turn.",
+        default=8192,
+    )
+    protocol: str = _help(
+        "paper, or release: the reference release's rollout token for token and its reward on the decoded "
+        "stream (training/configs/release.yaml; prompt_r1/release.py).",
+        default="paper",
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
     vllm_sync_check: bool = _help(
@@ -101,7 +111,10 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         default=False,
     )
     # The reward.
-    reward_preset: str = _help("Reward coefficients: paper or reference.", default="paper")
+    reward_preset: str | None = _help(
+        "Reward coefficients: paper or release (reference, its former name); unset: the protocol's.",
+        default=None,
+    )
     reward_alpha: float | None = _help("Override α (per complete intermediate turn).", default=None)
     reward_beta: float | None = _help("Override β (answer tag present).", default=None)
     reward_gamma: float | None = _help("Override γ (answer non-empty).", default=None)
@@ -118,9 +131,17 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     )
 
     def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        self.reward_preset = PRESET_ALIASES.get(self.reward_preset, self.reward_preset) or self.protocol
         if self.reward_preset not in PRESETS:
             raise ConfigError(
                 f"reward_preset must be one of {', '.join(PRESETS)}, got {self.reward_preset!r}"
+            )
+        if self.protocol == "release" and self.reward_preset != "release":
+            raise ConfigError(
+                "protocol release scores the decoded stream as the release does, with its coefficients: "
+                f"reward_preset must be release (or unset), got {self.reward_preset!r}"
             )
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")

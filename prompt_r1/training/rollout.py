@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from prompt_r1 import release
 from prompt_r1.aio import run_sync
 from prompt_r1.config import LoopConfig
 from prompt_r1.episode import Episode, EpisodeRunner
@@ -139,6 +140,7 @@ class GraphRollout:
 
     def to_trajectories(self, results: list[Episode], tokenizer: Any) -> dict[str, list]:
         """TRL's rollout output: ids, logprobs and env_mask per episode, plus the columns the rewards read."""
+        by_release = self.loop.protocol == "release"
         out: dict[str, list] = {
             k: []
             for k in (
@@ -151,6 +153,7 @@ class GraphRollout:
                 "answer",
                 "num_turns",
                 "env_calls",
+                *(("transcript", "ends_on_agent_token") if by_release else ()),
             )
         }
         for episode in results:
@@ -165,7 +168,8 @@ class GraphRollout:
             cut_off = episode.status == "context_overflow" or (
                 turns and turns[-1].get("finish_reason") == "length"
             )
-            if not cut_off or not completion:
+            # The release appends nothing: an episode that ended on its environment's message ends there.
+            if not by_release and (not cut_off or not completion):
                 end = turn_end_ids(tokenizer, completion[-3:])
                 if not completion or len(completion) + len(end) <= self.max_total_tokens:
                     completion += end
@@ -180,6 +184,9 @@ class GraphRollout:
             out["answer"].append(episode.answer)
             out["num_turns"].append(len(turns))
             out["env_calls"].append(episode.usage.get("env_calls", 0))
+            if by_release:  # what the release's reward reads: the decoded stream, and whose token ends it
+                out["transcript"].append(release.transcript(tokenizer, trajectory["prompt_ids"] + completion))
+                out["ends_on_agent_token"].append(bool(mask) and mask[-1] == 1)
         return out
 
 
