@@ -147,6 +147,7 @@ def build_protocol_model(
     added_tokens: Sequence[str] = (),
     batch_size: int | None = None,
     start_from: str | Path | None = None,
+    protocol: str = "paper",
     **model_shape: int,
 ) -> Path:
     """A tiny model fine-tuned (seconds, on CPU) to play two-turn episodes, saved to `path`.
@@ -158,11 +159,14 @@ def build_protocol_model(
     end differently, the model learns to choose among their endings. `model_shape` (layers, heads, kv_heads,
     intermediate_size), `corpus` and `added_tokens` go to `build_tiny_model`; `batch_size`: episodes per step
     (unset: all); `start_from`: fine-tune that model folder further instead of a new random model; `device` is
-    where the fine-tuning runs (the model is saved in float32 either way).
+    where the fine-tuning runs (the model is saved in float32 either way); `protocol`: the stream is the one
+    the graph builds under that protocol (`release`: the release's tools prompt, every turn ending on the
+    end-of-turn token, the response as the release's JSON observation, the second turn after its `<think>\n`).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from prompt_r1 import release
     from prompt_r1.prompts import interaction_response, question_message
     from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
 
@@ -176,7 +180,12 @@ def build_protocol_model(
     for question, turn1, response, turn2 in episodes:
         prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
         first = tok.encode(turn1, add_special_tokens=False)
-        if response is None:  # answered at once: the turn ends the episode
+        if protocol == "release":
+            prompt, first = release.first_prompt_ids(tok, question), first + [tok.eos_token_id]
+            env = release.observation(release.reply_content(response)) if response is not None else ""
+            env = tok.encode(env, add_special_tokens=False)
+            second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id] if env else []
+        elif response is None:  # answered at once: the turn ends the episode
             first, env, second = first + [tok.eos_token_id], [], []
         else:
             env = user_turn_ids(tok, interaction_response(response), first)

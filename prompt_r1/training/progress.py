@@ -34,7 +34,8 @@ CURVES = (
 def step_series(log_history: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     """Each curve's value per logged training step (NaN where a step lacks it), and the steps themselves."""
     rows = [row for row in log_history if "reward" in row and "step" in row]
-    series = {key: [float(row.get(key, math.nan)) for row in rows] for _, key in CURVES}
+    # A step whose episodes all failed logs no reward (None): a gap in the curve, not a crash at the end.
+    series = {key: [_float_or_nan(row.get(key)) for row in rows] for _, key in CURVES}
     series["step"] = [float(row["step"]) for row in rows]
     return series
 
@@ -141,3 +142,7 @@ class CurvesPNG(TrainerCallback):
         path = draw_curves([series], Path(args.output_dir) / "curves.png", title=Path(args.output_dir).name)
         if path is None:
             print("curves.png not drawn: matplotlib is not installed", file=sys.stderr)
+
+
+def _float_or_nan(value) -> float:
+    return math.nan if value is None else float(value)
