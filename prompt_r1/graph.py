@@ -23,16 +23,16 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from prompt_r1 import release
 from prompt_r1.agents.base import AgentBackend, AgentRequest
-from prompt_r1.aio import run_sync
 from prompt_r1.config import LoopConfig
 from prompt_r1.environment import Environment, as_environment
 from prompt_r1.errors import AgentRefused, ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.events import emit, end_event, traced_agent_call, turn_events
+from prompt_r1.graph_runnables import inline, sync_and_async
 from prompt_r1.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
 from prompt_r1.protocol import STOP_SEQUENCES, parse_agent_output
 from prompt_r1.text import repair, valid
@@ -143,41 +143,6 @@ def _outcome(record: dict) -> dict:
     if record["kind"] == "answer" and record["answer"]:
         return {"status": "answered", "answer": record["answer"], "error": None}
     return {"status": "format_error", "answer": None, "error": "; ".join(record["defects"])}
-
-
-def _both_paths(func, afunc, name: str, *, trace: bool = True):
-    """A node or router with a sync and an async path, run as such by LangGraph.
-
-    LangGraph's own wrapper adds no run of its own around the node's (a RunnableLambda would nest a second
-    one) and never hands a sync function to a thread pool under `ainvoke`. Measured on the loop's graph, the two
-    together cost ~1.5 ms per turn.
-    """
-    try:
-        from langgraph._internal._runnable import RunnableCallable
-
-        return RunnableCallable(func, afunc, name=name, trace=trace)
-    except ImportError:  # a LangGraph that moved it: a Runnable with both paths still avoids the pool
-        return RunnableLambda(func, afunc=afunc, name=name)
-
-
-def _sync_and_async(afunc, name: str):
-    """A node usable from `invoke` as well as `ainvoke`: the sync path runs the coroutine on the process-wide
-    background loop (prompt_r1.aio), so clients and batchers stay on one loop."""
-
-    def func(state: EpisodeState, config: RunnableConfig) -> dict:
-        return run_sync(afunc(state, config))
-
-    # LangGraph already traces each node as a run of its name; a traced callable would nest a copy inside it.
-    return _both_paths(func, afunc, name, trace=False)
-
-
-def _inline(func, name: str, *, trace: bool = True):
-    """A cheap synchronous node or router (a pure function of the state), called on the event loop."""
-
-    async def afunc(state):
-        return func(state)
-
-    return _both_paths(func, afunc, name, trace=trace)
 
 
 # build_graph's loop keywords and their defaults (a LoopConfig of them has LoopConfig's own defaults).
@@ -417,33 +382,9 @@ def build_graph(
     async def _release_observation(
         state: EpisodeState, config: RunnableConfig, text: str, reply: Any
     ) -> dict:
-        """The release's answer to a call: the environment's reply as JSON, or the call's error text, cut and
-        wrapped as one user message; on the token path appended whole after the agent's own end-of-turn token,
-        with the next turn's `<think>\n` prefilled."""
+        """The release's answer to a call (a reply, or the call's error text when `reply` is None)."""
         index = state["turns"][-1]["index"]
-        content = release.reply_content(text) if reply is not None else text
-        record: dict[str, Any] = {
-            "index": index,
-            "response": text,
-            "response_source": "environment" if reply is not None else "call_error",
-            "observation": release.observation_body(content),
-        }
-        update: dict[str, Any] = {"turns": [record]}
-        if reply is not None:
-            record["environment_call"] = reply.to_dict()
-            update["usage"] = {
-                "env_calls": 1,
-                "env_input_tokens": reply.input_tokens,
-                "env_output_tokens": reply.output_tokens,
-                "env_retries": reply.attempts - 1,
-            }
-            event = {"type": "response", "turn": index, "text": text, "attempts": reply.attempts}
-            event["latency_s"] = round(reply.latency_s, 3)
-        else:
-            event = {"type": "call_error", "turn": index, "text": text}
-        if token_exact:
-            ids = list(tokenizer.encode(release.observation(content), add_special_tokens=False))
-            update.update(completion_ids=ids, logprobs=[0.0] * len(ids), env_mask=[0] * len(ids))
+        update, event = release.observation_update(index, text, reply, tokenizer if token_exact else None)
         await emit(config, [event])
         return update
 
@@ -510,18 +451,18 @@ def build_graph(
         return "finalize" if by_release and len(state["turns"]) >= max_turns else "agent"
 
     builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
-    builder.add_node("agent", _sync_and_async(agent_node, "agent"))
-    builder.add_node("environment", _sync_and_async(environment_node, "environment"))
-    builder.add_node("final_answer", _sync_and_async(final_answer_node, "final_answer"))
-    builder.add_node("finalize", _sync_and_async(finalize_node, "finalize"))
+    builder.add_node("agent", sync_and_async(agent_node, "agent"))
+    builder.add_node("environment", sync_and_async(environment_node, "environment"))
+    builder.add_node("final_answer", sync_and_async(final_answer_node, "final_answer"))
+    builder.add_node("finalize", sync_and_async(finalize_node, "finalize"))
     builder.add_edge(START, "agent")
     # The routes named, since a wrapped router hides its return type: the drawing shows every edge it can take.
     builder.add_conditional_edges(
         "agent",
-        _inline(route_after_agent, "route_after_agent", trace=False),
+        inline(route_after_agent, "route_after_agent", trace=False),
         ["environment", "final_answer", "finalize", END],
     )
-    after_environment = _inline(route_after_environment, "route_after_environment", trace=False)
+    after_environment = inline(route_after_environment, "route_after_environment", trace=False)
     builder.add_conditional_edges("environment", after_environment, ["agent", "finalize"])
     builder.add_conditional_edges("final_answer", after_environment, ["agent", "finalize"])
     builder.add_edge("finalize", END)

@@ -66,6 +66,7 @@ __all__ = [
     "first_prompt_text",
     "observation",
     "observation_body",
+    "observation_update",
     "read_call",
     "release_turn",
     "reply_content",
@@ -256,6 +257,37 @@ def observation_body(content: str) -> str:
 def observation(content: str) -> str:
     """The text appended to the trajectory after an agent turn that called (nous.py, `format_tool_response`)."""
     return _OBSERVATION_HEAD + observation_body(content) + _OBSERVATION_TAIL
+
+
+def observation_update(index: int, text: str, reply: Any, tokenizer: Any) -> tuple[dict[str, Any], dict]:
+    """The graph's state update and the event for the answer to turn `index`'s call: the environment's `reply`
+    (its stripped `text` sent back as JSON), or, when `reply` is None, the call's error `text`. Cut and wrapped as
+    one user message; with a `tokenizer` (the token path) appended whole after the agent's own end-of-turn
+    token, the next turn's `<think>\n` prefilled, none of it trained on."""
+    content = reply_content(text) if reply is not None else text
+    record: dict[str, Any] = {
+        "index": index,
+        "response": text,
+        "response_source": "environment" if reply is not None else "call_error",
+        "observation": observation_body(content),
+    }
+    update: dict[str, Any] = {"turns": [record]}
+    if reply is not None:
+        record["environment_call"] = reply.to_dict()
+        update["usage"] = {
+            "env_calls": 1,
+            "env_input_tokens": reply.input_tokens,
+            "env_output_tokens": reply.output_tokens,
+            "env_retries": reply.attempts - 1,
+        }
+        event = {"type": "response", "turn": index, "text": text, "attempts": reply.attempts}
+        event["latency_s"] = round(reply.latency_s, 3)
+    else:
+        event = {"type": "call_error", "turn": index, "text": text}
+    if tokenizer is not None:
+        ids = list(tokenizer.encode(observation(content), add_special_tokens=False))
+        update.update(completion_ids=ids, logprobs=[0.0] * len(ids), env_mask=[0] * len(ids))
+    return update, event
 
 
 def history_reply(body: str) -> str:
