@@ -390,7 +390,7 @@ def test_train_flags_errors_are_one_line(tmp_path, capsys):
 def test_every_recipe_parses(tmp_path):
     from trl import TrlParser
 
-    for recipe in ("paper", "zero-cost", "tiny-cpu"):
+    for recipe in ("paper", "release", "zero-cost", "tiny-cpu"):
         (config,) = TrlParser([PromptR1GRPOConfig]).parse_args_and_config(
             [
                 "--config",

@@ -474,6 +474,37 @@ def test_a_served_agent_on_vllm_is_token_exact(vllm_server, wide_head_model_path
             assert abs(mine - other) < GAP
 
 
+def test_a_served_vllm_agent_under_the_release_protocol_is_token_exact(vllm_server, wide_head_model_path):
+    """--protocol release through vLLM's completions API: the release's first prompt, no stop strings, and the
+    same ids, turn after turn, as the transformers backend on the same weights."""
+    from prompt_r1 import release
+    from prompt_r1.agents.local import TransformersAgent
+    from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.config import LoopConfig
+
+    settings = dict(temperature=0.0, max_new_tokens=40)
+    served = ServedAgent(
+        AgentConfig(model="agent", base_url=vllm_server, tokenizer=str(wide_head_model_path), **settings),
+        api_key="unused-key",
+    )
+    local = TransformersAgent(
+        AgentConfig(model=str(wide_head_model_path), backend="transformers", **settings)
+    )
+    loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
+        )
+        ours, theirs = (
+            asyncio.run(build_graph(agent, environment, loop=loop).ainvoke({"question": NAME_QUESTION}))
+            for agent in (served, local)
+        )
+    assert ours["prompt_ids"] == release.first_prompt_ids(local.tokenizer, NAME_QUESTION)
+    assert ours["completion_ids"] == theirs["completion_ids"] and ours["env_mask"] == theirs["env_mask"]
+    for mine, other in zip(ours["logprobs"], theirs["logprobs"], strict=True):
+        assert abs(mine - other) < GAP
+
+
 def test_a_served_agent_takes_the_tokenizer_from_where_vllm_loaded_the_model(
     vllm_server, wide_head_model_path
 ):
