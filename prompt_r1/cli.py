@@ -267,8 +267,10 @@ def _trajectory(agent: Any, result: dict) -> dict[str, Any]:
     return {"trajectory": trajectory}
 
 
-def _drift(agent: Any, result: dict) -> dict[str, Any]:
+def _drift(agent: Any, result: dict, protocol: str = "paper") -> dict[str, Any]:
     """Whether re-rendering the episode with the agent's chat template changes its tokens (agents/vllm_server.py)."""
+    if protocol != "paper":  # the check renders the paper's messages; the release's stream is its own
+        return {"checked": False, "reason": f"the drift check renders the paper protocol, not {protocol}"}
     tokenizer = getattr(agent, "drift_tokenizer", None) or getattr(agent, "tokenizer", None)
     if tokenizer is None:
         return {"checked": False, "reason": "no tokenizer for the agent (--agent-tokenizer)"}
@@ -303,7 +305,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = asyncio.run(_run_episode(runner, args.question, live=not args.json, out=sys.stdout))
     except AgentError as exc:
         raise _Failure(f"agent failed: {exc}", EXIT_FAILED) from exc
-    drift = _drift(agent, result)
+    drift = _drift(agent, result, loop_cfg.protocol)
     if drift.get("differs") and getattr(agent, "tokenizer", None) is None:
         print(
             "prompt-r1: warning: the served agent read a re-rendered conversation that differs from what it was "

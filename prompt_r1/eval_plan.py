@@ -160,6 +160,10 @@ def _read_settings(path: Path) -> dict[str, Any]:
     return recorded
 
 
+# Settings added to a section after folders were written, with the value rows made before them had.
+_ADDED_AT = {("loop", "protocol"): "paper"}
+
+
 def record_settings(
     out_dir: str | Path,
     methods: Sequence[str],
@@ -187,6 +191,8 @@ def record_settings(
         for section in sorted(set(before) | set(current)):
             old, new = before.get(section, {}), current.get(section, {})
             for name in sorted(set(old) | set(new)):
+                if name not in old and new.get(name) == _ADDED_AT.get((section, name)):
+                    continue  # added since the folder was written, at the value every earlier row had
                 if old.get(name) != new.get(name):
                     changes.append(f"{section}.{name}: {old.get(name)!r} → {new.get(name)!r}")
         # A setting added since the folder was written, at its unset value, changed nothing the rows depend on.

@@ -28,7 +28,12 @@ follows. Each rule below names the release file it comes from; `graph.py` applie
   end-of-turn tokens in a row, and `<think>\\n` prefilled for the next turn.
 - `max_turns` counts agent generations (`generation.py`, `run_llm_loop`); a call in the last one is still
   answered, then the episode ends unanswered. Before each generation the episode stops when prompt and trajectory
-  exceed the prompt limit (8,192 tokens).
+  exceed the prompt limit (8,192 tokens; token path only). The trajectory the trainer gets is cut at the same
+  number of tokens (`_update_rolling_state`'s `max_response_length=8192`; `training/rollout.py`).
+- The environment's history is each episode's own earlier (prompt, reply) pairs. The release builds it for a
+  whole batch and pads the replies to the batch twice (`run_llm_loop`, `_update_conversation_history`), so once
+  an earlier episode of its batch has ended, a later one's history can pair its prompt with another episode's
+  reply; that accident of batching is not reproduced.
 - The reward (`src/agent_reward_manager.py`) scores the decoded prompt and trajectory, special tokens kept, with
   `compute_score_format_answer` (`src/reward_score/qa_em_and_format.py`; our reward preset `release`), placed on
   the last token; GRPO sums it over the agent's tokens only (`src/core_algos.py`,
@@ -190,15 +195,21 @@ _INVALID = object()
 
 
 def _check_call(block: str) -> tuple[str | None, str | None]:
-    """nous.py's checks, in its order. Where the release itself would crash (a JSON value that is not an object,
-    a tool name that is not a string), the turn gets the error its check would have given."""
+    """nous.py's checks, in its order. `null` is a JSONDecodeError there (its parser stands None for a failed
+    parse); a JSON string or list meets the `in` checks as Python's `in` does. Where the release itself would
+    crash (a number, a string or list holding both "name" and "arguments", an unhashable name), the turn gets
+    "Error: ToolNotFoundError"."""
     call = _loads(block)
-    if call is _INVALID:
+    if call is _INVALID or call is None:
         return None, "Error: JSONDecodeError"
-    if not isinstance(call, dict) or "name" not in call:
+    if not isinstance(call, dict | str | list):
+        return None, "Error: ToolNotFoundError"
+    if "name" not in call:
         return None, "Error: No tool name"
     if "arguments" not in call:
         return None, "Error: No tool arguments"
+    if not isinstance(call, dict):
+        return None, "Error: ToolNotFoundError"
     if call["name"] != PROMPT_TOOL["function"]["name"]:
         return None, "Error: ToolNotFoundError"
     arguments = call["arguments"]
@@ -226,8 +237,11 @@ def _history_prompt(blocks: list[str]) -> str | None:
 def release_turn(turn: AgentTurn, text: str) -> tuple[AgentTurn, dict[str, Any]]:
     """A parsed turn as the release acts on it, and the fields its record adds. A turn with a call block is a
     `prompt` turn whatever else it holds (the episode goes on); its `prompt` is the call's, or None when the call
-    is answered with `call_error` instead. A turn without one ends the episode as parsed (an answer or malformed)."""
+    is answered with `call_error` instead. A turn without one ends the episode as parsed (an answer or malformed).
+    Its text is the whole generation: the release cuts nothing after a closing tag, and a chat-only agent is sent
+    its turns back whole."""
     call = read_call(text)
+    turn = replace(turn, text=text, truncated="")
     if call is None:
         return turn, {"call_error": None, "history_prompt": None}
     defects = turn.defects + ((f"call answered with {call.error!r}",) if call.error else ())

@@ -366,7 +366,12 @@ def trl_reward(
             )
         out: list[float | None] = []
         for i in range(rows):
-            if statuses[i] == "environment_error":
+            # A refusal too, when the release's rules apply: the release would have shown the agent the API's
+            # error text and gone on, an episode this loop does not have.
+            failed = (
+                ("environment_error", "refused") if transcripts[i] is not None else ("environment_error",)
+            )
+            if statuses[i] in failed:
                 out.append(None)
                 continue
             golds = golden_answers_of({k: columns[k][i] for k in keys})

@@ -34,7 +34,7 @@ from typing import Any
 from prompt_r1 import redaction
 from prompt_r1.config import LoopConfig
 from prompt_r1.episode import Episode, EpisodeRunner, question_from_messages
-from prompt_r1.errors import AgentError
+from prompt_r1.errors import AgentError, ConfigError
 from prompt_r1.graph import finish_reason as _finish_reason
 
 __all__ = ["build_app", "serve", "serving_in_thread"]
@@ -195,9 +195,11 @@ def build_app(
         """The runner of a request's `max_turns` (the server's loop otherwise), built once per value."""
         turns = loop.max_turns if max_turns is None else max_turns
         if turns not in runners:
-            runners[turns] = EpisodeRunner(
-                agent, environment, dataclasses.replace(loop, max_turns=turns), tags=["serve"]
-            )
+            try:
+                turn_loop = dataclasses.replace(loop, max_turns=turns)
+            except ConfigError as exc:  # e.g. 0 turns under the release protocol, which counts agent turns
+                raise RequestError(400, f"`max_turns`: {exc}", param="max_turns") from None
+            runners[turns] = EpisodeRunner(agent, environment, turn_loop, tags=["serve"])
         return runners[turns]
 
     slots = _Slots(max_concurrency, max_queue)

@@ -246,6 +246,15 @@ def test_the_reward_scores_the_decoded_stream(qwen3_tokenizer, release_row):
 
 BAD_CALLS = [
     ("<interaction_prompt>Explain the question.</interaction_prompt>", "Error: JSONDecodeError"),
+    (
+        "<interaction_prompt>null</interaction_prompt>",
+        "Error: JSONDecodeError",
+    ),  # None stands for a failed parse
+    ('<interaction_prompt>["prompt"]</interaction_prompt>', "Error: No tool name"),
+    (
+        '<interaction_prompt>"the name"</interaction_prompt>',
+        "Error: No tool arguments",
+    ),  # Python's `in` on a str
     ('<interaction_prompt>{"arguments": {"prompt": "x"}}</interaction_prompt>', "Error: No tool name"),
     ('<interaction_prompt>{"name": "prompt"}</interaction_prompt>', "Error: No tool arguments"),
     (
@@ -288,7 +297,8 @@ def test_a_malformed_call_is_answered_with_the_releases_error_and_the_episode_go
     # reply (generation.py reads the reply from the observation's JSON, which an error text is not).
     assert len(env_bodies) == 1
     history = env_bodies[0]["messages"][1:-1]
-    expected = {"Error: No tool name": "x", "Error: ToolNotFoundError": "kept"}.get(error)
+    expected = {'{"arguments": {"prompt": "x"}}': "x", '"search", "arguments": {"prompt": "kept"}}': "kept"}
+    expected = next((p for key, p in expected.items() if key in block), None)
     assert history == (
         [{"role": "user", "content": expected}, {"role": "assistant", "content": ""}] if expected else []
     )
@@ -372,7 +382,7 @@ def test_a_chat_only_agent_gets_the_same_message_texts(qwen3_tokenizer):
 
     rendered = release.first_prompt_text(qwen3_tokenizer, "Q?")
     assert rendered.startswith("<|im_start|>system\n" + release.system_text() + "<|im_end|>\n")
-    agent_turns = ["<think>t</think>" + call("p0"), "<think>u</think><answer>a</answer>"]
+    agent_turns = ["<think>t</think>" + call("p0") + "\nand after", "<think>u</think><answer>a</answer>"]
     with ScriptedServer({"env": lambda body: " r ", "agent": scripted_agent(agent_turns)}) as server:
         agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url, token_exact="off"))
         state = run(agent, environment_client(server), LoopConfig(protocol="release"), "Q?")
@@ -381,7 +391,7 @@ def test_a_chat_only_agent_gets_the_same_message_texts(qwen3_tokenizer):
     assert second["messages"] == [
         {"role": "system", "content": release.system_text()},
         {"role": "user", "content": rendered.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]},
-        {"role": "assistant", "content": agent_turns[0]},
+        {"role": "assistant", "content": agent_turns[0]},  # whole: the release cuts nothing after a tag
         {"role": "user", "content": '<interaction_response>\n{"results": ["r"]}\n</interaction_response>'},
     ]
     assert not second.get("stop")
@@ -412,3 +422,37 @@ def test_a_tokenizer_without_qwens_markers_is_refused(tiny_model_path):
 
     with pytest.raises(ConfigError, match="does not have <\\|im_end\\|> as one token"):
         release.check_tokenizer(NoMarkers())
+
+
+def test_a_chat_only_turn_that_left_its_call_open_is_not_repaired(qwen3_tokenizer):
+    """No stop strings are sent under the release protocol, so a turn that ends with an open call was not cut
+    by the server: it has no call, and the episode ends there, as in the release."""
+    from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.config import AgentConfig
+    from prompt_r1.testing import scripted_agent
+
+    open_call = '<think>t</think><interaction_prompt>{"name": "prompt", "arguments": {"prompt": "p"}}'
+    with ScriptedServer({"env": lambda body: "r", "agent": scripted_agent([open_call])}) as server:
+        agent = ServedAgent(AgentConfig(model="agent", base_url=server.base_url, token_exact="off"))
+        state = run(agent, environment_client(server), LoopConfig(protocol="release"), "Q?")
+        assert not server.requests_for("env")
+    assert state["status"] == "format_error" and state["turns"][0]["text"] == open_call
+
+
+def test_a_refusal_gets_no_reward_under_the_release_rules():
+    reward = trl_reward("release")
+    columns = {"golden_answers": [["a"]] * 2, "transcript": ["x", "x"], "status": ["refused", "answered"]}
+    assert reward(["q"] * 2, ["c"] * 2, **columns) == [None, -1.0]
+
+
+def test_an_evaluation_folder_from_before_the_protocol_setting_resumes(tmp_path):
+    from prompt_r1.eval_plan import MANIFEST, record_settings
+
+    record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())
+    manifest = tmp_path / MANIFEST
+    written = json.loads(manifest.read_text())
+    del written["methods"]["prompt-r1"]["loop"]["protocol"]  # as folders were written before it existed
+    manifest.write_text(json.dumps(written))
+    record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())  # the paper protocol: the same rows
+    with pytest.raises(ConfigError, match="loop.protocol"):
+        record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig(protocol="release"))

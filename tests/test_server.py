@@ -389,3 +389,12 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(upstream):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_max_turns_the_release_protocol_cannot_take_is_a_400(upstream):
+    from prompt_r1.config import LoopConfig
+
+    with prompt_r1_server(upstream, loop=LoopConfig(protocol="release")) as url:
+        status, body = post(url, {"messages": [{"role": "user", "content": "Q?"}], "max_turns": 0})
+    assert status == 400 and body["error"]["param"] == "max_turns"
+    assert "agent turns" in body["error"]["message"]

@@ -101,7 +101,7 @@ class ServedAgent:
         # A served model could only have a key in its text if something put one there; it goes before the state.
         text = redaction.redact(choice.message.content or "")
         finish = "length" if choice.finish_reason == "length" else "stop"
-        if finish == "stop":
+        if finish == "stop" and request.stop:  # no stop strings sent (--protocol release): nothing was cut
             # vLLM reports the matched stop string as `stop_reason` (None: EOS); other servers report nothing.
             extra = choice.model_extra or {}
             text = (

@@ -175,6 +175,9 @@ class GraphRollout:
                     completion += end
                     logprobs += [0.0] * len(end)
                     mask += [0] * len(end)
+            if by_release:  # the release cuts the trajectory at its response limit (max_response_length)
+                completion, logprobs = completion[: self.max_total_tokens], logprobs[: self.max_total_tokens]
+                mask = mask[: self.max_total_tokens]
             out["prompt_ids"].append(list(trajectory["prompt_ids"]))
             out["completion_ids"].append(completion)
             out["logprobs"].append(logprobs)
