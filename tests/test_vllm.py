@@ -310,6 +310,38 @@ def test_colocated_vllm_rollouts_train_and_the_engine_follows_every_step(
     assert len({round(r["model_logprob_sum"], 4) for r in synced}) > 1, "the weights never changed"
 
 
+@pytest.mark.slow  # the colocated engine is tested above under the paper protocol; this was run for the release's
+def test_colocated_vllm_rollouts_under_the_release_protocol(
+    wide_head_model_path, tmp_path, own_process_group
+):
+    from prompt_r1 import release
+    from prompt_r1.prompts import question_message
+    from prompt_r1.training.trainer import build_trainer
+
+    rows = [
+        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
+    ]
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        config = _colocate_config(
+            tmp_path, wide_head_model_path, server, protocol="release", max_steps=1, max_total_tokens=3000
+        )
+        trainer = build_trainer(config, train_rows=rows * 16)
+        trainer.train()
+        episodes = trainer.rollout_func([r["prompt"] for r in rows * 4], trainer)
+    tokenizer = trainer.processing_class
+    eos = tokenizer.eos_token_id
+    for prompt, ids, mask in zip(
+        episodes["prompt_ids"], episodes["completion_ids"], episodes["env_mask"], strict=True
+    ):
+        assert prompt == release.first_prompt_ids(tokenizer, NAME_QUESTION)
+        first = ids[: mask.index(0)] if 0 in mask else ids
+        # No stop strings: a turn ends on the end-of-turn token, kept, or at its token budget.
+        assert first[-1] == eos or len(first) == config.max_turn_tokens
+        if 0 in mask:  # a call: the observation opens with the end-of-turn token again
+            assert ids[len(first)] == eos
+    assert all(t.startswith("<|im_start|>system\n") for t in episodes["transcript"])
+
+
 def test_colocated_vllm_under_accelerate_with_two_zero2_processes(wide_head_model_path, tmp_path):
     import socket
 
