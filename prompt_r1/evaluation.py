@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from prompt_r1 import release
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.config import LoopConfig
 from prompt_r1.costs import PriceTable, UsageMeter
@@ -250,6 +251,10 @@ async def run_evaluation(
             row.update(turns=episode.turns, usage=episode.usage)
             state = {**episode.to_row(), "golden_answers": sample.golden_answers}
             row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
+            if runner.loop.protocol == "release":  # the release's own reward: on the stream, as in training
+                row["reward"]["release"] = release.episode_reward(
+                    sample.question, episode.turns, sample.golden_answers
+                ).total
             latency = episode.latency_s
         else:
             instruction = (instructions or {}).get((method, sample.dataset)) if method in OPTIMIZERS else None

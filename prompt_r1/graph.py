@@ -292,8 +292,13 @@ def build_graph(
         }
         if token_exact:
             ids = output.token_ids or []
+            logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+            if by_release and tokenizer.pad_token_id not in (None, tokenizer.eos_token_id):
+                # The release drops padding ids from what was sampled (Qwen3's <|endoftext|> also ends a turn).
+                kept = [k for k, token in enumerate(ids) if token != tokenizer.pad_token_id]
+                ids, logprobs = [ids[k] for k in kept], [logprobs[k] for k in kept]
             update["completion_ids"] = ids
-            update["logprobs"] = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+            update["logprobs"] = logprobs
             update["env_mask"] = [1] * len(ids)
             # Cut off by the trajectory budget rather than by the per-turn budget: the context is full.
             if (
@@ -332,7 +337,8 @@ def build_graph(
         except ContextOverflow as exc:
             await emit(config, [{"type": "error", "turn": last["index"], "text": str(exc)}])
             return {
-                "status": "context_overflow",
+                # The release would show the API's error text; like any failed call here, it fails the episode.
+                "status": "environment_error" if by_release else "context_overflow",
                 "error": str(exc),
                 "turns": [{"index": last["index"], "error": str(exc)}],
             }

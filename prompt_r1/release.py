@@ -65,6 +65,7 @@ __all__ = [
     "ReleaseCall",
     "agent_messages",
     "chat_template",
+    "episode_reward",
     "check_tokenizer",
     "environment_history",
     "first_prompt_ids",
@@ -75,6 +76,7 @@ __all__ = [
     "read_call",
     "release_turn",
     "reply_content",
+    "stream_text",
     "system_text",
     "transcript",
 ]
@@ -337,6 +339,38 @@ def agent_messages(question: str, turns: list[dict]) -> list[dict[str, str]]:
         if turn.get("observation") is not None:
             messages.append({"role": "user", "content": turn["observation"]})
     return messages
+
+
+def stream_text(question: str, turns: list[dict]) -> str:
+    """The text the release's reward reads, rebuilt from an episode's turn records: on the token path it is
+    `transcript(tokenizer, prompt_ids + completion_ids)` (tested). A chat-only episode gets the same form; its
+    agent was not prefilled, so the `<think>` it opens a later turn with stands for the prefill."""
+    text = (
+        f"<|im_start|>system\n{system_text()}{END_OF_TURN}\n<|im_start|>user\n{question_message(question)}"
+        f"{END_OF_TURN}\n<|im_start|>assistant\n"
+    )
+    for k, turn in enumerate(turns):
+        body = turn["text"]
+        for opening in (PREFILL, "<think>") if k > 0 else ():  # the prefill is in the observation's tail
+            if body.startswith(opening):
+                body = body[len(opening) :]
+                break
+        text += body
+        if turn.get("finish_reason") != "length":  # it stopped on its end-of-turn token
+            text += END_OF_TURN
+        if turn.get("observation") is not None:
+            text += _OBSERVATION_HEAD + turn["observation"] + _OBSERVATION_TAIL
+    return text if text.endswith(END_OF_TURN) else text + END_OF_TURN
+
+
+def episode_reward(question: str, turns: list[dict], golden_answers: Any) -> Any:
+    """The release's reward of an episode (a `RewardScore`): its stream scored by the `release` preset, with a
+    total of 0 when the episode ended on the environment's message."""
+    from prompt_r1.rewards import score_transcript
+
+    score = score_transcript(stream_text(question, turns), golden_answers, "release")
+    ended_on_environment = bool(turns) and turns[-1].get("observation") is not None
+    return replace(score, total=0.0) if ended_on_environment else score
 
 
 def transcript(tokenizer: Any, ids: list[int]) -> str:

@@ -233,6 +233,8 @@ def test_the_reward_scores_the_decoded_stream(qwen3_tokenizer, release_row):
     text = tok.decode(ids, skip_special_tokens=False).split(tok.decode([tok.pad_token_id]))[0]
     text = text if text.endswith(tok.eos_token) else text + tok.eos_token
     assert release.transcript(tok, ids) == text
+    # The same text rebuilt from the turn records (what eval and chat-only episodes are scored on).
+    assert release.stream_text(extract_question(release_row["prompt"]), state["turns"]) == text
     # compute_score_format_answer: turn 1 well formed (0.4), the answer turn (0.25 + 0.25 + 0.1), F1 1.
     assert score_transcript(text, ["SARS"], "release").total == pytest.approx(1.0)
     reward = trl_reward("release")
@@ -320,9 +322,11 @@ def test_max_turns_counts_agent_turns_and_the_last_call_is_still_answered(qwen3_
         env_bodies = [r.body for r in server.requests_for("env")]
     assert len(agent.requests) == 3 and len(env_bodies) == 3
     assert state["status"] == "max_turns" and state["answer"] is None
-    assert (
-        state["env_mask"][-1] == 0
-    )  # the episode ends on the environment's message: reward 0 (core_algos.py)
+    # The episode ends on the environment's message: its reward is 0 (core_algos.py).
+    assert state["env_mask"][-1] == 0
+    ids = state["prompt_ids"] + state["completion_ids"]
+    assert release.stream_text("Q?", state["turns"]) == release.transcript(tok, ids)
+    assert release.episode_reward("Q?", state["turns"], ["a"]).total == 0.0
     # The history the third call saw: the earlier prompts and their stripped replies.
     assert env_bodies[2]["messages"][1:] == [
         {"role": "user", "content": "p0"},
@@ -456,3 +460,42 @@ def test_an_evaluation_folder_from_before_the_protocol_setting_resumes(tmp_path)
     record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())  # the paper protocol: the same rows
     with pytest.raises(ConfigError, match="loop.protocol"):
         record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig(protocol="release"))
+
+
+def test_a_turn_that_ends_on_the_padding_token_loses_it_as_in_the_release(qwen3_tokenizer):
+    """Qwen3's <|endoftext|> (its padding token) also ends a turn; the release drops padding ids from what was
+    sampled (generation.py, _update_rolling_state), so the observation follows the turn's text directly."""
+    tok = qwen3_tokenizer
+    turn_1 = ids_of(tok, "<think>\nt\n</think>\n" + call("p0"), end=False) + [tok.pad_token_id]
+    turn_2 = ids_of(tok, "t</think>\n<answer>a</answer>")
+    with ScriptedServer({"env": lambda body: "r"}) as server:
+        state = run(SampledIds(tok, [turn_1, turn_2]), environment_client(server),
+                    LoopConfig(protocol="release", max_turn_tokens=64), "Q?")  # fmt: skip
+    observation = tok(release.observation(release.reply_content("r")), add_special_tokens=False)["input_ids"]
+    assert state["completion_ids"] == turn_1[:-1] + observation + turn_2
+    assert len(state["logprobs"]) == len(state["completion_ids"])
+
+
+def test_eval_under_the_release_protocol_scores_the_stream(tmp_path):
+    from prompt_r1.cli import main
+    from prompt_r1.evaluation import read_predictions
+    from prompt_r1.testing import scripted_agent
+
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "q0", "question": "Q?", "golden_answers": ["Paris"]}) + "\n")
+    turns = [f"<think>{k}</think>\n" + call(f"p{k}") for k in range(2)] + [
+        "<think>v</think><answer>Paris</answer>"
+    ]
+    with ScriptedServer({"env": lambda body: "Paris.", "agent": scripted_agent(turns)}) as server:
+        flags = ["--env-model", "env", "--env-base-url", server.base_url, "--agent-model", "agent",
+                 "--agent-base-url", server.base_url, "--agent-token-exact", "off", "--no-progress"]  # fmt: skip
+        code = main(["eval", "--dataset", str(data), "--method", "prompt-r1", "--protocol", "release",
+                     "--out", str(tmp_path / "out"), *flags])  # fmt: skip
+    assert code == 0
+    (row,) = read_predictions(tmp_path / "out" / "predictions.jsonl")
+    assert row["status"] == "answered" and row["prediction"] == "Paris"
+    # The chat-only turns rebuilt into the release's stream, each turn's own <think> in the prefill's place:
+    # both calls well formed (0.4 each), the answer turn complete (0.6), capped at 1; the answer right (1).
+    assert row["reward"]["release"] == pytest.approx(1.0)
+    # The two calls alone: each well formed, the second too, though its agent wrote its own <think> (0.4 each).
+    assert release.episode_reward("Q?", row["turns"][:2], ["Paris"]).format_reward == pytest.approx(0.8)
