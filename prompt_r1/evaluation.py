@@ -251,7 +251,7 @@ async def run_evaluation(
             row.update(turns=episode.turns, usage=episode.usage)
             state = {**episode.to_row(), "golden_answers": sample.golden_answers}
             row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
-            if runner.loop.protocol == "release":  # the release's own reward: on the stream, as in training
+            if runner.loop.protocol == "release":  # the release's own reward: on its stream (release.py)
                 row["reward"]["release"] = release.episode_reward(
                     sample.question, episode.turns, sample.golden_answers
                 ).total

@@ -293,7 +293,7 @@ def build_graph(
         if token_exact:
             ids = output.token_ids or []
             logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
-            if by_release and tokenizer.pad_token_id not in (None, tokenizer.eos_token_id):
+            if by_release and tokenizer.pad_token_id in ids:
                 # The release drops padding ids from what was sampled (Qwen3's <|endoftext|> also ends a turn).
                 kept = [k for k, token in enumerate(ids) if token != tokenizer.pad_token_id]
                 ids, logprobs = [ids[k] for k in kept], [logprobs[k] for k in kept]
@@ -341,6 +341,7 @@ def build_graph(
                 "status": "environment_error" if by_release else "context_overflow",
                 "error": str(exc),
                 "turns": [{"index": last["index"], "error": str(exc)}],
+                **({"usage": {"env_failed_calls": 1}} if by_release else {}),
             }
         except EnvironmentCallError as exc:
             error = f"{type(exc).__name__}: {exc}"

@@ -39,8 +39,12 @@ follows. Each rule below names the release file it comes from; `graph.py` applie
   the last token; GRPO sums it over the agent's tokens only (`src/core_algos.py`,
   `compute_grpo_outcome_advantage`), so an episode that ends on an environment token gets 0.
 
+- Padding ids are dropped from the trajectory, the agent's sampled ones (Qwen3's `<|endoftext|>` also ends a
+  turn) and any a reply spells out (`generation.py`, `_update_rolling_state`).
+
 API errors become the observation text in the release (`LLM_tool.py` returns `str(e)`); here the environment
-client retries them and an episode whose calls still fail is left out of its group, as under `paper`.
+client retries them, and an episode whose calls still fail, are refused, or overflow the environment's context
+gets no reward and is left out of its group.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ __all__ = [
     "stream_text",
     "system_text",
     "transcript",
+    "without_padding",
 ]
 
 PROTOCOLS = ("paper", "release")
@@ -117,7 +122,14 @@ def chat_template() -> str:
 
 def check_tokenizer(tokenizer: Any) -> None:
     """The release's stream is Qwen's chat format with its markers written out: a tokenizer must know
-    `<|im_end|>` and `<|im_start|>` as single tokens, or the stream would spell them in pieces."""
+    `<|im_end|>` and `<|im_start|>` as single tokens, or the stream would spell them in pieces; and its padding
+    token must not be its end-of-turn token, which the release's dropping of padding ids would remove."""
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise ConfigError(
+            "the release protocol drops padding ids from the trajectory, and this agent's tokenizer pads with its "
+            f"end-of-sequence token {tokenizer.eos_token!r}; use a chat model's tokenizer (Qwen3, Qwen2.5-Instruct: "
+            "<|endoftext|> pads, <|im_end|> ends a turn) or --protocol paper"
+        )
     unknown = getattr(tokenizer, "unk_token_id", None)
     for marker in (END_OF_TURN, "<|im_start|>"):
         ids = tokenizer.encode(marker, add_special_tokens=False)
@@ -301,9 +313,17 @@ def observation_update(index: int, text: str, reply: Any, tokenizer: Any) -> tup
     else:
         event = {"type": "call_error", "turn": index, "text": text}
     if tokenizer is not None:
-        ids = list(tokenizer.encode(observation(content), add_special_tokens=False))
+        ids = without_padding(tokenizer, tokenizer.encode(observation(content), add_special_tokens=False))
         update.update(completion_ids=ids, logprobs=[0.0] * len(ids), env_mask=[0] * len(ids))
     return update, event
+
+
+def without_padding(tokenizer: Any, ids: list[int]) -> list[int]:
+    """`ids` without the padding token's, as the release keeps its responses (generation.py,
+    `_update_rolling_state`): a sampled `<|endoftext|>` (Qwen3's padding, also an end of turn) or one a reply
+    spelled out. The release's vLLM prompt kept a reply's padding ids; a trajectory here is one stream."""
+    pad = tokenizer.pad_token_id
+    return [token for token in ids if token != pad] if pad is not None else list(ids)
 
 
 def history_reply(body: str) -> str:
@@ -342,9 +362,11 @@ def agent_messages(question: str, turns: list[dict]) -> list[dict[str, str]]:
 
 
 def stream_text(question: str, turns: list[dict]) -> str:
-    """The text the release's reward reads, rebuilt from an episode's turn records: on the token path it is
-    `transcript(tokenizer, prompt_ids + completion_ids)` (tested). A chat-only episode gets the same form; its
-    agent was not prefilled, so the `<think>` it opens a later turn with stands for the prefill."""
+    """The text the release's reward reads, rebuilt from an episode's turn records (eval's reward): on the token
+    path it is `transcript(tokenizer, prompt_ids + completion_ids)` (tested), but for a turn that ended on the
+    padding token (one `<|im_end|>` more, the same score) and a trajectory over training's cut at
+    `max_total_tokens`. A chat-only episode gets the same form; its agent was not prefilled, so the `<think>` it
+    opens a later turn with stands for the prefill."""
     text = (
         f"<|im_start|>system\n{system_text()}{END_OF_TURN}\n<|im_start|>user\n{question_message(question)}"
         f"{END_OF_TURN}\n<|im_start|>assistant\n"

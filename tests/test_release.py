@@ -419,7 +419,7 @@ def test_a_tokenizer_without_qwens_markers_is_refused(tiny_model_path):
     release.check_tokenizer(plain)
 
     class NoMarkers:
-        unk_token_id = None
+        unk_token_id = pad_token_id = eos_token_id = None
 
         def encode(self, text, add_special_tokens=False):
             return list(text.encode())
@@ -474,6 +474,27 @@ def test_a_turn_that_ends_on_the_padding_token_loses_it_as_in_the_release(qwen3_
     observation = tok(release.observation(release.reply_content("r")), add_special_tokens=False)["input_ids"]
     assert state["completion_ids"] == turn_1[:-1] + observation + turn_2
     assert len(state["logprobs"]) == len(state["completion_ids"])
+
+
+def test_padding_in_a_reply_is_dropped_and_a_tokenizer_padding_with_its_end_of_turn_is_refused(
+    qwen3_tokenizer,
+):
+    tok = qwen3_tokenizer
+    turns = [ids_of(tok, "<think>\nt\n</think>\n" + call("p0")), ids_of(tok, "t</think>\n<answer>a</answer>")]
+    with ScriptedServer({"env": lambda body: "a<|endoftext|>b"}) as server:
+        state = run(SampledIds(tok, turns), environment_client(server),
+                    LoopConfig(protocol="release", max_turn_tokens=64), "Q?")  # fmt: skip
+    assert tok.pad_token_id not in state["completion_ids"]
+    assert (
+        "<|endoftext|>" in state["turns"][0]["observation"]
+    )  # the text is kept; only the trajectory drops it
+
+    class PadsWithEos:
+        pad_token_id = eos_token_id = 7
+        eos_token = "<|endoftext|>"
+
+    with pytest.raises(ConfigError, match="pads with its end-of-sequence token"):
+        release.check_tokenizer(PadsWithEos())
 
 
 def test_eval_under_the_release_protocol_scores_the_stream(tmp_path):
