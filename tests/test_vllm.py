@@ -596,6 +596,21 @@ def test_trl_server_mode_generation_through_our_policy_on_vllms_own_server(vllm_
         for mine, other in zip(episode["logprobs"], theirs["logprobs"], strict=True):
             assert abs(mine - other) < GAP
 
+    # The same under the release protocol: no stop strings, the release's first prompt, the same ids.
+    from prompt_r1.config import LoopConfig
+
+    loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
+        )
+        ours, theirs = (
+            asyncio.run(build_graph(agent, environment, loop=loop).ainvoke({"question": NAME_QUESTION}))
+            for agent in (policy, local)
+        )
+    assert ours["prompt_ids"] == theirs["prompt_ids"]
+    assert ours["completion_ids"] == theirs["completion_ids"] and ours["env_mask"] == theirs["env_mask"]
+
 
 def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
     vllm_server, wide_head_model_path, tmp_path
