@@ -196,14 +196,8 @@ def build_graph(
             raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
     elif max_turns < 0:
         raise ValueError(f"max_turns must be >= 0, got {max_turns}")
-    else:
-        loop = LoopConfig(
-            max_turns=max_turns,
-            force_final_answer=force_final_answer,
-            max_turn_tokens=max_new_tokens,
-            max_total_tokens=max_total_tokens,
-            protocol=protocol,
-        )
+    else:  # LoopConfig names the per-turn budget max_turn_tokens
+        loop = LoopConfig(max_turn_tokens=passed.pop("max_new_tokens"), **passed)
     options = loop.graph_options()
     max_turns, force_final_answer = options["max_turns"], options["force_final_answer"]
     max_new_tokens, max_total_tokens = options["max_new_tokens"], options["max_total_tokens"]

@@ -171,10 +171,10 @@ def test_the_tokenizer_has_qwen3s_shape(qwen3_tokenizer):
     )
 
 
-def test_a_two_turn_episode_is_the_releases_stream_id_for_id(qwen3_tokenizer, release_row):
-    tok = qwen3_tokenizer
-    turn_1, turn_2 = ids_of(tok, TURN_1), ids_of(tok, TURN_2)
-    agent = SampledIds(tok, [turn_1, turn_2])
+def two_turn_episode(tok, release_row) -> tuple[SampledIds, dict, list[dict]]:
+    """TURN_1 (a call answered with REPLY) then TURN_2 (the answer): the agent, the final state, and the bodies
+    the environment received."""
+    agent = SampledIds(tok, [ids_of(tok, TURN_1), ids_of(tok, TURN_2)])
     with ScriptedServer({"env": lambda body: REPLY}) as server:
         state = run(
             agent,
@@ -182,7 +182,13 @@ def test_a_two_turn_episode_is_the_releases_stream_id_for_id(qwen3_tokenizer, re
             LoopConfig(protocol="release", max_turn_tokens=64),
             extract_question(release_row["prompt"]),
         )
-        env_bodies = [r.body for r in server.requests_for("env")]
+        return agent, state, [r.body for r in server.requests_for("env")]
+
+
+def test_a_two_turn_episode_is_the_releases_stream_id_for_id(qwen3_tokenizer, release_row):
+    tok = qwen3_tokenizer
+    turn_1, turn_2 = ids_of(tok, TURN_1), ids_of(tok, TURN_2)
+    agent, state, env_bodies = two_turn_episode(tok, release_row)
 
     # The release's stream from the same sampled ids.
     prompt = release_first_prompt(tok, release_row["prompt"])
@@ -220,14 +226,7 @@ def test_a_two_turn_episode_is_the_releases_stream_id_for_id(qwen3_tokenizer, re
 
 def test_the_reward_scores_the_decoded_stream(qwen3_tokenizer, release_row):
     tok = qwen3_tokenizer
-    agent = SampledIds(tok, [ids_of(tok, TURN_1), ids_of(tok, TURN_2)])
-    with ScriptedServer({"env": lambda body: REPLY}) as server:
-        state = run(
-            agent,
-            environment_client(server),
-            LoopConfig(protocol="release", max_turn_tokens=64),
-            extract_question(release_row["prompt"]),
-        )
+    _, state, _ = two_turn_episode(tok, release_row)
     ids = state["prompt_ids"] + state["completion_ids"]
     # agent_reward_manager.py: decode with special tokens, cut at padding, end with EOS.
     text = tok.decode(ids, skip_special_tokens=False).split(tok.decode([tok.pad_token_id]))[0]

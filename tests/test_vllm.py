@@ -52,6 +52,19 @@ def _greedy_vllm_flags(model: Path, server: ScriptedServer) -> list[str]:
     ]  # fmt: skip
 
 
+def _release_episodes(*agents) -> list[dict]:
+    """One episode of the name question under the release protocol per agent, against the same environment."""
+    from prompt_r1.config import LoopConfig
+
+    loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
+        )
+        graphs = [build_graph(agent, environment, loop=loop) for agent in agents]
+        return [asyncio.run(graph.ainvoke({"question": NAME_QUESTION})) for graph in graphs]
+
+
 def _episodes(agent, server: ScriptedServer, n: int) -> list[dict]:
     environment = EnvironmentClient(
         EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
@@ -514,7 +527,6 @@ def test_a_served_vllm_agent_under_the_release_protocol_is_token_exact(vllm_serv
     from prompt_r1 import release
     from prompt_r1.agents.local import TransformersAgent
     from prompt_r1.agents.served import ServedAgent
-    from prompt_r1.config import LoopConfig
 
     settings = dict(temperature=0.0, max_new_tokens=40)
     served = ServedAgent(
@@ -524,15 +536,7 @@ def test_a_served_vllm_agent_under_the_release_protocol_is_token_exact(vllm_serv
     local = TransformersAgent(
         AgentConfig(model=str(wide_head_model_path), backend="transformers", **settings)
     )
-    loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        environment = EnvironmentClient(
-            EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
-        )
-        ours, theirs = (
-            asyncio.run(build_graph(agent, environment, loop=loop).ainvoke({"question": NAME_QUESTION}))
-            for agent in (served, local)
-        )
+    ours, theirs = _release_episodes(served, local)
     assert ours["prompt_ids"] == release.first_prompt_ids(local.tokenizer, NAME_QUESTION)
     assert ours["completion_ids"] == theirs["completion_ids"] and ours["env_mask"] == theirs["env_mask"]
     for mine, other in zip(ours["logprobs"], theirs["logprobs"], strict=True):
@@ -597,17 +601,7 @@ def test_trl_server_mode_generation_through_our_policy_on_vllms_own_server(vllm_
             assert abs(mine - other) < GAP
 
     # The same under the release protocol: no stop strings, the release's first prompt, the same ids.
-    from prompt_r1.config import LoopConfig
-
-    loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        environment = EnvironmentClient(
-            EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
-        )
-        ours, theirs = (
-            asyncio.run(build_graph(agent, environment, loop=loop).ainvoke({"question": NAME_QUESTION}))
-            for agent in (policy, local)
-        )
+    ours, theirs = _release_episodes(policy, local)
     assert ours["prompt_ids"] == theirs["prompt_ids"]
     assert ours["completion_ids"] == theirs["completion_ids"] and ours["env_mask"] == theirs["env_mask"]
 
