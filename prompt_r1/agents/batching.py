@@ -10,12 +10,22 @@ milliseconds apart (environment replies land on different passes of the event lo
 generate calls. Callers that know how many episodes are running register them (`with backend.episode(): ...`);
 the drainer then waits for the live episodes that have not asked yet, at most `batch_wait` times the duration of
 a recent generate call (what one more call would cost), and dispatches at once when every live episode is waiting.
+
+Reproducible batches (`lockstep = True`, what training rollouts use): the drainer waits, with no deadline, until
+every registered episode is waiting or has ended, and orders the batch by the episodes' indices
+(`backend.episode(index)`), so each batch holds the same rows in the same order whatever order the environment's
+replies arrived in; with the sampler seeded per step, the same seed then gives the same trajectories. The cost:
+each turn waits for the slowest environment reply of the step. Each request also carries its episode's index and
+turn (`PendingRequest.key`), so that a backend that seeds per request (vLLM) can draw the same numbers for it in
+any batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import hashlib
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +37,14 @@ from prompt_r1.aio import PerLoop
 from prompt_r1.errors import AgentError, ContextOverflow
 from prompt_r1.tokens import initial_prompt_ids
 
-__all__ = ["BatchingBackend", "PendingRequest"]
+__all__ = ["BatchingBackend", "PendingRequest", "derive_seed"]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (a run's seed, a step, a rank, an episode, a turn): distinct parts give
+    unrelated seeds, the same parts the same seed, on every machine and Python (no `hash` randomisation)."""
+    digest = hashlib.blake2b(repr(tuple(int(p) for p in parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 @dataclass
@@ -38,6 +55,20 @@ class PendingRequest:
     max_new_tokens: int
     stop: tuple[str, ...]
     future: asyncio.Future
+    # (episode index, turn within the episode) when the episode was registered with an index, else None.
+    key: tuple[int, int] | None = None
+
+
+@dataclass
+class _Slot:
+    """A registered episode's place: its index among the call's episodes, and how many requests it has made."""
+
+    index: int
+    turns: int = 0
+
+
+# The registered episode the current coroutine belongs to (episodes run as separate tasks, each with its own copy).
+_current_slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("episode_slot", default=None)
 
 
 @dataclass
@@ -60,6 +91,10 @@ class BatchingBackend:
     max_batch_size: int = 64
     # Longest wait for registered episodes to join a batch, as a fraction of a recent generate call's duration.
     batch_wait: float = 0.5
+    # Wait for every registered episode and order batches by episode index (see the module doc).
+    lockstep: bool = False
+    # Set per rollout step: a backend that can seed each request derives its seed from this and the request's key.
+    sampling_seed: int | None = None
 
     def __init__(self) -> None:
         # Requests and their drainer belong to the event loop they came from: futures must be resolved on it.
@@ -70,13 +105,17 @@ class BatchingBackend:
         self.generate_seconds = 0.0  # moving average of one generate call's duration
 
     @contextlib.contextmanager
-    def episode(self) -> Iterator[None]:
-        """Register one running episode on this event loop, so that batches wait for it (see the module doc)."""
+    def episode(self, index: int | None = None) -> Iterator[None]:
+        """Register one running episode on this event loop, so that batches wait for it (see the module doc).
+        `index`: the episode's place among those of the call, which orders lockstep batches and keys its requests.
+        """
         queue = self._queues.get()
         queue.live += 1
+        token = _current_slot.set(_Slot(index) if index is not None else None)
         try:
             yield
         finally:
+            _current_slot.reset(token)
             queue.live -= 1
             queue.changed.set()
 
@@ -93,9 +132,13 @@ class BatchingBackend:
             )
         if self.max_context is not None:
             max_new = min(max_new, self.max_context - len(prompt_ids))
+        slot = _current_slot.get()
+        key = None
+        if slot is not None:
+            key, slot.turns = (slot.index, slot.turns), slot.turns + 1
         queue = self._queues.get()
         future = asyncio.get_running_loop().create_future()
-        queue.pending.append(PendingRequest(list(prompt_ids), max_new, tuple(request.stop), future))
+        queue.pending.append(PendingRequest(list(prompt_ids), max_new, tuple(request.stop), future, key))
         queue.changed.set()
         if queue.drainer is None or queue.drainer.done():
             queue.drainer = asyncio.create_task(self._drain(queue))
@@ -105,7 +148,12 @@ class BatchingBackend:
         while queue.pending:
             # Let every episode that is ready to generate enqueue first: one pass of the loop per step.
             await asyncio.sleep(0)
-            await self._wait_for_live_episodes(queue)
+            if self.lockstep:
+                await self._wait_for_every_live_episode(queue)
+                # Registered episodes by index; any unregistered request after them, in arrival order.
+                queue.pending.sort(key=lambda item: (item.key is None, item.key or (0, 0)))
+            else:
+                await self._wait_for_live_episodes(queue)
             # Rows of one batch share their stop strings: a row must not stop on a string it did not ask for.
             stop = queue.pending[0].stop
             batch, rest = [], []
@@ -142,6 +190,12 @@ class BatchingBackend:
                 await asyncio.wait_for(queue.changed.wait(), remaining)
             except TimeoutError:
                 return
+
+    async def _wait_for_every_live_episode(self, queue: _Queue) -> None:
+        """Hold the batch until every registered episode is waiting or has ended (lockstep batches)."""
+        while len(queue.pending) < queue.live:
+            queue.changed.clear()
+            await queue.changed.wait()
 
     def _generate_batch(self, batch: list[PendingRequest]) -> list[AgentOutput]:
         with self._generate_lock:

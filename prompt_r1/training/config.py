@@ -110,6 +110,13 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         "as vllm/sync_logprob_gap and appended to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
         default=False,
     )
+    reproducible_rollouts: bool = _help(
+        "Seed each step's sampling from seed, step and process, and batch the episodes' turns in lockstep in "
+        "episode order, so that the same seed gives the same trajectories whatever order the environment's replies "
+        "arrive in (each turn waits for the step's slowest reply). Exact on CPU; see the training docs for GPU "
+        "and vLLM.",
+        default=True,
+    )
     # The reward.
     reward_preset: str | None = _help(
         "Reward coefficients: paper or release (reference, its former name); unset: the protocol's.",

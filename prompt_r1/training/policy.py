@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prompt_r1.agents.base import AgentOutput
-from prompt_r1.agents.batching import BatchingBackend, PendingRequest
+from prompt_r1.agents.batching import BatchingBackend, PendingRequest, derive_seed
 from prompt_r1.config import AgentConfig
 from prompt_r1.errors import ConfigError
 
@@ -106,6 +106,7 @@ class VLLMColocatePolicy(BatchingBackend):
                 stop=list(item.stop),
                 include_stop_str_in_output=True,
                 logprobs=0,
+                seed=self._request_seed(item),
                 **self.sampling,
             )
             for item in batch
@@ -122,6 +123,13 @@ class VLLMColocatePolicy(BatchingBackend):
             for out in outputs
         ]
         return _outputs_from_vllm(batch, completions, logprobs, self.tokenizer)
+
+    def _request_seed(self, item: PendingRequest) -> int | None:
+        """A seed of the request's own (the step's seed, its episode and turn): vLLM then samples it alike in any
+        batch. None (the engine's own generator) when the rollout is not reproducible or the request has no key."""
+        if self.sampling_seed is None or item.key is None:
+            return None
+        return derive_seed(self.sampling_seed, *item.key)
 
 
 class VLLMServerPolicy(BatchingBackend):

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prompt_r1 import release
+from prompt_r1.agents.batching import derive_seed
 from prompt_r1.aio import run_sync
 from prompt_r1.config import LoopConfig
 from prompt_r1.episode import Episode, EpisodeRunner
@@ -87,6 +88,8 @@ class GraphRollout:
         self.calls = 0
         self.last_results: list[Episode] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
+        self._last_step: int | None = None
+        self._calls_at_step = 0
 
     @property
     def max_turns(self) -> int:
@@ -103,15 +106,34 @@ class GraphRollout:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         _check_trainer(trainer)
         questions = [question_of(p) for p in prompts]
-        with trainer_policy(trainer, max_new_tokens=self.max_turn_tokens) as agent:
-            results = self.run_episodes(agent, questions)
-        self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
-        tokenizer = agent.tokenizer
+        results, tokenizer = self.sample(trainer, questions, self.step_seed(trainer))
         output = self.to_trajectories(results, tokenizer)
         self.calls += 1
         self.last_results = results
         log_episode_metrics(trainer, results, generate_calls=len(self.last_batch_sizes))
         return output
+
+    def sample(self, trainer: Any, questions: list[str], seed: int | None) -> tuple[list[Episode], Any]:
+        """One episode per question with the trainer's current policy, sampling from `seed` in lockstep batches
+        (None: unseeded, batched as replies arrive); the episodes and the policy's tokenizer."""
+        with trainer_policy(trainer, max_new_tokens=self.max_turn_tokens) as agent, _sampling_rng(seed):
+            if seed is not None:
+                agent.lockstep, agent.sampling_seed = True, seed
+            results = self.run_episodes(agent, questions)
+        self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
+        return results, agent.tokenizer
+
+    def step_seed(self, trainer: Any) -> int | None:
+        """The seed of this call's sampling, from the run's seed, the step, the process and the call within the
+        step; None when `reproducible_rollouts` is off. A step's episodes then sample the same numbers in every run
+        of the same seed, and in a run resumed from a checkpoint."""
+        if not getattr(trainer.args, "reproducible_rollouts", True):
+            return None
+        step = trainer.state.global_step
+        self._calls_at_step = self._calls_at_step + 1 if step == self._last_step else 0
+        self._last_step = step
+        rank = trainer.accelerator.process_index
+        return derive_seed(trainer.args.seed, step, rank, self._calls_at_step)
 
     def run_episodes(self, agent: Any, questions: list[str]) -> list[Episode]:
         """Run one episode per question concurrently on the process-wide event loop; episodes in input order.
@@ -121,14 +143,15 @@ class GraphRollout:
         graph = build_graph(agent, self.environment, loop=self.loop, token_exact=True)
         runner = EpisodeRunner(agent, self.environment, self.loop, graph=graph, tags=["rollout"])
 
-        async def one(question: str) -> Episode:
-            # Registered episodes let the batcher wait for each other's turns (see prompt_r1.agents.batching).
+        async def one(index: int, question: str) -> Episode:
+            # Registered episodes let the batcher wait for each other's turns, and order them by index in lockstep
+            # batches (see prompt_r1.agents.batching).
             registered = getattr(agent, "episode", None)
-            with registered() if registered else contextlib.nullcontext():
+            with registered(index) if registered else contextlib.nullcontext():
                 return await runner.run(question)
 
         async def run_all() -> list[Episode]:
-            return await asyncio.gather(*(one(q) for q in questions))
+            return await asyncio.gather(*(one(i, q) for i, q in enumerate(questions)))
 
         episodes = run_sync(run_all())
         broken = next((e for e in episodes if e.status in ("agent_error", "internal_error")), None)
@@ -191,6 +214,21 @@ class GraphRollout:
                 out["transcript"].append(release.transcript(tokenizer, trajectory["prompt_ids"] + completion))
                 out["ends_on_agent_token"].append(bool(mask) and mask[-1] == 1)
         return out
+
+
+@contextlib.contextmanager
+def _sampling_rng(seed: int | None):
+    """Torch's generators seeded with `seed` for the rollout (a `transformers` policy samples from them), and
+    restored after it, so that training's own random numbers (dropout) do not depend on how long a rollout ran."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def _check_trainer(trainer: Any) -> None:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,15 @@ def build_trainer(
     environment: Any = None,
     train_rows: list[dict[str, Any]] | None = None,
     callbacks: list | None = None,
+    rollout: Callable[..., GraphRollout] = GraphRollout,
 ):
     """A `trl.GRPOTrainer` whose generations are Prompt-R1 episodes of the LangGraph loop.
 
     environment: an EnvironmentClient or LangChain chat model; default: one built from the config's env_* fields.
     train_rows: rows with `prompt` and `golden_answers`; default: `config.train_data`.
+    rollout: the rollout's class (or a factory), called as `rollout(environment, loop=...,
+        train_on_environment_tokens=...)`: a task that changes between steps subclasses `GraphRollout`
+        (prompt_r1.door_training.DoorRollout).
     """
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -95,7 +100,7 @@ def build_trainer(
     tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if tokenizer.chat_template is None:
         raise ConfigError(f"the agent tokenizer of {config.model_name_or_path!r} has no chat template")
-    rollout = GraphRollout(
+    rollout_func = rollout(
         environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is the documented way in; no banner
@@ -111,7 +116,7 @@ def build_trainer(
             train_dataset=Dataset.from_list(train_rows),
             processing_class=tokenizer,
             peft_config=_peft_config(config),
-            rollout_func=rollout,
+            rollout_func=rollout_func,
             callbacks=callbacks,
         )
     progress.install(trainer)  # a line per step, curves.png at the end
