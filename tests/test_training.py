@@ -624,3 +624,32 @@ def test_the_format_gate_ablation_reaches_the_trainers_reward(tmp_path):
         total = reward_functions(config)[0]
         totals.append(total(prompts=[None], completions=[""], **one_turn)[0])
     assert totals[0] == pytest.approx(-0.4) and totals[1] == pytest.approx(0.6)
+
+
+def test_the_step_lines_say_when_the_policy_is_stuck():
+    import io
+
+    from transformers import TrainerControl, TrainerState
+
+    from prompt_r1.training.progress import STUCK_STEPS, StepLines
+
+    stream = io.StringIO()
+    lines, state = StepLines(stream), TrainerState(max_steps=40)
+    lines.on_train_begin(None, state, TrainerControl())
+
+    def step(**logs):
+        state.global_step += 1
+        lines.on_log(None, state, TrainerControl(), logs={"reward": 0.0, "episode/env_calls": 1.0, **logs})
+
+    for _ in range(STUCK_STEPS - 1):
+        step(frac_reward_zero_std=1.0)
+    step(frac_reward_zero_std=0.75)  # one group still differed: not stuck, the count starts again
+    assert lines.warnings == []
+    for _ in range(STUCK_STEPS + 3):
+        step(frac_reward_zero_std=1.0)
+    assert len(lines.warnings) == 1  # once per spell, at its STUCK_STEPS-th step
+    assert f"stuck at step {2 * STUCK_STEPS}: every group had equal rewards" in lines.warnings[0]
+    for _ in range(STUCK_STEPS):
+        step(**{"episode/env_calls": 0.0, "frac_reward_zero_std": 0.5})
+    assert "no episode called the environment" in lines.warnings[-1]
+    assert stream.getvalue().count("warning: the policy looks stuck") == 2

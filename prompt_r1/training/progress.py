@@ -19,7 +19,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-__all__ = ["CURVES", "CurvesPNG", "StepLines", "draw_curves", "install", "step_series"]
+__all__ = ["CURVES", "STUCK_STEPS", "CurvesPNG", "StepLines", "draw_curves", "install", "step_series"]
 
 # (what is drawn, the log key TRL or the rollout writes it under)
 CURVES = (
@@ -31,25 +31,33 @@ CURVES = (
 )
 
 
-def step_series(log_history: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Each curve's value per logged training step (NaN where a step lacks it), and the steps themselves."""
+def step_series(log_history: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> dict[str, list[float]]:
+    """Each curve's value per logged training step (NaN where a step lacks it), and the steps themselves; `extra`
+    names more logged keys to collect."""
     rows = [row for row in log_history if "reward" in row and "step" in row]
     # A step whose episodes all failed logs no reward (None): a gap in the curve, not a crash at the end.
-    series = {key: [_float_or_nan(row.get(key)) for row in rows] for _, key in CURVES}
+    keys = [key for _, key in CURVES] + list(extra)
+    series = {key: [_float_or_nan(row.get(key)) for row in rows] for key in keys}
     series["step"] = [float(row["step"]) for row in rows]
     return series
 
 
-def draw_curves(runs: Sequence[dict[str, list[float]]], path: str | Path, title: str = "") -> Path | None:
-    """Draw each curve of `runs` (`step_series` of one run or of several seeds: their mean, and their range
-    shaded) into a PNG at `path`. Returns the path, or None without matplotlib (the `train` extra has it)."""
+def draw_curves(
+    runs: Sequence[dict[str, list[float]]],
+    path: str | Path,
+    title: str = "",
+    curves: Sequence[tuple[str, str]] = CURVES,
+) -> Path | None:
+    """Draw each of `curves` ((label, key) pairs) of `runs` (`step_series` of one run or of several seeds: their
+    mean, and their range shaded) into a PNG at `path`. Returns the path, or None without matplotlib (the `train`
+    extra has it)."""
     try:
         from matplotlib.figure import Figure  # no pyplot: the caller's plotting backend is left alone
     except ImportError:
         return None
-    fig = Figure(figsize=(4 * len(CURVES), 3.2))
-    axes = fig.subplots(1, len(CURVES), squeeze=False)
-    for axis, (label, key) in zip(axes[0], CURVES, strict=True):
+    fig = Figure(figsize=(4 * len(curves), 3.2))
+    axes = fig.subplots(1, len(curves), squeeze=False)
+    for axis, (label, key) in zip(axes[0], curves, strict=True):
         length = min(len(run[key]) for run in runs) if runs else 0
         if length == 0:
             axis.set_title(label)
@@ -83,12 +91,30 @@ def _number(value: Any, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-class StepLines(TrainerCallback):
-    """A line per logged training step on stderr (main process only)."""
+# Consecutive steps of a stuck sign before `StepLines` says so.
+STUCK_STEPS = 5
+# (log key, the value that means stuck, what it means): a step where every group's rewards are equal teaches
+# nothing (zero advantages), and a policy that has stopped calling the environment rarely finds its way back.
+STUCK_SIGNS = (
+    (
+        "frac_reward_zero_std",
+        1.0,
+        "every group had equal rewards (no advantage to learn from)",
+    ),
+    ("episode/env_calls", 0.0, "no episode called the environment"),
+)
 
-    def __init__(self, stream: Any = None) -> None:
+
+class StepLines(TrainerCallback):
+    """A line per logged training step on stderr (main process only), and a warning when the policy is stuck:
+    a sign of `STUCK_SIGNS` held for `stuck_steps` steps in a row (said once per spell)."""
+
+    def __init__(self, stream: Any = None, stuck_steps: int = STUCK_STEPS) -> None:
         self.stream = stream
+        self.stuck_steps = stuck_steps
         self._last: float | None = None
+        self._streaks = dict.fromkeys((key for key, _, _ in STUCK_SIGNS), 0)
+        self.warnings: list[str] = []  # what was said, for callers and tests
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._last = time.monotonic()
@@ -111,6 +137,21 @@ class StepLines(TrainerCallback):
         from tqdm.auto import tqdm
 
         tqdm.write(line, file=self.stream or sys.stderr)  # above transformers' progress bar, not inside it
+        for warning in self._stuck(logs, state.global_step):
+            self.warnings.append(warning)
+            tqdm.write(warning, file=self.stream or sys.stderr)
+
+    def _stuck(self, logs: dict[str, Any], step: int) -> list[str]:
+        said = []
+        for key, value, meaning in STUCK_SIGNS:
+            held = logs.get(key) is not None and float(logs[key]) == value
+            self._streaks[key] = self._streaks[key] + 1 if held else 0
+            if self._streaks[key] == self.stuck_steps:
+                said.append(
+                    f"warning: the policy looks stuck at step {step}: {meaning} for {self.stuck_steps} steps in a "
+                    "row; a KL term (beta), a lower learning rate or a stronger starting agent are the usual remedies"
+                )
+        return said
 
 
 class _BarOnly(ProgressCallback):
