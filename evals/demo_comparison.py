@@ -3,7 +3,7 @@ three prompt optimisers (OPRO, GEPA, TextGrad), against two environments, with c
 
     python evals/demo_comparison.py [--limit 4] [--out eval-results/comparison]
 
-It runs, against scripted OpenAI-compatible servers on 127.0.0.1 (prompt_r1.testing.ScriptedServer),
+It runs, against scripted OpenAI-compatible servers on 127.0.0.1 (prompt_r1.testing.servers.ScriptedServer),
 
     prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only --method env-cot --method gepa \
         --method opro --method textgrad --env-model big --env-model small --prices PRICES ...
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from demo_eval import _fraction, golden_answers, question_finder, scripted_agent
 
-from prompt_r1.cli import main as prompt_r1
+from prompt_r1.cli.main import main as prompt_r1
 
 GOOD = "Read the question carefully, then answer."
 PRICES = {  # $ per 1M tokens, made up for the scripted models
@@ -35,7 +35,7 @@ PRICES = {  # $ per 1M tokens, made up for the scripted models
 
 
 def build_servers(rows: int):
-    from prompt_r1.testing import ScriptedServer
+    from prompt_r1.testing.servers import ScriptedServer
 
     golds = golden_answers(rows)
     question_in = question_finder(golds)

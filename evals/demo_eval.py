@@ -2,7 +2,7 @@
 
     python evals/demo_eval.py [--limit 8] [--out eval-results/demo]
 
-The servers (prompt_r1.testing.ScriptedServer, real HTTP on 127.0.0.1) stand in for the models: the agent asks
+The servers (prompt_r1.testing.servers.ScriptedServer, real HTTP on 127.0.0.1) stand in for the models: the agent asks
 the environment once, then answers with what it was told; the environment knows the golden answers and gives the
 right one to a fixed share of requests (more often to the agent's explained prompts than to a bare question).
 The numbers therefore show the harness working (rows, resumption, tables, chart), not any model's quality.
@@ -16,10 +16,10 @@ import html
 import re
 import sys
 
-from prompt_r1.cli import main as prompt_r1
-from prompt_r1.data import load_samples
-from prompt_r1.evaluation import SUITES
-from prompt_r1.testing import ScriptedServer
+from prompt_r1.cli.main import main as prompt_r1
+from prompt_r1.data.datasets import load_samples
+from prompt_r1.evaluation.run import SUITES
+from prompt_r1.testing.servers import ScriptedServer
 
 
 def _fraction(text: str) -> float:

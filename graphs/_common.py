@@ -6,7 +6,7 @@ import argparse
 import contextlib
 
 from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
-from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, scripted_agent
 
 DEMO_AGENT = [
     "<think>Compare founding years.</think><interaction_prompt>When were Arthur's Magazine and First for Women "

@@ -16,7 +16,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 
 from prompt_r1 import LoopConfig, PromptR1Chat
-from prompt_r1.events import format_event
+from prompt_r1.core.events import format_event
 
 
 def in_a_chain(chat: PromptR1Chat, question: str) -> str:

@@ -12,8 +12,8 @@ import openai
 from _common import parser, parts_from_args
 
 from prompt_r1 import LoopConfig
-from prompt_r1.events import format_event
-from prompt_r1.server import build_app, serving_in_thread
+from prompt_r1.core.events import format_event
+from prompt_r1.integrations.server import build_app, serving_in_thread
 
 
 def ask(url: str, question: str, model: str = "prompt-r1") -> None:

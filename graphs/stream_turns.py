@@ -9,7 +9,7 @@ import asyncio
 
 from _common import loop_from_args, parser
 
-from prompt_r1.events import format_event
+from prompt_r1.core.events import format_event
 
 
 async def main(graph, question: str) -> None:

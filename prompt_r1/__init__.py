@@ -22,23 +22,23 @@ _EXPORTS = {
     "AgentOutput": "prompt_r1.agents",
     "AgentRequest": "prompt_r1.agents",
     "load_agent": "prompt_r1.agents",
-    "AgentConfig": "prompt_r1.config",
-    "EnvironmentConfig": "prompt_r1.config",
-    "LoopConfig": "prompt_r1.config",
-    "PromptR1Chat": "prompt_r1.chat_model",
-    "EnvironmentClient": "prompt_r1.environment",
-    "EnvironmentReply": "prompt_r1.environment",
-    "Episode": "prompt_r1.episode",
-    "EpisodeRunner": "prompt_r1.episode",
-    "PromptR1Error": "prompt_r1.errors",
-    "EpisodeState": "prompt_r1.graph",
-    "build_graph": "prompt_r1.graph",
-    "AgentTurn": "prompt_r1.protocol",
-    "parse_agent_output": "prompt_r1.protocol",
-    "load_samples": "prompt_r1.data",
-    "score_episode": "prompt_r1.rewards",
-    "score_transcript": "prompt_r1.rewards",
-    "trl_reward": "prompt_r1.rewards",
+    "AgentConfig": "prompt_r1.core.config",
+    "EnvironmentConfig": "prompt_r1.core.config",
+    "LoopConfig": "prompt_r1.core.config",
+    "PromptR1Chat": "prompt_r1.integrations.chat_model",
+    "EnvironmentClient": "prompt_r1.clients.environment",
+    "EnvironmentReply": "prompt_r1.clients.environment",
+    "Episode": "prompt_r1.runs.episode",
+    "EpisodeRunner": "prompt_r1.runs.episode",
+    "PromptR1Error": "prompt_r1.core.errors",
+    "EpisodeState": "prompt_r1.loop.graph",
+    "build_graph": "prompt_r1.loop.graph",
+    "AgentTurn": "prompt_r1.core.protocol",
+    "parse_agent_output": "prompt_r1.core.protocol",
+    "load_samples": "prompt_r1.data.datasets",
+    "score_episode": "prompt_r1.scoring.rewards",
+    "score_transcript": "prompt_r1.scoring.rewards",
+    "trl_reward": "prompt_r1.scoring.rewards",
 }
 __all__ = [
     "AgentBackend",
@@ -67,15 +67,15 @@ assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from prompt_r1.agents import AgentBackend, AgentOutput, AgentRequest, load_agent
-    from prompt_r1.chat_model import PromptR1Chat
-    from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig
-    from prompt_r1.data import load_samples
-    from prompt_r1.environment import EnvironmentClient, EnvironmentReply
-    from prompt_r1.episode import Episode, EpisodeRunner
-    from prompt_r1.errors import PromptR1Error
-    from prompt_r1.graph import EpisodeState, build_graph
-    from prompt_r1.protocol import AgentTurn, parse_agent_output
-    from prompt_r1.rewards import score_episode, score_transcript, trl_reward
+    from prompt_r1.clients.environment import EnvironmentClient, EnvironmentReply
+    from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
+    from prompt_r1.core.errors import PromptR1Error
+    from prompt_r1.core.protocol import AgentTurn, parse_agent_output
+    from prompt_r1.data.datasets import load_samples
+    from prompt_r1.integrations.chat_model import PromptR1Chat
+    from prompt_r1.loop.graph import EpisodeState, build_graph
+    from prompt_r1.runs.episode import Episode, EpisodeRunner
+    from prompt_r1.scoring.rewards import score_episode, score_transcript, trl_reward
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,6 @@
 
 import sys
 
-from prompt_r1.cli import main
+from prompt_r1.cli.main import main
 
 sys.exit(main())

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.ratelimit import reset_limiters
-from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
-from prompt_r1.tiny_models import build_tiny_model
+from prompt_r1.clients.ratelimit import reset_limiters
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.testing.tiny_models import build_tiny_model
 
 DATA = Path(__file__).parent / "data"
 
@@ -61,8 +61,8 @@ def trained_tiny_model_path(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from prompt_r1.prompts import interaction_response, question_message
-    from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+    from prompt_r1.core.prompts import interaction_response, question_message
+    from prompt_r1.core.tokens import initial_prompt_ids, user_turn_ids
 
     path = build_tiny_model(tmp_path_factory.mktemp("tiny-trained") / "model", hidden_size=64)
     tok = AutoTokenizer.from_pretrained(path)
@@ -99,7 +99,7 @@ NAMES = ("Ada", "Bob", "Cy", "Dee")
 @pytest.fixture(scope="session")
 def protocol_model_path(tmp_path_factory) -> Path:
     """The tiny model taught the name task's format, answering any of NAMES (about 30 s on 2 cores)."""
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     episodes = [
         (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES

@@ -15,13 +15,13 @@ from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend
 from prompt_r1.agents.local import TransformersAgent
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.errors import BackendUnavailable, ConfigError
-from prompt_r1.graph import build_graph
-from prompt_r1.prompts import question_message
-from prompt_r1.testing import ScriptedServer, echo_environment
-from prompt_r1.tokens import initial_prompt_ids, user_turn_ids
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.errors import BackendUnavailable, ConfigError
+from prompt_r1.core.prompts import question_message
+from prompt_r1.core.tokens import initial_prompt_ids, user_turn_ids
+from prompt_r1.loop.graph import build_graph
+from prompt_r1.testing.servers import ScriptedServer, echo_environment
 
 
 def greedy(path, **kw) -> TransformersAgent:

@@ -1,4 +1,4 @@
-"""prompt_r1.aio: synchronous work beside the event loop (the prompt optimisers' packages run this way)."""
+"""prompt_r1.core.aio: synchronous work beside the event loop (the prompt optimisers' packages run this way)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from prompt_r1.aio import StopWorker, in_worker_thread
+from prompt_r1.core.aio import StopWorker, in_worker_thread
 
 
 def test_the_worker_thread_runs_its_coroutines_on_the_callers_loop():

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.batch import run_batch
-from prompt_r1.cli import main
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.costs import PriceTable
-from prompt_r1.environment import EnvironmentClient, EnvironmentPool
-from prompt_r1.errors import ConfigError
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment, max_in_window, relay_agent
+from prompt_r1.cli.main import main
+from prompt_r1.clients.costs import PriceTable
+from prompt_r1.clients.environment import EnvironmentClient, EnvironmentPool
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.runs.batch import run_batch
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, max_in_window, relay_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-batch-test-5f2c9e71d0"
@@ -708,7 +708,7 @@ def test_the_readme_names_every_batch_flag():
     """Every flag `prompt-r1 batch` takes is in the README's batch section (its own) or the `run` flag table."""
     import argparse
 
-    from prompt_r1.cli import build_parser
+    from prompt_r1.cli.main import build_parser
 
     (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

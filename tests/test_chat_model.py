@@ -16,13 +16,13 @@ from langchain_core.tracers.run_collector import RunCollectorCallbackHandler
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.chat_model import PromptR1Chat, question_of
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.errors import EnvironmentCallError
-from prompt_r1.events import EVENT_NAME, format_event
-from prompt_r1.graph import build_graph
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment, relay_agent
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.errors import EnvironmentCallError
+from prompt_r1.core.events import EVENT_NAME, format_event
+from prompt_r1.integrations.chat_model import PromptR1Chat, question_of
+from prompt_r1.loop.graph import build_graph
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, relay_agent
 
 # The fixture server's agent prompts twice, then answers "Paris".
 EVENT_TYPES = ["think", "prompt", "response", "think", "prompt", "response", "think", "answer", "end"]
@@ -384,17 +384,17 @@ def test_the_graph_is_built_once_when_threads_ask_for_it_at_once(server, monkeyp
     import threading
     import time
 
-    import prompt_r1.graph
+    import prompt_r1.loop.graph
 
     built = []
-    real = prompt_r1.graph.build_graph
+    real = prompt_r1.loop.graph.build_graph
 
     def slow_build(*args, **kwargs):
         time.sleep(0.05)  # long enough for every thread to find no graph yet, were there no lock
         built.append(real(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(prompt_r1.graph, "build_graph", slow_build)
+    monkeypatch.setattr(prompt_r1.loop.graph, "build_graph", slow_build)
     chat = chat_model(server)
     barrier = threading.Barrier(8)
     graphs = []
@@ -414,7 +414,7 @@ def test_the_graph_is_built_once_when_threads_ask_for_it_at_once(server, monkeyp
 def test_prompt_r1_run_names_and_tags_its_episode_trace(server, capsys):
     from langchain_core.tracers.context import collect_runs
 
-    from prompt_r1.cli import main
+    from prompt_r1.cli.main import main
 
     argv = ["run", "Capital of France?", "--agent-model", "agent", "--agent-base-url", server.base_url,
             "--env-model", "env", "--env-base-url", server.base_url]  # fmt: skip
@@ -428,8 +428,13 @@ def test_prompt_r1_run_names_and_tags_its_episode_trace(server, capsys):
 
 
 def test_the_loop_settings_come_from_one_loop_config():
-    from prompt_r1.config import LoopConfig
-    from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, scripted_agent
+    from prompt_r1.core.config import LoopConfig
+    from prompt_r1.testing.scripted import (
+        ScriptedAgent,
+        ScriptedEnvironment,
+        echo_environment,
+        scripted_agent,
+    )
 
     agent, environment = (
         ScriptedAgent(scripted_agent([ANSWER.format(a="x")])),

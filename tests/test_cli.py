@@ -10,8 +10,8 @@ import sys
 import pytest
 from conftest import TINY_QUESTION
 
-from prompt_r1.cli import main
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment
+from prompt_r1.cli.main import main
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment
 
 
 def served(server, *extra: str) -> list[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import ANSWER, PROMPT
 
-from prompt_r1.config import configs_from_env
-from prompt_r1.errors import ConfigError
-from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.core.config import configs_from_env
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, scripted_agent
 
 APP = Path(__file__).resolve().parents[1] / "graphs" / "app.py"
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from prompt_r1.data import DATASETS, load_samples, read_rows
-from prompt_r1.errors import DataError
-from prompt_r1.prompts import INSTRUCTION_TEMPLATE, extract_question
-from prompt_r1.training_mix import SOURCES, build_training_mix, release_row, write_rows
+from prompt_r1.core.errors import DataError
+from prompt_r1.core.prompts import INSTRUCTION_TEMPLATE, extract_question
+from prompt_r1.data.datasets import DATASETS, load_samples, read_rows
+from prompt_r1.data.training_mix import SOURCES, build_training_mix, release_row, write_rows
 
 
 def test_every_bundled_set_loads_by_name():

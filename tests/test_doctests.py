@@ -11,14 +11,14 @@ import pytest
 @pytest.mark.parametrize(
     "module",
     [
-        "prompt_r1.protocol",
-        "prompt_r1.prompts",
-        "prompt_r1.metrics",
-        "prompt_r1.rewards",
-        "prompt_r1.data",
-        "prompt_r1.events",
-        "prompt_r1.chat_model",
-        "prompt_r1.config",
+        "prompt_r1.core.protocol",
+        "prompt_r1.core.prompts",
+        "prompt_r1.scoring.metrics",
+        "prompt_r1.scoring.rewards",
+        "prompt_r1.data.datasets",
+        "prompt_r1.core.events",
+        "prompt_r1.integrations.chat_model",
+        "prompt_r1.core.config",
     ],
 )
 def test_docstring_examples(module):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from prompt_r1.config import EnvironmentConfig, resolve_api_key
-from prompt_r1.environment import EnvironmentClient, EnvironmentPool
-from prompt_r1.errors import (
+from prompt_r1.clients.environment import EnvironmentClient, EnvironmentPool
+from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
+from prompt_r1.core.errors import (
     ConfigError,
     ContextOverflow,
     EnvironmentCallError,
@@ -17,8 +17,8 @@ from prompt_r1.errors import (
     EnvironmentServerError,
     MissingCredentials,
 )
-from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment, max_in_window
+from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, max_in_window
 
 
 def client_for(server, **overrides) -> EnvironmentClient:

@@ -1,5 +1,5 @@
-"""The episode contract (prompt_r1.episode): the runner's result, its stream and its failure rule, with the
-in-process players of prompt_r1.scripted."""
+"""The episode contract (prompt_r1.runs.episode): the runner's result, its stream and its failure rule, with the
+in-process players of prompt_r1.testing.scripted."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import pytest
 from conftest import ANSWER, PROMPT
 from langchain_core.messages import AIMessage, HumanMessage
 
-from prompt_r1.config import LoopConfig
-from prompt_r1.episode import (
+from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.errors import AgentError
+from prompt_r1.runs.episode import (
     EPISODE_RUN_NAME,
     FAILED_STATUSES,
     Episode,
     EpisodeRunner,
     question_from_messages,
 )
-from prompt_r1.errors import AgentError
-from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, scripted_agent
+from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, scripted_agent
 
 TURNS = [PROMPT.format(k=1), ANSWER.format(a="Paris")]
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.cli import main
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.data import load_samples
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.evaluation import read_predictions, run_evaluation
-from prompt_r1.testing import Fault, ScriptedServer
+from prompt_r1.cli.main import main
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.data.datasets import load_samples
+from prompt_r1.evaluation.run import read_predictions, run_evaluation
+from prompt_r1.testing.servers import Fault, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-eval-pool-test-8d1f0a"

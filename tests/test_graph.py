@@ -13,12 +13,12 @@ from conftest import ANSWER, PROMPT
 from langgraph.graph import END, START, StateGraph
 
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.graph import build_graph, mermaid
-from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT, FINAL_ANSWER_REQUEST, question_message
-from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT, FINAL_ANSWER_REQUEST, question_message
+from prompt_r1.loop.graph import build_graph, mermaid
+from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, scripted_agent
 
 
 def loop(server, *, agent_model="agent", max_turns=5, force_final_answer=True, **env):
@@ -32,7 +32,7 @@ def loop(server, *, agent_model="agent", max_turns=5, force_final_answer=True, *
 
 
 class InProcess:
-    """The router tests' players, in process (prompt_r1.scripted): no server, no sockets, the loop's own logic.
+    """The router tests' players, in process (prompt_r1.testing.scripted): no server, no sockets, the loop's own logic.
     `requests_for` reads what each side was asked as a server's records read."""
 
     def __init__(self, turns) -> None:
@@ -233,7 +233,7 @@ def test_topology_snapshot():
 def test_the_readme_drawing_is_the_graph():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     drawn = mermaid()
-    assert f"```mermaid\n{drawn}```" in readme, "redraw it: python -m prompt_r1.graph"
+    assert f"```mermaid\n{drawn}```" in readme, "redraw it: python -m prompt_r1.loop.graph"
 
 
 @pytest.mark.parametrize("bad", [{}, {"question": "  "}, {"question": 3}])

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.cli import main
-from prompt_r1.data import count_rows, iter_rows, iter_samples, jsonl_rows, load_samples, read_rows
-from prompt_r1.errors import DataError
-from prompt_r1.evaluation import read_predictions
-from prompt_r1.rewards import golden_answers_of
-from prompt_r1.testing import ScriptedServer, echo_environment, relay_agent
+from prompt_r1.cli.main import main
+from prompt_r1.core.errors import DataError
+from prompt_r1.data.datasets import count_rows, iter_rows, iter_samples, jsonl_rows, load_samples, read_rows
+from prompt_r1.evaluation.run import read_predictions
+from prompt_r1.scoring.rewards import golden_answers_of
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 SURROGATE_QUESTION = '{"question": "a \\ud800 b", "answer": "x"}\n'  # valid JSON; the escape is half a pair

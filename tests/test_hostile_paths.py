@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.cli import main
-from prompt_r1.testing import ScriptedServer, echo_environment, relay_agent
+from prompt_r1.cli.main import main
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
 
 @pytest.fixture

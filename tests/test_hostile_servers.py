@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1 import redaction
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.cli import main
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.errors import AgentError, EnvironmentRefused
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment, relay_agent, scripted_agent
+from prompt_r1.cli.main import main
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core import redaction
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.errors import AgentError, EnvironmentRefused
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, relay_agent, scripted_agent
 
 AGENT_KEY = "sk-agent-hostile-7c1d94e2"
 ENV_KEY = "sk-env-hostile-0b8a33f5"
@@ -105,7 +105,7 @@ def test_serve_never_returns_a_key_a_server_echoed(failing, stream):
     import urllib.error
     import urllib.request
 
-    from prompt_r1.server import build_app, serving_in_thread
+    from prompt_r1.integrations.server import build_app, serving_in_thread
 
     with echoing(failing) as upstream:
         environment = EnvironmentClient(
@@ -131,7 +131,7 @@ def test_serve_never_returns_a_key_a_server_echoed(failing, stream):
 
 
 def test_the_chat_model_raises_no_key():
-    from prompt_r1.chat_model import PromptR1Chat
+    from prompt_r1.integrations.chat_model import PromptR1Chat
 
     with echoing("agent") as upstream:
         environment = EnvironmentClient(
@@ -195,7 +195,7 @@ def test_a_malformed_200_is_retried(kind):
 
 @pytest.mark.parametrize("kind", ["html", "error-200"])
 def test_a_malformed_200_past_the_retries_names_what_was_wrong(kind):
-    from prompt_r1.errors import EnvironmentServerError
+    from prompt_r1.core.errors import EnvironmentServerError
 
     with ScriptedServer({"env": echo_environment()}) as server:
         server.inject(*[Fault(kind)] * 3)
@@ -262,7 +262,7 @@ def test_a_question_that_is_not_valid_unicode_is_refused_by_serve():
     import urllib.error
     import urllib.request
 
-    from prompt_r1.server import build_app, serving_in_thread
+    from prompt_r1.integrations.server import build_app, serving_in_thread
 
     with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as upstream:
         environment = EnvironmentClient(
@@ -298,7 +298,7 @@ def test_forged_protocol_tags_in_a_reply_are_defused_before_the_agent_sees_them(
 
 
 def test_a_huge_reply_and_a_huge_agent_turn_end_cleanly(capsys):
-    from prompt_r1.protocol import MAX_TURN_CHARS
+    from prompt_r1.core.protocol import MAX_TURN_CHARS
 
     huge_turn = "<think>" + " " * (MAX_TURN_CHARS + 10) + "</think><answer>x</answer>"
     with ScriptedServer(
@@ -554,7 +554,7 @@ def test_a_served_agent_refusal_is_an_outcome_that_a_rerun_does_not_pay_for_agai
 
 
 def test_a_transient_error_that_mentions_refused_is_retried_not_taken_for_a_refusal():
-    from prompt_r1.http_client import check_completion_body
+    from prompt_r1.clients.http_client import check_completion_body
 
     body = {"error": {"message": "upstream connection refused, please retry", "type": "server_error"}}
     assert check_completion_body(json.dumps(body).encode())[0] == "malformed"
@@ -632,7 +632,7 @@ def test_a_key_inside_a_successful_reply_reaches_neither_the_agent_nor_the_check
 def test_serve_reports_a_refusal_as_content_filter(stream):
     import urllib.request
 
-    from prompt_r1.server import build_app, serving_in_thread
+    from prompt_r1.integrations.server import build_app, serving_in_thread
 
     with ScriptedServer(
         {"env": echo_environment(), "agent": relay_agent(1)},
@@ -658,7 +658,7 @@ def test_serve_reports_a_refusal_as_content_filter(stream):
 
 
 def token_server(tokenizer, *, fault_rule=None, token_ids=None) -> ScriptedServer:
-    from prompt_r1.testing import scripted_turns
+    from prompt_r1.testing.servers import scripted_turns
 
     return ScriptedServer(
         {"env": echo_environment(), "agent": scripted_turns([PROMPT, ANSWER])},
@@ -724,7 +724,7 @@ def test_serve_returns_the_trajectory_of_a_token_exact_served_agent_on_request(
 ):
     import urllib.request
 
-    from prompt_r1.server import build_app, serving_in_thread
+    from prompt_r1.integrations.server import build_app, serving_in_thread
 
     with token_server(tiny_tokenizer) as upstream:
         environment = EnvironmentClient(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import ANSWER, PROMPT
 
-from prompt_r1.testing import ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, scripted_agent
 
 GRAPHS = Path(__file__).resolve().parents[1] / "graphs"
 EVENT_TYPES = ["think", "prompt", "response", "think", "prompt", "response", "think", "answer", "end"]

@@ -1,4 +1,4 @@
-"""GRPO learns on the door-codes task (prompt_r1.door_codes), at a fixed seed: the check that
+"""GRPO learns on the door-codes task (prompt_r1.testing.door_codes), at a fixed seed: the check that
 `evals/bench/learning.py` makes over several seeds, at a size CI affords (about 90 s on 2 cores). A run is not
 bit-for-bit repeatable (the order in which concurrent episodes reach the batched policy varies), hence a margin
 rather than a figure."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from prompt_r1.door_codes import (
+from prompt_r1.testing.door_codes import (
     CODES,
     build_door_model,
     door_codes,
@@ -19,7 +19,7 @@ from prompt_r1.door_codes import (
     reading_episodes,
     training_rows,
 )
-from prompt_r1.testing import ScriptedServer
+from prompt_r1.testing.servers import ScriptedServer
 
 STEPS = 60
 # Under half the smallest gain seen at this size: +0.38, +0.33, +0.38 over 3 seeds, +0.41 at seed 0.

@@ -1,11 +1,11 @@
-"""Spending (prompt_r1.costs' meter and prompt_r1.metering's stop rule), in process."""
+"""Spending (prompt_r1.clients.costs' meter and prompt_r1.runs.metering's stop rule), in process."""
 
 from __future__ import annotations
 
 import pytest
 
-from prompt_r1.costs import PriceTable, UsageMeter
-from prompt_r1.metering import budget_rule
+from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.runs.metering import budget_rule
 
 
 def test_the_meter_prices_known_models_and_names_the_unpriced():
@@ -25,7 +25,7 @@ def test_the_budget_rule_gives_a_reason_once_the_cost_reaches_the_budget():
 
 
 def test_a_rows_cost_prices_each_environment_call_and_a_local_agent_is_free_unless_priced():
-    from prompt_r1.metering import row_cost
+    from prompt_r1.runs.metering import row_cost
 
     prices = PriceTable.load()
     call = {"model": "gpt-4o-mini", "input_tokens": 1_000_000, "output_tokens": 0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prompt_r1.metrics import (
+from prompt_r1.scoring.metrics import (
     METRICS,
     SemanticScorer,
     exact_match,

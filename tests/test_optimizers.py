@@ -1,4 +1,4 @@
-"""Prompt-optimiser baselines (prompt_r1.opro, prompt_r1.optimizers): OPRO's meta-prompt loop, and `eval --method
+"""Prompt-optimiser baselines (prompt_r1.evaluation.optimizers.opro, prompt_r1.evaluation.optimizers.search): OPRO's meta-prompt loop, and `eval --method
 opro` end to end against a scripted environment on 127.0.0.1 that answers right only under a good instruction."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from prompt_r1.cli import main
-from prompt_r1.data import load_samples
-from prompt_r1.errors import ConfigError
-from prompt_r1.evaluation import read_predictions
-from prompt_r1.opro import OproSettings, meta_prompt, opro_search, parse_instruction
-from prompt_r1.optimizers import SearchSettings, training_rows
-from prompt_r1.testing import ScriptedServer
+from prompt_r1.cli.main import main
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.data.datasets import load_samples
+from prompt_r1.evaluation.optimizers.opro import OproSettings, meta_prompt, opro_search, parse_instruction
+from prompt_r1.evaluation.optimizers.search import SearchSettings, training_rows
+from prompt_r1.evaluation.run import read_predictions
+from prompt_r1.testing.servers import ScriptedServer
 
 GOLD = {s.question: s.golden_answers[0] for s in load_samples("hotpot", limit=12)}
 GOOD = "Read the question carefully."
@@ -215,7 +215,7 @@ def test_a_textgrad_step_whose_update_has_no_tags_keeps_the_instruction(tmp_path
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     monkeypatch.setenv("TEXTGRAD_LOG_DIR", str(tmp_path / "textgrad-logs"))
     pytest.importorskip("textgrad")
-    from prompt_r1.textgrad_search import SEED_INSTRUCTION, textgrad_search
+    from prompt_r1.evaluation.optimizers.textgrad_search import SEED_INSTRUCTION, textgrad_search
 
     async def reply(instruction: str, question: str) -> str:
         return "<answer>no idea</answer>"

@@ -1,4 +1,4 @@
-"""The worker pool under batch and eval (prompt_r1.pool), driven directly: items, a `work` coroutine and a real
+"""The worker pool under batch and eval (prompt_r1.runs.pool), driven directly: items, a `work` coroutine and a real
 results file, no model and no network."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from prompt_r1.errors import ConfigError, DataError
-from prompt_r1.pool import check_limits, named_keys, run_many
-from prompt_r1.results import ResultStore
+from prompt_r1.core.errors import ConfigError, DataError
+from prompt_r1.runs.pool import check_limits, named_keys, run_many
+from prompt_r1.runs.results import ResultStore
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prompt_r1.prompts import (
+from prompt_r1.core.prompts import (
     ENVIRONMENT_SYSTEM_PROMPT,
     INSTRUCTION_TEMPLATE,
     extract_question,
     question_message,
 )
-from prompt_r1.protocol import (
+from prompt_r1.core.protocol import (
     MAX_TURN_CHARS,
     STOP_SEQUENCES,
     AgentTurn,

@@ -1,12 +1,12 @@
-"""The rate limiter (prompt_r1.ratelimit): token and request windows, in process."""
+"""The rate limiter (prompt_r1.clients.ratelimit): token and request windows, in process."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from prompt_r1.ratelimit import EndpointLimiter, TokenWindow
-from prompt_r1.testing import max_in_window
+from prompt_r1.clients.ratelimit import EndpointLimiter, TokenWindow
+from prompt_r1.testing.servers import max_in_window
 
 
 def test_token_window_holds_tokens_per_period():

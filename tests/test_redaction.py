@@ -1,4 +1,4 @@
-"""The one redaction module (prompt_r1.redaction) on its own; every surface's use of it is tested with the surface."""
+"""The one redaction module (prompt_r1.core.redaction) on its own; every surface's use of it is tested with the surface."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 
 def test_the_redactor_cuts_every_key_also_json_escaped():
-    from prompt_r1.redaction import Redactor
+    from prompt_r1.core.redaction import Redactor
 
     redact = Redactor(["sk-short", "sk-short-and-longer", 'odd"key\\1', "EMPTY", ""])
     assert redact("a sk-short-and-longer b sk-short c EMPTY") == "a *** b *** c EMPTY"

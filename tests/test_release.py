@@ -17,16 +17,16 @@ import re
 import pytest
 from jsonschema import ValidationError, validate
 
-from prompt_r1 import release
 from prompt_r1.agents.base import AgentOutput
-from prompt_r1.config import EnvironmentConfig, LoopConfig
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.errors import ConfigError
-from prompt_r1.graph import build_graph
-from prompt_r1.prompts import extract_question
-from prompt_r1.rewards import score_transcript, trl_reward
-from prompt_r1.testing import ScriptedServer
-from prompt_r1.tiny_models import build_tiny_model
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core.config import EnvironmentConfig, LoopConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.prompts import extract_question
+from prompt_r1.loop import release
+from prompt_r1.loop.graph import build_graph
+from prompt_r1.scoring.rewards import score_transcript, trl_reward
+from prompt_r1.testing.servers import ScriptedServer
+from prompt_r1.testing.tiny_models import build_tiny_model
 
 # The release's files (QwenQKing/Prompt-R1 at 2c51728), as this test reads them.
 RELEASE_TEMPLATE_BLOB = "0e407aa5744a8c0ea6adb79247810202af948929"  # Prompr-R1_Qwen3_chat_template.jinja
@@ -380,8 +380,8 @@ def test_the_length_check_before_a_turn_is_the_releases(qwen3_tokenizer, slack, 
 
 def test_a_chat_only_agent_gets_the_same_message_texts(qwen3_tokenizer):
     from prompt_r1.agents.served import ServedAgent
-    from prompt_r1.config import AgentConfig
-    from prompt_r1.testing import scripted_agent
+    from prompt_r1.core.config import AgentConfig
+    from prompt_r1.testing.servers import scripted_agent
 
     rendered = release.first_prompt_text(qwen3_tokenizer, "Q?")
     assert rendered.startswith("<|im_start|>system\n" + release.system_text() + "<|im_end|>\n")
@@ -431,8 +431,8 @@ def test_a_chat_only_turn_that_left_its_call_open_is_not_repaired(qwen3_tokenize
     """No stop strings are sent under the release protocol, so a turn that ends with an open call was not cut
     by the server: it has no call, and the episode ends there, as in the release."""
     from prompt_r1.agents.served import ServedAgent
-    from prompt_r1.config import AgentConfig
-    from prompt_r1.testing import scripted_agent
+    from prompt_r1.core.config import AgentConfig
+    from prompt_r1.testing.servers import scripted_agent
 
     open_call = '<think>t</think><interaction_prompt>{"name": "prompt", "arguments": {"prompt": "p"}}'
     with ScriptedServer({"env": lambda body: "r", "agent": scripted_agent([open_call])}) as server:
@@ -449,7 +449,7 @@ def test_a_refusal_gets_no_reward_under_the_release_rules():
 
 
 def test_an_evaluation_folder_from_before_the_protocol_setting_resumes(tmp_path):
-    from prompt_r1.eval_plan import MANIFEST, record_settings
+    from prompt_r1.evaluation.plan import MANIFEST, record_settings
 
     record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())
     manifest = tmp_path / MANIFEST
@@ -497,9 +497,9 @@ def test_padding_in_a_reply_is_dropped_and_a_tokenizer_padding_with_its_end_of_t
 
 
 def test_eval_under_the_release_protocol_scores_the_stream(tmp_path):
-    from prompt_r1.cli import main
-    from prompt_r1.evaluation import read_predictions
-    from prompt_r1.testing import scripted_agent
+    from prompt_r1.cli.main import main
+    from prompt_r1.evaluation.run import read_predictions
+    from prompt_r1.testing.servers import scripted_agent
 
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps({"id": "q0", "question": "Q?", "golden_answers": ["Paris"]}) + "\n")

@@ -12,12 +12,12 @@ pytest.importorskip("trl")
 from test_release import release_first_prompt, release_step  # noqa: E402
 from test_training import _failure_lines, _launch, env_client, stand_in_trainer  # noqa: E402
 
-from prompt_r1 import release  # noqa: E402
-from prompt_r1.cli import main as cli_main  # noqa: E402
-from prompt_r1.config import LoopConfig  # noqa: E402
-from prompt_r1.errors import ConfigError  # noqa: E402
-from prompt_r1.prompts import question_message  # noqa: E402
-from prompt_r1.testing import ScriptedServer  # noqa: E402
+from prompt_r1.cli.main import main as cli_main  # noqa: E402
+from prompt_r1.core.config import LoopConfig  # noqa: E402
+from prompt_r1.core.errors import ConfigError  # noqa: E402
+from prompt_r1.core.prompts import question_message  # noqa: E402
+from prompt_r1.loop import release  # noqa: E402
+from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 from prompt_r1.training.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.rollout import GraphRollout  # noqa: E402
 
@@ -100,7 +100,7 @@ TURN_2 = "named\n</think>\n<answer>Ada Lovelace</answer>"
 @pytest.fixture(scope="module")
 def release_model_path(tmp_path_factory) -> Path:
     """A tiny model fine-tuned on the release's stream: it calls the prompt tool, then answers."""
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     episodes = [(QUESTION, TURN_1, "Ada Lovelace wrote it.", TURN_2)]
     return build_protocol_model(

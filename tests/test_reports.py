@@ -1,4 +1,4 @@
-"""An evaluation's reports (prompt_r1.reports, prompt_r1.charts): cost beside accuracy, on scripted servers with
+"""An evaluation's reports (prompt_r1.evaluation.reports, prompt_r1.evaluation.charts): cost beside accuracy, on scripted servers with
 prices given to the scripted models."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import pytest
 from test_eval import endpoint_flags, eval_server  # noqa: F401  (the fixture)
 
-from prompt_r1.cli import main
-from prompt_r1.evaluation import read_predictions
+from prompt_r1.cli.main import main
+from prompt_r1.evaluation.run import read_predictions
 
 # $ per 1M tokens: round numbers, so each row's cost is checked by hand below.
 PRICES = {"env": {"input": 1.0, "output": 2.0}, "agent": {"input": 0.5, "output": 4.0}}

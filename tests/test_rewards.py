@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prompt_r1.errors import ConfigError
-from prompt_r1.rewards import get_preset, score_episode, score_transcript, score_turns, trl_reward
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.scoring.rewards import get_preset, score_episode, score_transcript, score_turns, trl_reward
 
 P = "<think>t</think><interaction_prompt>p</interaction_prompt>"
 A = "<think>f</think><answer>Paris</answer>"

@@ -1,4 +1,4 @@
-"""The two scorers (prompt_r1.scorers): the release's rules on hand-computed rows, its reading of an episode's
+"""The two scorers (prompt_r1.scoring.scorers): the release's rules on hand-computed rows, its reading of an episode's
 answer, and `eval`/`score --scorer release` writing reports that name their scorer."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import json
 import pytest
 from test_eval import endpoint_flags, eval_server  # noqa: F401  (the fixture)
 
-from prompt_r1.cli import main
-from prompt_r1.errors import ConfigError
-from prompt_r1.scorers import CONTEXT_EXCEEDED, MAX_TURNS_REACHED, release_prediction, release_rows
+from prompt_r1.cli.main import main
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.scoring.scorers import CONTEXT_EXCEEDED, MAX_TURNS_REACHED, release_prediction, release_rows
 
 # (prediction, golden answers) → what the release's eval_scores.py gives, worked out by hand:
 ROWS = [
@@ -81,7 +81,7 @@ def test_the_release_reads_an_episodes_answer_from_its_last_turn():
 
 
 def test_an_unknown_scorer_is_refused():
-    from prompt_r1.reports import summarize
+    from prompt_r1.evaluation.reports import summarize
 
     with pytest.raises(ConfigError, match="unknown scorer 'paper2'; choose from paper, release"):
         summarize([], scoring="paper2")
@@ -110,7 +110,7 @@ def test_eval_with_the_release_scorer_writes_its_own_reports_beside_the_papers(e
 
 
 def test_the_release_counts_a_negative_similarity_as_zero():
-    from prompt_r1.scorers import release_scores
+    from prompt_r1.scoring.scorers import release_scores
 
     class Opposite:
         def similarity_batch(self, predictions, golds, *, empty_score=None):

@@ -21,10 +21,10 @@ import pytest
 from conftest import ANSWER, PROMPT
 
 from prompt_r1.agents.served import ServedAgent
-from prompt_r1.config import AgentConfig, EnvironmentConfig
-from prompt_r1.environment import EnvironmentClient
-from prompt_r1.server import build_app, serving_in_thread
-from prompt_r1.testing import (
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.integrations.server import build_app, serving_in_thread
+from prompt_r1.testing.servers import (
     Fault,
     ScriptedServer,
     echo_environment,
@@ -392,7 +392,7 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(upstream):
 
 
 def test_max_turns_the_release_protocol_cannot_take_is_a_400(upstream):
-    from prompt_r1.config import LoopConfig
+    from prompt_r1.core.config import LoopConfig
 
     with prompt_r1_server(upstream, loop=LoopConfig(protocol="release")) as url:
         status, body = post(url, {"messages": [{"role": "user", "content": "Q?"}], "max_turns": 0})

@@ -1,4 +1,4 @@
-"""`prompt-r1 eval` over several environments (prompt_r1.sweep): one folder per environment and the paper's
+"""`prompt-r1 eval` over several environments (prompt_r1.evaluation.sweep): one folder per environment and the paper's
 Figure 4/5 report, against two scripted HTTP environments that answer differently."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import csv
 import pytest
 from test_eval import agent, answer_for, question_in
 
-from prompt_r1.cli import main
-from prompt_r1.config import EnvironmentConfig
-from prompt_r1.errors import ConfigError
-from prompt_r1.sweep import environment_sweep
-from prompt_r1.testing import ScriptedServer
+from prompt_r1.cli.main import main
+from prompt_r1.core.config import EnvironmentConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.evaluation.sweep import environment_sweep
+from prompt_r1.testing.servers import ScriptedServer
 
 
 def environment(right: bool):

@@ -31,14 +31,14 @@ from conftest import (  # noqa: E402
     TINY_TURN_2,
 )
 
-from prompt_r1.cli import main as cli_main  # noqa: E402
-from prompt_r1.config import EnvironmentConfig  # noqa: E402
-from prompt_r1.environment import EnvironmentClient  # noqa: E402
-from prompt_r1.episode import Episode  # noqa: E402
-from prompt_r1.prompts import interaction_response, question_message  # noqa: E402
-from prompt_r1.rewards import trl_reward  # noqa: E402
-from prompt_r1.testing import Fault, ScriptedServer, echo_environment  # noqa: E402
-from prompt_r1.tokens import user_turn_ids  # noqa: E402
+from prompt_r1.cli.main import main as cli_main  # noqa: E402
+from prompt_r1.clients.environment import EnvironmentClient  # noqa: E402
+from prompt_r1.core.config import EnvironmentConfig  # noqa: E402
+from prompt_r1.core.prompts import interaction_response, question_message  # noqa: E402
+from prompt_r1.core.tokens import user_turn_ids  # noqa: E402
+from prompt_r1.runs.episode import Episode  # noqa: E402
+from prompt_r1.scoring.rewards import trl_reward  # noqa: E402
+from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment  # noqa: E402
 from prompt_r1.training.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.rollout import GraphRollout, question_of  # noqa: E402
 from prompt_r1.training.trainer import build_trainer, load_training_rows  # noqa: E402
@@ -138,7 +138,7 @@ def test_every_environment_setting_reaches_training_with_its_type_and_default():
 def test_every_loop_setting_reaches_the_rollouts_or_is_fixed_by_training():
     """Each LoopConfig field is a training field of the same name or one training fixes (ROLLOUT_LOOP): a loop
     setting added there fails here until training takes it; loop_config() hands every one over."""
-    from prompt_r1.config import LoopConfig
+    from prompt_r1.core.config import LoopConfig
     from prompt_r1.training.config import ROLLOUT_LOOP
 
     names = {f.name for f in dataclasses.fields(LoopConfig)}
@@ -534,7 +534,7 @@ def test_cli_resumes_from_its_last_checkpoint(protocol_model_path, tmp_path, cap
 def test_mean_reward_rises_on_the_name_task(tmp_path):
     """Learning check: the environment always says Ada; the model starts out answering any of four names, with a
     format it sometimes breaks. GRPO with the double-constrained reward must raise the mean reward."""
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     questions = [NAME_QUESTION, "Which name is on the list?"]
     episodes = [

@@ -21,10 +21,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES  # noqa: E402
 
-from prompt_r1.config import AgentConfig, EnvironmentConfig  # noqa: E402
-from prompt_r1.environment import EnvironmentClient  # noqa: E402
-from prompt_r1.graph import build_graph  # noqa: E402
-from prompt_r1.testing import ScriptedServer  # noqa: E402
+from prompt_r1.clients.environment import EnvironmentClient  # noqa: E402
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig  # noqa: E402
+from prompt_r1.loop.graph import build_graph  # noqa: E402
+from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GAP = (
@@ -35,7 +35,7 @@ GAP = (
 @pytest.fixture(scope="session")
 def wide_head_model_path(tmp_path_factory) -> Path:
     """The name task's protocol model (see conftest) with 2 heads of 64 on a hidden size of 128."""
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     episodes = [
         (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
@@ -54,7 +54,7 @@ def _greedy_vllm_flags(model: Path, server: ScriptedServer) -> list[str]:
 
 def _release_episodes(*agents) -> list[dict]:
     """One episode of the name question under the release protocol per agent, against the same environment."""
-    from prompt_r1.config import LoopConfig
+    from prompt_r1.core.config import LoopConfig
 
     loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
@@ -273,7 +273,7 @@ def test_colocated_vllm_rollouts_train_and_the_engine_follows_every_step(
 ):
     import torch
 
-    from prompt_r1.prompts import question_message
+    from prompt_r1.core.prompts import question_message
     from prompt_r1.training.trainer import build_trainer
 
     rows = [
@@ -327,8 +327,8 @@ def test_colocated_vllm_rollouts_train_and_the_engine_follows_every_step(
 def test_colocated_vllm_rollouts_under_the_release_protocol(
     wide_head_model_path, tmp_path, own_process_group
 ):
-    from prompt_r1 import release
-    from prompt_r1.prompts import question_message
+    from prompt_r1.core.prompts import question_message
+    from prompt_r1.loop import release
     from prompt_r1.training.trainer import build_trainer
 
     rows = [
@@ -524,9 +524,9 @@ def test_a_served_agent_on_vllm_is_token_exact(vllm_server, wide_head_model_path
 def test_a_served_vllm_agent_under_the_release_protocol_is_token_exact(vllm_server, wide_head_model_path):
     """--protocol release through vLLM's completions API: the release's first prompt, no stop strings, and the
     same ids, turn after turn, as the transformers backend on the same weights."""
-    from prompt_r1 import release
     from prompt_r1.agents.local import TransformersAgent
     from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.loop import release
 
     settings = dict(temperature=0.0, max_new_tokens=40)
     served = ServedAgent(
@@ -555,7 +555,7 @@ def test_a_served_agent_takes_the_tokenizer_from_where_vllm_loaded_the_model(
 
 
 def test_run_json_prints_the_trajectory_of_a_served_vllm_agent(vllm_server, wide_head_model_path, capsys):
-    from prompt_r1.cli import main
+    from prompt_r1.cli.main import main
 
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         argv = [
@@ -614,7 +614,7 @@ def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
     Runs last in the module: the server's weights are put back afterwards for anything that follows."""
     import torch
 
-    from prompt_r1.prompts import question_message
+    from prompt_r1.core.prompts import question_message
     from prompt_r1.training.trainer import build_trainer
     from prompt_r1.training.vllm_sync import _post_json
 
@@ -655,7 +655,7 @@ def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
 def test_server_mode_without_the_file_route_names_the_command_that_gives_it():
     from trl.generation.vllm_client import VLLMClient
 
-    from prompt_r1.errors import ConfigError
+    from prompt_r1.core.errors import ConfigError
     from prompt_r1.training.vllm_sync import file_weight_route
 
     with ScriptedServer({}) as server, file_weight_route():  # a server with no /collective_rpc

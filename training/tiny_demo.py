@@ -5,7 +5,7 @@
     python training/tiny_demo.py --processes 2 --zero 3
 
 Builds (once) a tiny model taught the Prompt-R1 turn format in a few seconds (`training/tiny-model`), starts an
-OpenAI-compatible environment on 127.0.0.1 (prompt_r1.testing.ScriptedServer, echoing each prompt), and runs
+OpenAI-compatible environment on 127.0.0.1 (prompt_r1.testing.servers.ScriptedServer, echoing each prompt), and runs
 `prompt-r1 train --config training/configs/tiny-cpu.yaml` against it on the shipped training sample. Extra
 arguments go to `prompt-r1 train` (e.g. `--max_steps 8`). Needs the dev and train extras.
 """
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_model(model: Path) -> Path:
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     if not (model / "config.json").is_file():
         print(f"building the tiny agent model in {model} (about a minute on 2 cores) ...", file=sys.stderr)
@@ -53,7 +53,7 @@ def main() -> int:
     )
     args, rest = parser.parse_known_args()
 
-    from prompt_r1.testing import ScriptedServer, echo_environment
+    from prompt_r1.testing.servers import ScriptedServer, echo_environment
 
     model = build_model(args.model_dir)
     with ScriptedServer({"env": echo_environment()}) as server:

@@ -3,7 +3,7 @@
     python evals/bench/batch_throughput.py                  # the issue's figures, 1,000 episodes (~7 min, 2 cores)
     python evals/bench/batch_throughput.py --episodes 200   # a quicker look (10× that for memory)
 
-The environment and the served agent are a local OpenAI-compatible server (prompt_r1.testing.ScriptedServer) in
+The environment and the served agent are a local OpenAI-compatible server (prompt_r1.testing.servers.ScriptedServer) in
 a process of its own, so it does not share the client's interpreter. Each episode is two environment calls and
 three agent turns (relay_agent). Environment latency is log-normal (heavy-tailed, σ = 1) with the medians below,
 scaled down from a real provider's so that 1,000 episodes of every run fit the time; agent turns take 10 ms. The
@@ -26,7 +26,7 @@ server enforces its own rate limit and answers 429 with Retry-After beyond it.
     (wall time on a small shared VM drifts by more than the overhead itself). Beside it, as ratios measured in
     this run (target ≤ 1.5×), each side's CPU over the same direct calls: `EpisodeRunner.run` over the bare graph
     (`graph.ainvoke` on the same clients), episode by episode in rotating order; `run_batch` over the bare graph in
-    the same rounds; and in process with the same players and no HTTP (prompt_r1.scripted), `run_batch` over the
+    the same rounds; and in process with the same players and no HTTP (prompt_r1.testing.scripted), `run_batch` over the
     bare graph.
 [4] peak RSS of a process running 10× the episodes against one running 1× (10,000 vs 1,000 by default), zero
     latency, 64 in flight: target within +100 MB.
@@ -59,7 +59,7 @@ AGENT_LATENCY = 0.01  # seconds per served agent turn
 def _serve(conn, spec: dict) -> None:
     import random
 
-    from prompt_r1.testing import ScriptedServer, echo_environment, relay_agent
+    from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
     rng = random.Random(spec["seed"])
     mu, sigma, cap = spec["env_mu"], spec["env_sigma"], spec["env_cap"]
@@ -146,8 +146,8 @@ def write_input(path: Path, n: int) -> Path:
 
 def make_clients(base_url: str, *, rate_limit: int, period: float, concurrency: int, key: str):
     from prompt_r1.agents.served import ServedAgent
-    from prompt_r1.config import AgentConfig, EnvironmentConfig
-    from prompt_r1.environment import EnvironmentClient
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import AgentConfig, EnvironmentConfig
 
     os.environ["BENCH_KEY"] = "EMPTY"
     env = EnvironmentClient(
@@ -181,7 +181,7 @@ async def run_ours(
     key: str = "ours",
     clients=None,
 ) -> dict:
-    from prompt_r1.batch import run_batch
+    from prompt_r1.runs.batch import run_batch
 
     agent, env = clients or make_clients(
         base_url, rate_limit=rate_limit, period=period, concurrency=concurrency, key=key
@@ -213,8 +213,8 @@ async def run_ours(
 async def _lockstep(agent, env, questions: list[str], concurrency: int) -> int:
     """The reference release's rollout loop: a batch advances turn by turn; every turn waits for all of it."""
     from prompt_r1.agents.base import AgentRequest
-    from prompt_r1.graph import agent_messages
-    from prompt_r1.protocol import parse_agent_output
+    from prompt_r1.core.protocol import parse_agent_output
+    from prompt_r1.loop.graph import agent_messages
 
     answered = 0
     for start in range(0, len(questions), concurrency):
@@ -260,8 +260,8 @@ async def run_lockstep(base_url: str, n: int, concurrency: int) -> dict:
 async def _direct(agent, env, questions: list[str]) -> None:
     """The same calls as an episode, made one after another with no graph, runner or output."""
     from prompt_r1.agents.base import AgentRequest
-    from prompt_r1.graph import agent_messages
-    from prompt_r1.protocol import parse_agent_output
+    from prompt_r1.core.protocol import parse_agent_output
+    from prompt_r1.loop.graph import agent_messages
 
     for question in questions:
         state = {"question": question, "turns": []}
@@ -288,8 +288,8 @@ async def interleaved_ms_per_env_turn(clients, n: int) -> dict[str, float]:
     """CPU per environment turn of one episode made three ways over the same HTTP clients: the calls made directly
     (no graph), the bare graph (`graph.ainvoke`), and `EpisodeRunner.run`; episode by episode, the order rotating,
     so that the machine's drift lands on every side alike."""
-    from prompt_r1.episode import EpisodeRunner
-    from prompt_r1.graph import build_graph
+    from prompt_r1.loop.graph import build_graph
+    from prompt_r1.runs.episode import EpisodeRunner
 
     agent, env = clients
     runner = EpisodeRunner(agent, env)
@@ -314,7 +314,7 @@ async def interleaved_ms_per_env_turn(clients, n: int) -> dict[str, float]:
 
 async def run_graph(base_url: str, n: int, clients) -> dict:
     """The bare graph over the same clients, one episode at a time, no runner and no output."""
-    from prompt_r1.graph import build_graph
+    from prompt_r1.loop.graph import build_graph
 
     graph = build_graph(*clients)
     started, cpu = time.monotonic(), time.process_time()
@@ -324,14 +324,14 @@ async def run_graph(base_url: str, n: int, clients) -> dict:
 
 
 async def in_process_ms_per_env_turn(n: int = 300, rounds: int = 5) -> dict[str, float]:
-    """CPU per environment turn with in-process players (prompt_r1.scripted: the same relay agent and echo
+    """CPU per environment turn with in-process players (prompt_r1.testing.scripted: the same relay agent and echo
     environment as the server plays, no HTTP at all), free of network noise: the bare graph (`ainvoke` in a
     loop), the episode runner (`EpisodeRunner.run`), and the whole batch surface (`run_batch`: runner, worker
     pool, results file, metering), in alternating rounds; medians."""
-    from prompt_r1.batch import run_batch
-    from prompt_r1.episode import EpisodeRunner
-    from prompt_r1.graph import build_graph
-    from prompt_r1.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, relay_agent
+    from prompt_r1.loop.graph import build_graph
+    from prompt_r1.runs.batch import run_batch
+    from prompt_r1.runs.episode import EpisodeRunner
+    from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, relay_agent
 
     def players():
         return ScriptedAgent(relay_agent(prompts=ENV_CALLS)), ScriptedEnvironment(echo_environment())
@@ -466,7 +466,7 @@ async def bench(args) -> None:
                     f"{latency:.3f} s = {concurrency_term:.2f}); server 429s {stats['rejected_429']}",
                     flush=True,
                 )
-                # The client's window stamps a request at completion (prompt_r1.ratelimit), so a slot is held for
+                # The client's window stamps a request at completion (prompt_r1.clients.ratelimit), so a slot is held for
                 # the request's latency plus the period: in the long run it passes limit ÷ (period + mean held).
                 stamped = limit / (period + ours["mean_held"]) / ENV_CALLS
                 print(
@@ -586,7 +586,7 @@ async def bench(args) -> None:
             flush=True,
         )
         print(
-            f"    in process, no HTTP (prompt_r1.scripted players): graph {local['graph']:.2f}, EpisodeRunner.run "
+            f"    in process, no HTTP (prompt_r1.testing.scripted players): graph {local['graph']:.2f}, EpisodeRunner.run "
             f"{local['runner']:.2f}, run_batch {local['batch']:.2f} ms CPU per environment turn: run_batch over the "
             f"graph {local['batch'] / local['graph']:.2f}× ({verdict(local['batch'] / local['graph'] <= 1.5)})",
             flush=True,

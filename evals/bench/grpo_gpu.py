@@ -44,7 +44,7 @@ NAMES = ("Ada", "Bob", "Cy", "Dee")
 
 
 def _rows(n: int, *, golden: bool) -> list[dict]:
-    from prompt_r1.prompts import question_message
+    from prompt_r1.core.prompts import question_message
 
     row = {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}]}
     if golden:
@@ -242,8 +242,8 @@ def main() -> int:
 
     import torch
 
-    from prompt_r1.testing import ScriptedServer
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.servers import ScriptedServer
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as tmp:

@@ -44,8 +44,8 @@ def _vllm_settings(vllm: bool) -> dict:
 
 
 def multi_turn(model: Path, args, latency: float, out: Path, vllm: bool = False) -> tuple[float, float]:
-    from prompt_r1.prompts import question_message
-    from prompt_r1.testing import ScriptedServer
+    from prompt_r1.core.prompts import question_message
+    from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.trainer import build_trainer
 
@@ -87,7 +87,7 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False) -
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from prompt_r1.prompts import question_message
+    from prompt_r1.core.prompts import question_message
 
     rows = [{"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}]}] * (
         args.batch * args.steps
@@ -137,7 +137,7 @@ def main() -> int:
     args = parser.parse_args()
     shape = dict(hidden_size=128, heads=2, kv_heads=1) if args.vllm else dict(hidden_size=args.hidden)
 
-    from prompt_r1.tiny_models import build_protocol_model
+    from prompt_r1.testing.tiny_models import build_protocol_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

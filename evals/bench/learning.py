@@ -2,11 +2,11 @@
 
     python evals/bench/learning.py [--seeds 3] [--steps 100] [--train-env-tokens] [--no-format-gate] [--ablations]
 
-The task (`prompt_r1.door_codes`): only the environment knows the codes, and it gives a door's code when the
+The task (`prompt_r1.testing.door_codes`): only the environment knows the codes, and it gives a door's code when the
 prompt names that door; the reward (the `reference` preset) pays 1 for asking about the question's door and
 copying the reply's code, 0 for a well-formed episode that does not, and −0.4 for answering at once (one turn never
 reaches the format gate). Each seed builds its own tiny agent, fine-tuned to read the question and the reply but
-to prefer no behaviour (two stages, see `prompt_r1.door_codes`), and trains it with GRPO against the scripted
+to prefer no behaviour (two stages, see `prompt_r1.testing.door_codes`), and trains it with GRPO against the scripted
 environment on 127.0.0.1. `--work DIR` keeps the agents, so that a later run with other flags reuses them.
 
 Printed per seed and step (the trainer's own progress lines, on stderr), then per seed: the mean total reward of
@@ -38,14 +38,14 @@ WINDOW = 10  # steps averaged at each end of the curve
 
 def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> dict:
     """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.door_codes import (
+    from prompt_r1.testing.door_codes import (
         build_door_model,
         door_codes,
         door_environment,
         grpo_config,
         training_rows,
     )
-    from prompt_r1.testing import ScriptedServer
+    from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.progress import step_series
     from prompt_r1.training.trainer import build_trainer
 
@@ -76,7 +76,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
 
         def count(results, tokenizer):  # the share of episodes that asked about the question's own door
             nonlocal episodes
-            from prompt_r1.door_codes import named_doors
+            from prompt_r1.testing.door_codes import named_doors
 
             right = 0
             for episode in results:

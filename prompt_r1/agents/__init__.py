@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from prompt_r1.agents.base import AgentBackend, AgentOutput, AgentRequest
-from prompt_r1.config import AgentConfig
+from prompt_r1.core.config import AgentConfig
 
 __all__ = ["AgentBackend", "AgentOutput", "AgentRequest", "load_agent"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from prompt_r1.protocol import STOP_SEQUENCES
+from prompt_r1.core.protocol import STOP_SEQUENCES
 
 __all__ = ["AgentBackend", "AgentOutput", "AgentRequest"]
 

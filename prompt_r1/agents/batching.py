@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prompt_r1.agents.base import AgentOutput, AgentRequest
-from prompt_r1.aio import PerLoop
-from prompt_r1.errors import AgentError, ContextOverflow
-from prompt_r1.tokens import initial_prompt_ids
+from prompt_r1.core.aio import PerLoop
+from prompt_r1.core.errors import AgentError, ContextOverflow
+from prompt_r1.core.tokens import initial_prompt_ids
 
 __all__ = ["BatchingBackend", "PendingRequest", "derive_seed"]
 

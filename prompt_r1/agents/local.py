@@ -16,8 +16,8 @@ from transformers import StoppingCriteria, StopStringCriteria
 
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest
-from prompt_r1.config import AgentConfig, hub_endpoint, unreachable_reason
-from prompt_r1.errors import ConfigError
+from prompt_r1.core.config import AgentConfig, hub_endpoint, unreachable_reason
+from prompt_r1.core.errors import ConfigError
 
 __all__ = ["TransformersAgent", "load_transformers_model"]
 

@@ -18,13 +18,13 @@ import random
 
 import openai
 
-from prompt_r1 import redaction
 from prompt_r1.agents.base import AgentOutput, AgentRequest
-from prompt_r1.aio import PerLoop
-from prompt_r1.config import AgentConfig, resolve_api_key
-from prompt_r1.errors import AgentError, AgentRefused, ContextOverflow
-from prompt_r1.http_client import MalformedResponse, ResponseRefused, checked_async_client
-from prompt_r1.protocol import repair_stopped_text
+from prompt_r1.clients.http_client import MalformedResponse, ResponseRefused, checked_async_client
+from prompt_r1.core import redaction
+from prompt_r1.core.aio import PerLoop
+from prompt_r1.core.config import AgentConfig, resolve_api_key
+from prompt_r1.core.errors import AgentError, AgentRefused, ContextOverflow
+from prompt_r1.core.protocol import repair_stopped_text
 
 __all__ = ["MALFORMED_RETRIES", "ServedAgent"]
 
@@ -178,7 +178,7 @@ class ServedAgent:
 
     async def _create(self, call, kwargs: dict):
         """One completion (`call`: the chat or the completions endpoint). The SDK retries 429, 5xx and dropped
-        connections itself (max_retries); a 200 whose body is not a completion (prompt_r1.http_client) is retried
+        connections itself (max_retries); a 200 whose body is not a completion (prompt_r1.clients.http_client) is retried
         here the same number of times, with backoff."""
         cfg = self.config
         for attempt in range(MALFORMED_RETRIES + 1):

@@ -17,9 +17,9 @@ import uuid
 from typing import Any
 
 from prompt_r1.agents.base import AgentOutput, AgentRequest
-from prompt_r1.config import AgentConfig
-from prompt_r1.errors import BackendUnavailable
-from prompt_r1.tokens import initial_prompt_ids
+from prompt_r1.core.config import AgentConfig
+from prompt_r1.core.errors import BackendUnavailable
+from prompt_r1.core.tokens import initial_prompt_ids
 
 __all__ = ["VLLMAgent"]
 

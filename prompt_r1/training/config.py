@@ -12,10 +12,10 @@ from pathlib import Path
 
 from trl import GRPOConfig
 
-from prompt_r1.config import DEFAULT_AGENT_MODEL, EnvironmentConfig, LoopConfig
-from prompt_r1.errors import ConfigError
-from prompt_r1.release import PROTOCOLS
-from prompt_r1.rewards import PRESET_ALIASES, PRESETS
+from prompt_r1.core.config import DEFAULT_AGENT_MODEL, EnvironmentConfig, LoopConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.loop.release import PROTOCOLS
+from prompt_r1.scoring.rewards import PRESET_ALIASES, PRESETS
 
 __all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
 
@@ -100,7 +100,7 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     )
     protocol: str = _help(
         "paper, or release: the reference release's rollout token for token and its reward on the decoded "
-        "stream (training/configs/release.yaml; prompt_r1/release.py).",
+        "stream (training/configs/release.yaml; prompt_r1/loop/release.py).",
         default="paper",
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).

@@ -23,8 +23,8 @@ from typing import Any
 
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest, derive_seed
-from prompt_r1.config import AgentConfig
-from prompt_r1.errors import ConfigError
+from prompt_r1.core.config import AgentConfig
+from prompt_r1.core.errors import ConfigError
 
 __all__ = ["VLLMColocatePolicy", "VLLMServerPolicy", "trainer_policy"]
 

@@ -2,15 +2,15 @@
 
 TRL calls `rollout_func(prompts, trainer)` once per generation step on every process, with that process's prompts
 already repeated `num_generations` times for the groups. Each prompt becomes one episode of the same graph that
-serves inference; all episodes of the call run concurrently on the process-wide event loop (`prompt_r1.aio`), so
+serves inference; all episodes of the call run concurrently on the process-wide event loop (`prompt_r1.core.aio`), so
 the environment client's rate limiter, retries and HTTP connections persist across steps, and the policy's
 generate calls are batched across episodes.
 
-Episodes run through the shared `EpisodeRunner` (prompt_r1.episode) with the loop's settings from one
+Episodes run through the shared `EpisodeRunner` (prompt_r1.runs.episode) with the loop's settings from one
 `LoopConfig`. What goes back to the trainer is each `Episode.trajectory`, the token-exact ids the graph kept: `completion_ids` are the agent's
 sampled ids (env_mask 1, with their sampling logprobs) and the environment's rendered messages (env_mask 0,
 logprob placeholders 0.0), never re-tokenised. Extra fields (status, answer, turns, the agent's turn texts, usage)
-reach the reward functions as columns; `prompt_r1.rewards.trl_reward` scores `turn_texts` and gives episodes
+reach the reward functions as columns; `prompt_r1.scoring.rewards.trl_reward` scores `turn_texts` and gives episodes
 whose environment calls failed after their retries a None reward, which TRL leaves out of the group baseline.
 """
 
@@ -23,15 +23,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from prompt_r1 import release
 from prompt_r1.agents.batching import derive_seed
-from prompt_r1.aio import run_sync
-from prompt_r1.config import LoopConfig
-from prompt_r1.episode import Episode, EpisodeRunner
-from prompt_r1.errors import ConfigError
-from prompt_r1.graph import STATUSES, build_graph
-from prompt_r1.prompts import extract_question
-from prompt_r1.tokens import turn_end_ids
+from prompt_r1.core.aio import run_sync
+from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.prompts import extract_question
+from prompt_r1.core.tokens import turn_end_ids
+from prompt_r1.loop import release
+from prompt_r1.loop.graph import STATUSES, build_graph
+from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.policy import trainer_policy
 
 __all__ = ["GraphRollout", "question_of"]

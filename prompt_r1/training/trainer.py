@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.errors import ConfigError, DataError
-from prompt_r1.prompts import question_message
+from prompt_r1.core.errors import ConfigError, DataError
+from prompt_r1.core.prompts import question_message
 from prompt_r1.training.config import PromptR1GRPOConfig
 from prompt_r1.training.rollout import GraphRollout
 
@@ -25,7 +25,7 @@ __all__ = ["build_trainer", "load_training_rows", "merge_adapter", "reward_funct
 
 def load_training_rows(source: str, *, limit: int | None = None) -> list[dict[str, Any]]:
     """Rows for the trainer: the agent's first message as the prompt, the golden answers as a reward column."""
-    from prompt_r1.data import load_samples
+    from prompt_r1.data.datasets import load_samples
 
     samples = load_samples(source, limit=limit)
     if not samples:
@@ -43,7 +43,7 @@ def load_training_rows(source: str, *, limit: int | None = None) -> list[dict[st
 
 def reward_functions(config: PromptR1GRPOConfig) -> list:
     """The total reward, then its format and answer parts (weight 0: logged, not trained on)."""
-    from prompt_r1.rewards import trl_reward
+    from prompt_r1.scoring.rewards import trl_reward
 
     coefficients = config.reward_coefficients()
     return [trl_reward(config.reward_preset, part, **coefficients) for part in ("total", "format", "answer")]
@@ -85,7 +85,7 @@ def build_trainer(
     from trl import GRPOTrainer
 
     from prompt_r1.agents.local import _check_loadable
-    from prompt_r1.environment import EnvironmentClient
+    from prompt_r1.clients.environment import EnvironmentClient
 
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
@@ -122,7 +122,7 @@ def build_trainer(
     progress.install(trainer)  # a line per step, curves.png at the end
     install_cpu_weight_sync(trainer)  # without CUDA TRL's own sync cannot reach vLLM's (prepacked) weights
     if config.vllm_sync_check:
-        from prompt_r1.tokens import initial_prompt_ids
+        from prompt_r1.core.tokens import initial_prompt_ids
         from prompt_r1.training.vllm_sync import install_sync_check
 
         # The first training prompt, continued by a fixed protocol turn the model need not have produced.

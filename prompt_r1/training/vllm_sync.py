@@ -112,7 +112,7 @@ def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]
 
 
 def _check_file_route(base_url: str) -> None:
-    from prompt_r1.errors import ConfigError
+    from prompt_r1.core.errors import ConfigError
 
     try:
         answer = _post_json(f"{base_url}/collective_rpc", {"method": _PROBE}, timeout=30)

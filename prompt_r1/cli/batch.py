@@ -1,0 +1,171 @@
+"""`prompt-r1 batch`: the command around `prompt_r1.runs.batch.run_batch` (flags, path checks, summary, exit code)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from prompt_r1.cli.main import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    _prepare,
+    add_stop_flags,
+    check_reachable,
+    check_run_flags,
+    configs_from_args,
+)
+from prompt_r1.clients.costs import PriceTable
+from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
+from prompt_r1.core import redaction
+from prompt_r1.core.errors import ConfigError, OutputError
+from prompt_r1.data.datasets import resolve_source
+from prompt_r1.runs.batch import run_batch
+from prompt_r1.runs.results_file import check_folder_of, check_log_file, check_summary_path, write_text_file
+
+__all__ = ["add_batch_parser", "cmd_batch"]
+
+
+def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
+    bt = sub.add_parser(
+        "batch",
+        help="run the loop on every question of a file or bundled set, resumably, as fast as the rate limit allows",
+        description="Episodes run independently, CONCURRENCY at a time, through the environment's rate limiter. "
+        "Each finished episode is appended to --out as one JSON line (id, question, answer, status, turns, usage, "
+        "error, cost_usd). Rerun the same command to skip finished ids and retry failed ones; with --checkpoint, "
+        "episodes that were in flight or failed resume from their last completed step. Ctrl-C stops cleanly.",
+    )
+    bt.add_argument(
+        "input",
+        metavar="INPUT",
+        help="a .parquet/.jsonl/.json file of questions (a `question` or the release's `prompt`, optional `id` "
+        "and golden answers) or a bundled set's name",
+    )
+    bt.add_argument("--out", required=True, metavar="FILE.jsonl", help="results file, appended to")
+    bt.add_argument(
+        "--concurrency", type=int, default=32, metavar="N", help="episodes in flight at once (default: 32)"
+    )
+    bt.add_argument(
+        "--checkpoint",
+        metavar="FILE.sqlite",
+        help="LangGraph SQLite checkpoints: an interrupted or failed episode resumes from its last completed "
+        "step instead of paying again for the turns it had",
+    )
+    add_stop_flags(bt, "episodes")
+    bt.add_argument(
+        "--env-pool",
+        metavar="FILE",
+        help="several environments with weights: episodes are routed to one each, and fall back to the next "
+        "when it keeps failing (YAML: environments: [{model, base_url, weight, ...}]; unset fields come from "
+        "the --env-* flags)",
+    )
+    bt.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
+    bt.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="where to write the summary as JSON (default: beside --out, as NAME.summary.json)",
+    )
+    bt.add_argument(
+        "--log-file",
+        metavar="FILE",
+        help="write debug logs (HTTP requests, retries) to FILE; API keys are redacted",
+    )
+    bt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_flags(bt)
+
+
+def _log_to_file(path: str) -> None:
+    import logging
+
+    from prompt_r1.core.redaction import RedactingFilter
+
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write --log-file {path}: {exc.strerror or exc}") from None
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter())
+    for name in ("prompt_r1", "openai", "httpx", "langchain_openai"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    """Check every path first (nothing contacted, loaded or written before), then run, then report."""
+    check_run_flags(args)
+    out = Path(args.out)
+    if out.suffix != ".jsonl":
+        raise ConfigError(f"--out must be a .jsonl file, got {out}")
+    summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    # Checked before any endpoint is contacted or model loaded; the input, --out and --checkpoint by run_batch.
+    source = resolve_source(args.input)[0]
+    check_folder_of(out, "--out")
+    check_summary_path(
+        summary_path, [("input file", source), ("--out file", out), ("--checkpoint file", checkpoint)]
+    )
+    if args.log_file:
+        files = [("input file", source), ("--out file", out), ("--summary file", summary_path)]
+        check_log_file(args.log_file, [*files, ("--checkpoint file", checkpoint)])
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    prices = PriceTable.load(args.prices)
+    if args.env_pool:
+        environment = EnvironmentPool.from_file(args.env_pool, env_cfg)
+        for member in environment.members:
+            check_reachable(
+                member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
+            )
+        agent, _ = _prepare(agent_cfg, None)
+    else:
+        agent, environment = _prepare(agent_cfg, env_cfg)
+    if args.log_file:
+        _log_to_file(args.log_file)
+    summary = asyncio.run(
+        run_batch(
+            args.input,
+            out,
+            agent=agent,
+            environment=environment,
+            loop=loop_cfg,
+            concurrency=args.concurrency,
+            checkpoint=checkpoint,
+            max_failures=args.max_failures,
+            budget=args.budget,
+            prices=prices,
+            limit=args.limit,
+            progress=not args.no_progress,
+        )
+    )
+    write_text_file(summary_path, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
+    print(summary.render(), file=sys.stderr)
+    print(f"summary: {summary_path}", file=sys.stderr)
+    if summary.input_error:
+        print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
+        return EXIT_USAGE
+    if summary.stopped and summary.stopped.startswith("interrupted"):
+        return EXIT_INTERRUPTED
+    if not summary.complete:
+        left = []
+        if summary.failed:
+            left.append(f"{summary.failed} failed")
+        if summary.cancelled:
+            left.append(f"{summary.cancelled} cancelled")
+        if summary.conflicts:
+            left.append(
+                f"{summary.conflicts} ids finished earlier for another question, kept: use another --out"
+            )
+        if summary.stopped:
+            left.append(f"stopped: {summary.stopped}")
+        # A rerun retries what failed or was not run; it never reruns a kept row (use another --out for those).
+        again = summary.failed or summary.cancelled or summary.stopped
+        print(
+            f"prompt-r1: error: not every episode finished ({'; '.join(left)})"
+            + ("; run the same command again to retry the failed ones and run the rest" if again else ""),
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,392 @@
+"""`prompt-r1 eval` and `prompt-r1 score`: the commands around `prompt_r1.evaluation.run.run_evaluation` and
+`prompt_r1.evaluation.reports` (flags, plan, reports, exit code)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from prompt_r1.cli.main import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    _prepare,
+    add_stop_flags,
+    check_run_flags,
+    configs_from_args,
+)
+from prompt_r1.clients.costs import PriceTable
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.data.datasets import load_samples, resolve_source
+from prompt_r1.evaluation.optimizers.opro import OproSettings
+from prompt_r1.evaluation.optimizers.search import SearchSettings, search_instructions, search_spend
+from prompt_r1.evaluation.reports import summarize, write_reports
+from prompt_r1.evaluation.run import (
+    METHODS,
+    PREDICTIONS,
+    SUITES,
+    read_predictions,
+    record_settings,
+    resolve_plan,
+    run_evaluation,
+)
+from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
+from prompt_r1.runs.metering import check_budget_prices
+from prompt_r1.runs.pool import named_keys
+from prompt_r1.scoring.scorers import SCORERS, release_rows
+
+__all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
+
+
+def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
+    """`eval` and `score`."""
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
+        description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
+        "OUT/predictions.jsonl (a rerun skips finished rows and retries failed ones), then writes "
+        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C stops cleanly; the next run does the rest.",
+    )
+    ev.add_argument(
+        "--suite",
+        choices=list(SUITES),
+        help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items()),
+    )
+    ev.add_argument(
+        "--dataset",
+        action="append",
+        metavar="NAME|FILE",
+        help="a bundled set (hotpot, 2wiki, musique, popqa, gsm8k, dapo, booksum, writingprompts, mathqa, "
+        "squad_v2, triviaqa, xsum) or a .parquet/.jsonl/.json file; repeatable, adds to --suite",
+    )
+    ev.add_argument(
+        "--method",
+        action="append",
+        choices=list(METHODS),
+        help="repeatable (default: the suite's methods, else prompt-r1)",
+    )
+    ev.add_argument("--limit", type=int, metavar="N", help="only the first N rows of each dataset")
+    ev.add_argument(
+        "--out", default="eval-results", metavar="DIR", help="output folder (default: eval-results)"
+    )
+    ev.add_argument(
+        "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
+    )
+    add_stop_flags(ev, "rows")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
+    _add_scorer_flag(ev)
+    _add_search_flags(ev)
+    add_run_flags(ev, repeatable_env=SWEEP_FIELDS)
+
+    sc = sub.add_parser(
+        "score",
+        help="score a predictions file (JSONL rows with prediction and golden_answers)",
+        description="Rows may also carry dataset and method; without them the file name is the dataset.",
+    )
+    sc.add_argument("file", help="a .jsonl file of rows with `prediction` and `golden_answers`")
+    sc.add_argument(
+        "--metric",
+        action="append",
+        choices=["em", "sm", "f1", "ssim", "math"],
+        help="repeatable (default: EM, SM, F1, plus SSim on text sets and math equivalence on math sets)",
+    )
+    sc.add_argument(
+        "--out", metavar="DIR", help="where to write summary.csv/table.md/chart.png (default: beside FILE)"
+    )
+    sc.add_argument("--no-chart", action="store_true", help="skip the chart")
+    _add_scorer_flag(sc)
+
+
+def _add_search_flags(parser: argparse.ArgumentParser) -> None:
+    """The prompt optimisers' (`--method opro`, `gepa`, `textgrad`): their search budget, training rows and the OPRO
+    paper's knobs."""
+    group = parser.add_argument_group("prompt optimisers (--method opro, gepa, textgrad)")
+    defaults = SearchSettings()
+    group.add_argument("--optimizer-budget", type=int, default=defaults.budget, metavar="N",
+                       help="metric calls per search: training rows answered under a candidate instruction "
+                       f"(default: {defaults.budget})")  # fmt: skip
+    group.add_argument("--optimizer-train-rows", type=int, default=defaults.train_rows, metavar="N",
+                       help="training rows per search: the dataset's rows after the evaluated ones "
+                       f"(default: {defaults.train_rows})")  # fmt: skip
+    group.add_argument("--optimizer-train", metavar="FILE", help="training rows from this file instead")
+    group.add_argument("--reflection-model", metavar="NAME",
+                       help="the optimiser model, on the environment's endpoint (default: the environment model)")  # fmt: skip
+    opro = defaults.opro
+    group.add_argument("--opro-candidates", type=int, default=opro.candidates, metavar="N",
+                       help=f"instructions sampled per step (default: {opro.candidates}, the paper's)")  # fmt: skip
+    group.add_argument("--opro-steps", type=int, default=opro.steps, metavar="N",
+                       help=f"most steps; the budget usually ends the search first (default: {opro.steps})")  # fmt: skip
+    group.add_argument("--opro-keep", type=int, default=opro.keep, metavar="N",
+                       help=f"best instructions shown in the meta-prompt (default: {opro.keep})")  # fmt: skip
+    group.add_argument("--opro-temperature", type=float, default=opro.temperature, metavar="X",
+                       help=f"the optimiser model's sampling temperature, every optimiser's (default: {opro.temperature})")  # fmt: skip
+
+
+def _search_settings(args: argparse.Namespace) -> SearchSettings:
+    for flag in ("optimizer_budget", "optimizer_train_rows", "opro_candidates", "opro_steps", "opro_keep"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
+    if args.optimizer_budget < args.optimizer_train_rows:  # the first instruction is scored on every row
+        raise ConfigError(
+            f"--optimizer-budget {args.optimizer_budget} cannot score one instruction on "
+            f"--optimizer-train-rows {args.optimizer_train_rows}: give a budget of at least the training rows"
+        )
+    return SearchSettings(
+        budget=args.optimizer_budget,
+        train_rows=args.optimizer_train_rows,
+        reflection_model=args.reflection_model,
+        train_file=args.optimizer_train,
+        opro=OproSettings(
+            candidates=args.opro_candidates,
+            steps=args.opro_steps,
+            keep=args.opro_keep,
+            temperature=args.opro_temperature,
+        ),  # fmt: skip
+    )
+
+
+def _add_scorer_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scorer",
+        choices=list(SCORERS),
+        default="paper",
+        help="paper: the paper's metric definitions (default); release: the reference release's scoring rules "
+        "(two-way substring match, an empty prediction scoring SM 1 and SSim 1.0, and for eval the release's "
+        "reading of an episode's answer), written to summary.release.csv, table.release.md, chart.release.png",
+    )
+
+
+def _samples(datasets: list[str], limit: int | None) -> tuple[list, dict[str, str]]:
+    """The rows to evaluate, and each dataset's label → the name or file it was loaded from."""
+    samples, sources = [], {}
+    for name in datasets:
+        loaded = load_samples(name, limit=limit)
+        label = loaded[0].dataset if loaded else name
+        if label in sources:
+            raise ConfigError(
+                f"two datasets are both named {label!r} ({sources[label]} and {name}); rename a file"
+            )
+        sources[label] = name
+        samples += loaded
+    return samples, sources
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Check the plan and the folder first (nothing contacted or loaded before), then run, then report."""
+    datasets, methods = resolve_plan(args.suite, args.dataset, args.method)
+    out_dir = Path(args.out).resolve()
+    for (
+        name
+    ) in datasets:  # the folder's files are written and rewritten: an input inside it would be one of them
+        source = resolve_source(name)[0].resolve()
+        if source == out_dir or out_dir in source.parents:
+            raise ConfigError(f"the input {name} is inside the --out folder {args.out}; name another folder")
+    check_run_flags(args)
+    samples, sources = _samples(datasets, args.limit)
+    search = _search_settings(args)
+    prices = PriceTable.load(args.prices)
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    needs_agent = any(METHODS[m].needs_agent for m in methods)
+    needs_env = any(METHODS[m].needs_environment for m in methods)
+    agent_cfg = agent_cfg if needs_agent else None
+    given = {name: getattr(args, f"environment__{name}", None) for name in SWEEP_FIELDS}
+    sweep = environment_sweep(env_cfg, given) if needs_env else [("", None)]
+    folders = [(Path(args.out) / name if len(sweep) > 1 else Path(args.out), cfg) for name, cfg in sweep]
+    # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
+    for folder, cfg in folders:
+        record_settings(
+            folder,
+            methods,
+            agent_config=agent_cfg,
+            environment_config=cfg,
+            loop=loop_cfg,
+            search=search.to_dict(),
+        )
+    # Every environment's key and socket are checked before the agent loads (the cheap checks first), and the
+    # agent is loaded once, whatever the environments.
+    environments = [_prepare(None, cfg)[1] for _, cfg in folders]
+    agent, _ = _prepare(agent_cfg, None)
+    if args.budget is not None:  # every environment's model priced before the first one is paid for
+        for environment in environments:
+            check_budget_prices(prices, environment, agent)
+    summaries, code = {}, EXIT_OK
+    for (name, _), (folder, cfg), environment in zip(sweep, folders, environments, strict=True):
+        summary, done = _evaluate(
+            args,
+            folder,
+            methods,
+            samples,
+            prices,
+            agent,
+            environment,
+            agent_cfg,
+            cfg,
+            loop_cfg,
+            sources=sources,
+            search=search,
+        )
+        summaries[name] = summary
+        code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130 interrupted)
+        if done == EXIT_INTERRUPTED:  # Ctrl-C stops the sweep, not only this environment's run
+            break
+    if len(sweep) > 1:
+        written = write_sweep_report(summaries, args.out, chart=not args.no_chart, scoring=args.scorer)
+        print(written["markdown"].read_text(encoding="utf-8"))
+        print("sweep: " + ", ".join(str(p) for p in written.values()), file=sys.stderr)
+    return code
+
+
+def _evaluate(
+    args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg, *, sources, search
+):
+    """One folder's searches, run, scoring and reports; (its summary, its exit code)."""
+    print(
+        f"evaluating {', '.join(methods)} on {len({s.dataset for s in samples})} dataset(s), {len(samples)} rows "
+        f"each method → {out}",
+        file=sys.stderr,
+    )
+    records, outcome = asyncio.run(
+        _search_then_run(
+            out,
+            methods,
+            sources,
+            samples,
+            environment,
+            env_cfg,
+            search,
+            prices,
+            agent=agent,
+            loop=loop_cfg,
+            agent_config=agent_cfg,
+            concurrency=args.concurrency,
+            max_failures=args.max_failures,
+            budget=args.budget,
+            progress=not args.no_progress,
+        )  # fmt: skip
+    )
+    # Scored: this run's rows, less those kept from an earlier run for another question.
+    wanted = {(m, str(s.dataset), str(s.id)) for m in methods for s in samples} - set(outcome.conflict_keys)
+    rows = [
+        r
+        for r in read_predictions(Path(out) / PREDICTIONS)
+        if (str(r["method"]), str(r["dataset"]), str(r["id"])) in wanted
+    ]
+    if args.scorer == "release":
+        rows = release_rows(rows)
+    summary = summarize(rows, scoring=args.scorer)
+    for s in summary:  # what a prompt optimiser's search cost, beside what answering the rows cost
+        record = records.get((s.method, s.dataset))
+        if record is not None:
+            s.spend.update(search_spend(record))
+    written = write_reports(summary, out, chart=not args.no_chart, scoring=args.scorer)
+    print(written["markdown"].read_text(encoding="utf-8"))
+    cost = outcome.usage.get("cost_usd")
+    print(
+        f"{outcome.written} rows run, {outcome.skipped} already done, in {outcome.seconds:.1f} s"
+        + (f", ${cost:.4f} estimated" if cost else "")
+        + "; "
+        + ", ".join(str(p) for p in written.values()),
+        file=sys.stderr,
+    )
+    return summary, _verdict(outcome, sum(s.failed for s in summary))
+
+
+async def _search_then_run(out, methods, sources, samples, environment, env_cfg, search, prices, **options):
+    """The optimisers' searches (read back when done before), then the rows: one event loop for both, so the
+    environment's client serves them on the loop it was first used on."""
+    records = await search_instructions(out, methods, sources, samples, environment, env_cfg, search, prices)
+    instructions = {key: record["instruction"] for key, record in records.items()}
+    outcome = await run_evaluation(
+        out, methods, samples, environment=environment, environment_config=env_cfg, prices=prices,
+        instructions=instructions, search=search.to_dict(), **options,
+    )  # fmt: skip
+    return records, outcome
+
+
+def _verdict(outcome, failed: int) -> int:
+    """The exit code, with one line saying what is left when the run is not complete."""
+    if outcome.stopped and outcome.stopped.startswith("interrupted"):
+        print(
+            f"prompt-r1: {outcome.stopped}: {outcome.cancelled} row(s) in flight were cancelled; run the same "
+            "command again to do the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    left = []
+    if failed:
+        left.append(f"{failed} rows failed")
+    if outcome.cancelled:
+        left.append(f"{outcome.cancelled} cancelled")
+    if outcome.conflict_keys:
+        left.append(
+            f"{len(outcome.conflict_keys)} rows finished earlier for another question, kept and not scored "
+            f"({named_keys(outcome.conflict_keys)}; use another --out folder to run the new questions)"
+        )
+    if outcome.stopped:
+        left.append(f"stopped: {outcome.stopped}")
+    if left:
+        # A rerun retries what failed or was not run; it never reruns a kept row, so it is not offered for those.
+        again = (
+            "; run the same command again to retry them"
+            if failed or outcome.cancelled or outcome.stopped
+            else ""
+        )
+        print(f"prompt-r1: error: {'; '.join(left)}{again}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from prompt_r1.core.errors import DataError
+    from prompt_r1.core.text import lone_surrogate
+    from prompt_r1.evaluation.run import read_predictions, summarize, write_reports
+    from prompt_r1.scoring.rewards import golden_answers_of
+
+    path = Path(args.file)
+    if not path.exists():
+        raise DataError(f"no such predictions file: {path}")
+    if not path.is_file():
+        raise DataError(f"{path} is not a file; give a .jsonl file of predictions")
+    # Strict: a torn or unreadable line is refused, never left out (it would change the scores without a word).
+    repeats: list[tuple[int, tuple[str, str, str]]] = []
+    rows = read_predictions(path, strict=True, repeats=repeats)
+    if not rows:
+        raise DataError(f"{path} has no rows")
+    for i, row in enumerate(rows):
+        if "prediction" not in row:
+            raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
+        if row["prediction"] is not None and not isinstance(row["prediction"], str):
+            raise DataError(f"{path} row {i}: prediction is not text")
+        for what in ("prediction", "method", "dataset"):  # the names are written to the reports
+            problem = None if row[what] is None else lone_surrogate(str(row[what]))
+            if problem is not None:
+                raise DataError(f"{path} row {i}: its {what} is not valid Unicode text ({problem})")
+        try:
+            row["golden_answers"] = golden_answers_of(row)
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{path} row {i}: {exc.args[0]}") from None
+    if repeats:
+        keys = list(dict.fromkeys(key for _, key in repeats))
+        one_group = len({key[:2] for key in keys}) == 1
+        named = ", ".join(repr(key[2]) if one_group else "/".join(key) for key in keys[:5])
+        print(
+            f"prompt-r1: warning: {path}: {len(keys)} id{'s are' if len(keys) > 1 else ' is'} on more than one "
+            f"row ({named}{', …' if len(keys) > 5 else ''}); only the last row of each is scored, "
+            f"{len(repeats)} earlier row{'s' if len(repeats) > 1 else ''} left out",
+            file=sys.stderr,
+        )
+    summary = summarize(rows, metrics=args.metric, scoring=args.scorer)
+    written = write_reports(
+        summary,
+        args.out or path.parent,
+        stem=f"{path.stem}.",
+        chart=not args.no_chart,
+        metrics=args.metric,
+        scoring=args.scorer,
+    )
+    print(written["markdown"].read_text(encoding="utf-8"))
+    print(", ".join(str(p) for p in written.values()), file=sys.stderr)
+    return EXIT_OK

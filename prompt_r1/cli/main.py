@@ -1,0 +1,468 @@
+"""The `prompt-r1` command.
+
+    prompt-r1 run "QUESTION" [--agent-model M] [--agent-base-url URL] [--env-model M] [--env-base-url URL] ...
+    prompt-r1 run "QUESTION" --config run.yaml --json
+    prompt-r1 batch questions.jsonl --out results.jsonl [--concurrency N] [--checkpoint results.sqlite] [run flags]
+    prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--max-concurrency N] [run flags]
+    prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
+    prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
+
+Flags come from the config dataclasses (prompt_r1/core/config.py): every AgentConfig field is `--agent-<name>`, every
+EnvironmentConfig field `--env-<name>`, every LoopConfig field `--<name>`. Precedence: defaults < --config file <
+flags. Problems the user can fix (bad flags, missing keys, unreachable endpoints, models that cannot load) end
+with one line on stderr and a non-zero exit, never a traceback.
+
+Exit codes: 0 the episode ran (whatever its status except environment_error), or every evaluation or batch row
+finished, 1 environment_error, an agent failure, or rows that failed or were not run (a rerun retries them),
+2 bad usage, settings or data, 3 an endpoint or model that cannot be reached, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from typing import Any
+
+from prompt_r1.core import redaction
+from prompt_r1.core.config import (
+    AgentConfig,
+    EnvironmentConfig,
+    LoopConfig,
+    load_config_file,
+    unreachable_reason,
+)
+from prompt_r1.core.errors import AgentError, ConfigError, PromptR1Error
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_SECTIONS = (
+    ("agent", AgentConfig, "agent-"),
+    ("environment", EnvironmentConfig, "env-"),
+    ("loop", LoopConfig, ""),
+)
+
+
+class _Failure(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _flag_type(type_name: str):
+    if "bool" in type_name:
+        return None
+    if "int" in type_name:
+        return int
+    if "float" in type_name:
+        return float
+    return str
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[str] = ()) -> None:
+    """The agent, environment and loop flags shared by every command that runs episodes; the environment fields
+    named in `repeatable_env` may be given several times (eval's sweep over environments)."""
+    parser.add_argument(
+        "--config", help="YAML/JSON file with agent/environment/loop sections (flags override it)."
+    )
+    for section, cls, prefix in _SECTIONS:
+        group = parser.add_argument_group(f"{section} settings")
+        for f in fields(cls):
+            default = f.default if f.default is not MISSING else None
+            flag = "--" + prefix + f.name.replace("_", "-")
+            help_text = f"{f.metadata.get('help', '')} (default: {default})"
+            dest = f"{section}__{f.name}"
+            kind = _flag_type(str(f.type))
+            metavar = {
+                int: "N",
+                float: "X",
+                str: "URL" if f.name == "base_url" else f.name.split("_")[-1].upper(),
+            }.get(kind)
+            if kind is None:
+                group.add_argument(
+                    flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                )
+            elif section == "environment" and f.name in repeatable_env:
+                help_text += "; repeat it to sweep over environments, in the same order as --env-model"
+                group.add_argument(
+                    flag, dest=dest, type=kind, action="append", default=None, metavar=metavar, help=help_text
+                )
+            else:
+                group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
+
+
+def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """--max-failures, --budget and --prices: the stop rules of a run over many `unit` (episodes, rows)."""
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help=f"stop the run once N {unit} have failed (environment_error, agent_error, internal_error)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help=f"stop starting {unit} once the estimated cost of this run reaches USD",
+    )
+    parser.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
+        "prompt_r1/clients/prices.yaml",
+    )
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """--concurrency, --limit and the stop flags of a run over many items, checked before anything is read."""
+    from prompt_r1.runs.pool import check_limits
+
+    check_limits(args.concurrency, args.max_failures, args.budget, flags=True)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
+    values: dict[str, dict[str, Any]] = load_config_file(args.config) if args.config else {}
+    built = []
+    for section, cls, _ in _SECTIONS:
+        merged = dict(values.get(section, {}))
+        for f in fields(cls):
+            flag_value = getattr(args, f"{section}__{f.name}", None)
+            # A repeated flag (eval's sweep): the first value is the base settings'.
+            if isinstance(flag_value, list):
+                flag_value = flag_value[0]
+            if flag_value is not None:
+                merged[f.name] = flag_value
+        try:
+            built.append(cls(**merged))
+        except TypeError as exc:
+            raise ConfigError(f"bad {section} settings: {exc}") from exc
+    return built[0], built[1], built[2]
+
+
+def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> None:
+    """Fail fast, with one line, when nothing listens at `url` (before loading models or paying for calls)."""
+    reason = unreachable_reason(url, timeout)
+    if reason is not None:
+        raise _Failure(
+            f"cannot reach the {what} at {url} ({reason}); start it or point {flag} at an OpenAI-compatible server",
+            EXIT_UNREACHABLE,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prompt-r1",
+        description="Prompt-R1: a small agent LLM prompts a large LLM over several turns, then answers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="answer one question with the agent ⇄ environment loop")
+    run.add_argument("question", help="the question to answer")
+    run.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the readable turns"
+    )
+    run.add_argument(
+        "--trajectory",
+        action="store_true",
+        help="with --json, add the token ids the agent read and wrote with the environment mask and log-probabilities",
+    )
+    add_run_flags(run)
+
+    sv = sub.add_parser(
+        "serve",
+        help="serve the loop as an OpenAI-compatible model: /v1/chat/completions (streamed or not), /v1/models",
+        description="Each chat completion runs one episode on the last user message. The agent and the "
+        "environment client (with its rate limit) are shared by every request.",
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    sv.add_argument(
+        "--port", type=int, default=8000, help="port to listen on (default: 8000; 0: any free port)"
+    )
+    sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
+    sv.add_argument(
+        "--max-concurrency", type=int, default=32, metavar="N", help="episodes running at once (default: 32)"
+    )
+    sv.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests waiting for a slot before the server answers 429 (default: 256)",
+    )
+    sv.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="require `Authorization: Bearer <key>` with the key held in environment variable VAR",
+    )
+    sv.add_argument(
+        "--keepalive",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="in a streamed response, send an SSE comment line after this long without an event, so proxies do "
+        "not cut the idle connection (default: 15; 0: never)",
+    )
+    add_run_flags(sv)
+
+    from prompt_r1.cli.batch import add_batch_parser
+    from prompt_r1.cli.eval import add_eval_parsers
+    from prompt_r1.cli.train import add_train_parsers
+
+    add_eval_parsers(sub, add_run_flags)
+    add_batch_parser(sub, add_run_flags)
+    add_train_parsers(sub)
+    return parser
+
+
+def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
+    """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
+    then model loading."""
+    from prompt_r1.agents import load_agent
+    from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
+
+    environment = agent = None
+    if env_cfg is not None:
+        environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
+        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    if agent_cfg is not None:
+        if agent_cfg.resolved_backend == "served":
+            check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+        try:
+            agent = load_agent(agent_cfg)
+        except ConfigError as exc:
+            raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
+    return agent, environment
+
+
+async def _run_episode(runner, question: str, live: bool, out) -> dict:
+    """Run one episode, printing each event (think, prompt, response, answer, end) as it happens; the episode as
+    a row (question, answer, status, turns, usage, error, trajectory)."""
+    import uuid
+
+    from prompt_r1.core.events import format_event
+    from prompt_r1.runs.episode import Episode
+
+    async for item in runner.stream(question, id=f"run-{uuid.uuid4().hex}"):
+        if isinstance(item, Episode):
+            return item.to_row()
+        if live:
+            print(format_event(item), file=out, flush=True)
+    raise AssertionError("an episode stream ends with its Episode")
+
+
+def _summary(result: dict) -> str:
+    usage = result.get("usage", {})
+    return (
+        f"[{result.get('status')} · {usage.get('env_calls', 0)} environment calls · agent tokens "
+        f"{usage.get('agent_prompt_tokens', 0)} in / {usage.get('agent_completion_tokens', 0)} out · environment tokens "
+        f"{usage.get('env_input_tokens', 0)} in / {usage.get('env_output_tokens', 0)} out · "
+        f"{usage.get('env_retries', 0)} retries]"
+    )
+
+
+def _trajectory(agent: Any, result: dict) -> dict[str, Any]:
+    """`--trajectory`: the token ids the agent read and wrote, with the environment mask, or why there are none."""
+    trajectory = result.get("trajectory")
+    if trajectory is None:
+        reason = getattr(agent, "token_exact", None) or "the agent backend has no tokenizer"
+        return {"trajectory": None, "trajectory_reason": reason}
+    return {"trajectory": trajectory}
+
+
+def _drift(agent: Any, result: dict, protocol: str = "paper") -> dict[str, Any]:
+    """Whether re-rendering the episode with the agent's chat template changes its tokens (agents/vllm_server.py)."""
+    if protocol != "paper":  # the check renders the paper's messages; the release's stream is its own
+        return {"checked": False, "reason": f"the drift check renders the paper protocol, not {protocol}"}
+    tokenizer = getattr(agent, "drift_tokenizer", None) or getattr(agent, "tokenizer", None)
+    if tokenizer is None:
+        return {"checked": False, "reason": "no tokenizer for the agent (--agent-tokenizer)"}
+    if not result.get("turns"):
+        return {"checked": False, "reason": "the episode has no turns"}
+    from prompt_r1.agents.vllm_server import rendering_drift
+
+    try:
+        return {"checked": True, **rendering_drift(tokenizer, result)}
+    except (
+        Exception
+    ) as exc:  # a template that cannot render this conversation: the episode's output still stands
+        reason = f"the chat template could not re-render it ({type(exc).__name__}: {exc})"
+        return {"checked": False, "reason": reason}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from prompt_r1.runs.episode import EpisodeRunner
+
+    if not args.question.strip():
+        raise ConfigError("the question is empty")
+    if args.trajectory and not args.json:
+        raise ConfigError("--trajectory adds to the JSON output: give --json too")
+    from prompt_r1.core.text import valid
+
+    if not valid(args.question):  # undecodable bytes on the command line arrive as lone surrogates
+        raise ConfigError("the question is not valid UTF-8 text")
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    agent, environment = _prepare(agent_cfg, env_cfg)
+    runner = EpisodeRunner(agent, environment, loop_cfg, tags=["run"])
+    try:
+        result = asyncio.run(_run_episode(runner, args.question, live=not args.json, out=sys.stdout))
+    except AgentError as exc:
+        raise _Failure(f"agent failed: {exc}", EXIT_FAILED) from exc
+    drift = _drift(agent, result, loop_cfg.protocol)
+    if drift.get("differs") and getattr(agent, "tokenizer", None) is None:
+        print(
+            "prompt-r1: warning: the served agent read a re-rendered conversation that differs from what it was "
+            f"trained on (from token {drift['first_difference']}); serve it with vLLM and give --agent-tokenizer "
+            "for token-exact turns",
+            file=sys.stderr,
+        )
+    if args.json:
+        payload = {k: result.get(k) for k in ("question", "answer", "status", "turns", "usage", "error")}
+        payload["drift"] = drift
+        if args.trajectory:
+            payload.update(_trajectory(agent, result))
+        print(redaction.dumps(payload))
+    else:
+        if result.get("answer") is not None:
+            print(f"answer: {result['answer']}")
+        print(_summary(result))
+    if result.get("status") == "environment_error":
+        print(f"prompt-r1: error: {result.get('error')}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    from prompt_r1.integrations.server import build_app, serve
+
+    if args.max_concurrency < 1 or args.max_queue < 0:
+        raise ConfigError("--max-concurrency must be ≥ 1 and --max-queue ≥ 0")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be 0..65535, got {args.port}")
+    if not args.keepalive >= 0:  # also refuses nan
+        raise ConfigError(f"--keepalive must be ≥ 0 seconds, got {args.keepalive}")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ConfigError(
+                f"--api-key-env {args.api_key_env}: that environment variable is empty or unset"
+            )
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    agent, environment = _prepare(agent_cfg, env_cfg)
+    app = build_app(
+        agent,
+        environment,
+        loop=loop_cfg,
+        model_name=args.served_model_name,
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        api_key=api_key,
+        keepalive=args.keepalive,
+    )
+
+    def ready(url: str) -> None:
+        print(f"prompt-r1: serving {args.served_model_name} on {url}", flush=True)
+
+    try:
+        asyncio.run(serve(app, args.host, args.port, ready=ready))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        print("prompt-r1: stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_batch(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.batch import cmd_batch
+
+    return cmd_batch(args)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.eval import cmd_eval
+
+    return cmd_eval(args)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.eval import cmd_score
+
+    return cmd_score(args)
+
+
+def _cmd_train(argv: list[str]) -> int:
+    from prompt_r1.cli.train import cmd_train
+
+    return cmd_train(argv)
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.train import cmd_merge
+
+    return cmd_merge(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv and argv[0] == "train":
+        command, args = (lambda _: _cmd_train(argv[1:])), None
+    else:
+        args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
+        command = {
+            "run": cmd_run,
+            "batch": _cmd_batch,
+            "serve": cmd_serve,
+            "eval": _cmd_eval,
+            "score": _cmd_score,
+            "merge": _cmd_merge,
+        }[args.command]
+    # Everything the command prints, a progress bar, a warning or a traceback included, passes through the
+    # redaction of every API key the command's clients read (prompt_r1.core.redaction).
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = redaction.RedactedStream(stdout), redaction.RedactedStream(stderr)
+    redaction.protect_logging()
+    try:
+        return _run_command(command, args)
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _run_command(command, args) -> int:
+    try:
+        return command(args)
+    except _Failure as exc:
+        print(f"prompt-r1: error: {exc}", file=sys.stderr)
+        return exc.code
+    except ConfigError as exc:
+        print(f"prompt-r1: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PromptR1Error as exc:
+        print(f"prompt-r1: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("prompt-r1: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        # A file problem nothing more specific caught (a full disk mid-run, a folder where a file was meant):
+        # one line naming the file; the rows written so far stand.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"prompt-r1: error: cannot use{where}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception:
+        # A bug: its traceback is for the report, and goes out through the redacting stderr like everything else.
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

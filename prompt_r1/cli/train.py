@@ -1,0 +1,79 @@
+"""`prompt-r1 train` and `prompt-r1 merge`: GRPO from a recipe, and a LoRA adapter merged into its base model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prompt_r1.cli.main import EXIT_OK, check_reachable
+from prompt_r1.core.errors import ConfigError
+
+__all__ = ["add_train_parsers", "cmd_merge", "cmd_train"]
+
+
+def add_train_parsers(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser(
+        "train",
+        add_help=False,
+        help="GRPO-train the agent from a recipe: prompt-r1 train --config training/configs/RECIPE.yaml "
+        "[--FIELD VALUE ...] (prompt-r1 train --help lists every field)",
+    )
+    mg = sub.add_parser(
+        "merge",
+        help="merge a trained LoRA adapter into its base model and save a folder vllm serve and --agent-model load",
+    )
+    mg.add_argument(
+        "adapter", help="the adapter folder (a training output_dir or checkpoint-N with use_peft)"
+    )
+    mg.add_argument("--out", required=True, metavar="DIR", help="where to save the merged model")
+    mg.add_argument("--base", metavar="MODEL", help="base model (default: the one the adapter names)")
+    mg.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help="weights dtype"
+    )
+
+
+def cmd_train(argv: list[str]) -> int:
+    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
+    from dataclasses import dataclass, field
+
+    import yaml
+    from trl import TrlParser
+
+    from prompt_r1.clients.environment import OPENAI_BASE_URL
+    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.trainer import train
+
+    @dataclass
+    class TrainFlags:
+        resume: bool = field(
+            default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
+        )
+
+    parser = TrlParser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
+    try:
+        config, flags = parser.parse_args_and_config(argv)
+    except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
+        raise ConfigError(str(exc).strip()) from None
+    check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    trainer = train(config, resume=flags.resume)
+    if trainer.accelerator.is_main_process:
+        steps = trainer.state.global_step
+        print(
+            f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr
+        )
+    # Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
+    # exit can abort a rank ("terminate called without an active exception") after the run succeeded.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        trainer.accelerator.wait_for_everyone()
+        dist.destroy_process_group()
+    return EXIT_OK
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from prompt_r1.training.trainer import merge_adapter
+
+    out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
+    print(f"merged model saved to {out}", file=sys.stderr)
+    return EXIT_OK

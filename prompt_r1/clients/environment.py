@@ -1,0 +1,476 @@
+"""The environment: a large LLM behind any OpenAI-compatible chat endpoint, called politely and robustly.
+
+One `EnvironmentClient.respond(prompt, history)` call:
+  1. builds the messages: the environment system prompt, every earlier (prompt, response) pair as
+     user/assistant messages, then the new prompt;
+  2. takes an in-flight slot and a rate-window slot from the endpoint's process-wide limiter;
+  3. calls `ChatOpenAI` (its own retries off, so this module is the only retry layer) under a per-call timeout;
+  4. on 429, 5xx, timeouts, dropped connections and malformed bodies retries with `tenacity`: full-jitter
+     exponential backoff, or exactly the server's Retry-After when it sent one, for a bounded number of attempts;
+  5. returns the text with the token usage of the call and how many attempts it took.
+
+    client = EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini"))
+    reply = await client.respond("Explain the question ...", history=[])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
+from pydantic import SecretStr
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from prompt_r1.clients.http_client import checked_async_client, classify_error, refusal_of
+from prompt_r1.clients.ratelimit import EndpointLimiter, get_limiter
+from prompt_r1.core import redaction
+from prompt_r1.core.aio import PerLoop
+from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
+from prompt_r1.core.errors import ConfigError, EnvironmentCallError, EnvironmentRefused, is_retryable
+from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
+from prompt_r1.core.text import repair
+
+__all__ = [
+    "Environment",
+    "EnvironmentClient",
+    "EnvironmentPool",
+    "EnvironmentReply",
+    "as_environment",
+    "environment_messages",
+    "session_key",
+]
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EnvironmentReply:
+    """One successful environment call."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    attempts: int  # 1 when the first try succeeded
+    latency_s: float  # from the first try to the answer, retries and waits included
+    model: str = ""  # the model that answered, as its endpoint knows it (for price tables and pools)
+    endpoint: str = ""  # which endpoint answered: the pool member's name, else base URL
+    repaired: bool = False  # the reply held text UTF-8 cannot encode (a lone surrogate), replaced by U+FFFD
+
+    def to_dict(self) -> dict:
+        # Field by field: dataclasses.asdict deep-copies recursively, a measurable share of a turn's cost.
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def environment_messages(
+    prompt: str, history: Sequence[tuple[str, str]] = (), system_prompt: str = ENVIRONMENT_SYSTEM_PROMPT
+) -> list[BaseMessage]:
+    """The environment's context: system prompt, earlier prompt/response pairs, then the new prompt.
+
+    >>> [m.type for m in environment_messages("p2", [("p1", "r1")])]
+    ['system', 'human', 'ai', 'human']
+    """
+    messages: list[BaseMessage] = [SystemMessage(system_prompt)]
+    for earlier_prompt, earlier_response in history:
+        messages += [HumanMessage(earlier_prompt), AIMessage(earlier_response)]
+    messages.append(HumanMessage(prompt))
+    return messages
+
+
+class _BackoffOrRetryAfter:
+    """tenacity wait: the server's Retry-After when it sent one (with up to 10% jitter so that many waiting
+    episodes do not return in one burst; at most `max_retry_after`), else full-jitter exponential backoff."""
+
+    def __init__(self, initial: float, maximum: float, max_retry_after: float) -> None:
+        self.initial, self.maximum, self.max_retry_after = initial, maximum, max_retry_after
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, EnvironmentCallError) and exc.retry_after is not None:
+            return min(exc.retry_after * (1.0 + 0.1 * random.random()), self.max_retry_after)
+        ceiling = min(self.maximum, self.initial * 2 ** (state.attempt_number - 1))
+        return random.uniform(0.0, ceiling)
+
+
+class EnvironmentClient:
+    """A rate-limited, retrying client for the large LLM. Safe to share between any number of episodes.
+
+    Pass `chat_model` to use any LangChain chat model instead of building a `ChatOpenAI` from `config`;
+    it should have its own retries off. Such a model is used as given, so keep it on one event loop (its async
+    HTTP connections belong to the loop that opened them); the clients built from `config` are made per loop. `limiter_key` overrides which endpoints share one rate limit.
+    """
+
+    def __init__(
+        self,
+        config: EnvironmentConfig | None = None,
+        *,
+        chat_model: BaseChatModel | None = None,
+        api_key: str | None = None,
+        limiter_key: str | None = None,
+        system_prompt: str = ENVIRONMENT_SYSTEM_PROMPT,
+    ) -> None:
+        self.config = config = config or EnvironmentConfig()
+        self.system_prompt = system_prompt
+        if chat_model is not None and (
+            getattr(chat_model, "disable_streaming", True) is False or getattr(chat_model, "streaming", False)
+        ):
+            # As for our own ChatOpenAI: one whole reply per call, also under astream_events.
+            update = {"disable_streaming": True}
+            if getattr(
+                chat_model, "streaming", False
+            ):  # ChatOpenAI(streaming=True) streams even from ainvoke
+                update["streaming"] = False
+            chat_model = chat_model.model_copy(update=update)
+        self.chat_model = chat_model
+        if chat_model is None:
+            key = api_key or resolve_api_key(config.api_key_env, config.base_url)
+            redaction.register(key)
+            optional = {
+                k: v
+                for k, v in (("temperature", config.temperature), ("max_tokens", config.max_tokens))
+                if v is not None
+            }
+            self._openai_kwargs = dict(
+                model=config.model,
+                base_url=config.base_url,
+                api_key=SecretStr(key),
+                max_retries=0,  # one retry layer: ours, which also honours Retry-After and the shared limiter
+                timeout=config.timeout,
+                **optional,
+            )
+        # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own ChatOpenAI.
+        self._openai_models: PerLoop[BaseChatModel] = PerLoop(self._new_openai_model)
+        key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
+        self.limiter: EndpointLimiter = get_limiter(
+            key,
+            rate_limit=config.rate_limit,
+            period=config.rate_period,
+            max_in_flight=config.max_in_flight,
+            tokens_per_minute=config.tokens_per_minute,
+        )
+        self.name = config.base_url or OPENAI_BASE_URL
+        self.model_name = config.model
+        if chat_model is not None:
+            self.model_name = str(
+                getattr(chat_model, "model_name", None) or getattr(chat_model, "model", None) or config.model
+            )
+        self.retries = 0  # retries made by this client, for logs and progress bars
+
+    def messages(self, prompt: str, history: Sequence[tuple[str, str]] = ()) -> list[BaseMessage]:
+        return environment_messages(prompt, history, self.system_prompt)
+
+    def _new_openai_model(self) -> BaseChatModel:
+        from langchain_openai import ChatOpenAI
+
+        client = checked_async_client(self.config.timeout)
+        # Under astream_events LangChain would switch ainvoke to a streamed call: one reply is one event here,
+        # and a whole response is what the retries, the timeout and the token usage are counted on.
+        return ChatOpenAI(**self._openai_kwargs, http_async_client=client, disable_streaming=True)
+
+    def _model(self) -> BaseChatModel:
+        return self.chat_model if self.chat_model is not None else self._openai_models.get()
+
+    def _token_estimate(self, messages: list[BaseMessage]) -> int:
+        """Tokens a provider's per-minute limit counts for a request before it runs: about 4 characters per
+        prompt token, plus max_tokens when set."""
+        if self.config.tokens_per_minute is None:
+            return 0
+        chars = sum(len(m.content) if isinstance(m.content, str) else len(str(m.content)) for m in messages)
+        return chars // 4 + 4 * len(messages) + (self.config.max_tokens or 0)
+
+    async def _call_once(self, messages: list[BaseMessage], run_config: RunnableConfig | None) -> AIMessage:
+        model = self._model()
+        async with self.limiter.slot(self._token_estimate(messages)) as slot:
+            try:
+                async with asyncio.timeout(self.config.timeout):
+                    message = await model.ainvoke(messages, config=run_config)
+                usage = message.usage_metadata or {}
+                if usage:
+                    slot.actual = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+                refused = refusal_of(message)
+                if refused is not None:
+                    raise EnvironmentRefused(f"environment refused the prompt: {refused}")
+                return message
+            except Exception as exc:
+                # A server (or a proxy before it) may repeat the request's Authorization header in an error
+                # body, and the message is written to results, checkpoints and logs: the keys go first.
+                mapped = redaction.redact_exception(classify_error(exc))
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+
+    async def respond(
+        self,
+        prompt: str,
+        history: Sequence[tuple[str, str]] = (),
+        *,
+        run_config: RunnableConfig | None = None,
+        system_prompt: str | None = None,
+    ) -> EnvironmentReply:
+        """Answer `prompt` in the context of the earlier (prompt, response) pairs; `system_prompt` replaces the
+        client's own for this call (the release protocol's differs by a trailing space).
+
+        Raises `EnvironmentCallError` (after the retries) or `ContextOverflow`.
+        """
+        messages = environment_messages(prompt, history, system_prompt or self.system_prompt)
+        run_config = {**(run_config or {}), "run_name": "environment"}
+        run_config["tags"] = [*run_config.get("tags", []), "prompt-r1", "environment"]
+        started = time.monotonic()
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.max_retries + 1),
+            wait=_BackoffOrRetryAfter(
+                self.config.backoff_initial, self.config.backoff_max, self.config.max_retry_after
+            ),
+            retry=retry_if_exception(is_retryable),
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    message = await self._call_once(messages, run_config)
+        except EnvironmentCallError as exc:
+            exc.attempts = attempts
+            raise
+        usage = message.usage_metadata or {}
+        # str(): LangChain's `text` is a str subclass (a text accessor); the reply keeps plain text.
+        text, repaired = repair(str(message.text) if isinstance(message.text, str) else str(message.content))
+        # A reply that repeats a key (an endpoint echoing its request) must not carry it into the state, the
+        # checkpoint, or the agent's next prompt.
+        text = redaction.redact(text)
+        return EnvironmentReply(
+            text=text,
+            input_tokens=int(usage.get("input_tokens", 0)),
+            output_tokens=int(usage.get("output_tokens", 0)),
+            attempts=attempts,
+            latency_s=time.monotonic() - started,
+            model=self.model_name,
+            endpoint=self.name,
+            repaired=repaired,
+        )
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        self.retries += 1
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        logger.info(
+            "environment %s: attempt %d failed (%s: %s); retrying in %.2f s",
+            self.name,
+            state.attempt_number,
+            type(exc).__name__,
+            exc,
+            wait,
+        )
+
+
+def session_key(run_config: RunnableConfig | None) -> str | None:
+    """The episode a call belongs to: the graph run's thread id, else an `episode_id` in its metadata."""
+    if not run_config:
+        return None
+    key = (run_config.get("configurable") or {}).get("thread_id")
+    if key is None:
+        key = (run_config.get("metadata") or {}).get("episode_id")
+    return None if key is None else str(key)
+
+
+class EnvironmentPool:
+    """Several environment endpoints behind one `respond`, with session-level routing and fallback.
+
+    Routing: each episode (session) is assigned one member for all its turns, drawn with probability
+    proportional to `weights` from a hash of its thread id, so the environment's conversation stays with one
+    model and a rerun routes the same episode the same way. Calls without a session id are routed at random.
+
+    Fallback: a member's own retries come first; when a call still fails, the next member (in pool order) takes
+    it. A member that fails `trip_after` calls in a row with retryable failures (429, 5xx, timeouts, dropped
+    connections: the endpoint's fault, not the request's) is skipped by every episode for `cooldown` seconds, then
+    tried again; when all members are skipped, the least recently failed one is used.
+    """
+
+    def __init__(
+        self,
+        members: Sequence[EnvironmentClient],
+        weights: Sequence[float] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        trip_after: int = 3,
+        cooldown: float = 30.0,
+    ) -> None:
+        if not members:
+            raise ConfigError("an environment pool needs at least one member")
+        weights = list(weights) if weights is not None else [1.0] * len(members)
+        if len(weights) != len(members) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ConfigError(
+                f"pool weights must be one non-negative number per member with a positive sum, got {weights}"
+            )
+        if names is not None:
+            if len(names) != len(members) or len(set(names)) != len(names):
+                raise ConfigError(f"pool member names must be unique, one per member, got {list(names)}")
+            for member, name in zip(members, names, strict=True):
+                member.name = name
+        self.members = list(members)
+        total = sum(weights)
+        self.weights = [w / total for w in weights]
+        self.trip_after, self.cooldown = trip_after, cooldown
+        self._failures = [0] * len(members)  # consecutive failed calls per member
+        self._tripped_at: list[float | None] = [None] * len(members)
+        self.fallbacks = 0  # calls answered by a member other than the session's own
+        self.config = members[0].config
+
+    @classmethod
+    def from_file(cls, path: str | Path, base: EnvironmentConfig | None = None) -> EnvironmentPool:
+        """A pool from a YAML/JSON file: `environments:` a list of EnvironmentConfig fields plus `weight` and
+        an optional `name` per member (unset fields come from `base`, i.e. the --env-* flags), and optionally
+        `trip_after` and `cooldown`.
+
+            environments:
+              - {model: gpt-4o-mini, weight: 3, rate_limit: 500}
+              - {model: gpt-oss-20b, base_url: http://127.0.0.1:8000/v1, api_key_env: NONE, weight: 1}
+        """
+        import dataclasses
+
+        from prompt_r1.core.config import read_yaml_file
+
+        path = Path(path)
+        data = read_yaml_file(path, "environment pool file")
+        if isinstance(data, list):
+            data = {"environments": data}
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("environments"), list)
+            or not data["environments"]
+        ):
+            raise ConfigError(f"{path}: expected `environments:` with a list of endpoints")
+        unknown_top = set(data) - {"environments", "trip_after", "cooldown"}
+        if unknown_top:
+            raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown_top))}")
+        base = base or EnvironmentConfig()
+        known = {f.name for f in dataclasses.fields(EnvironmentConfig)}
+        members, weights, names = [], [], []
+        for i, entry in enumerate(data["environments"]):
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{path}: environment {i} is not a mapping")
+            entry = dict(entry)
+            weight = entry.pop("weight", 1.0)
+            name = entry.pop("name", None)
+            unknown = set(entry) - known
+            if unknown:
+                raise ConfigError(f"{path}: environment {i}: unknown field(s) {', '.join(sorted(unknown))}")
+            try:
+                config = dataclasses.replace(base, **entry)
+            except TypeError as exc:
+                raise ConfigError(f"{path}: environment {i}: {exc}") from None
+            if not isinstance(weight, int | float) or isinstance(weight, bool):
+                raise ConfigError(f"{path}: environment {i}: weight must be a number, got {weight!r}")
+            members.append(EnvironmentClient(config))
+            weights.append(float(weight))
+            names.append(str(name) if name else f"{config.model}@{config.base_url or OPENAI_BASE_URL}")
+        return cls(
+            members,
+            weights,
+            names=names,
+            trip_after=int(data.get("trip_after", 3)),
+            cooldown=float(data.get("cooldown", 30.0)),
+        )
+
+    @property
+    def retries(self) -> int:
+        return sum(m.retries for m in self.members)
+
+    def route(self, key: str | None) -> int:
+        """The member index for a session: a weighted draw from the key's hash (stable across processes)."""
+        if key is None:
+            point = random.random()
+        else:
+            import hashlib
+
+            digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+            point = int.from_bytes(digest, "big") / 2**64
+        cumulative = 0.0
+        for index, weight in enumerate(self.weights):
+            cumulative += weight
+            if point < cumulative and weight > 0:
+                return index
+        return max(i for i, w in enumerate(self.weights) if w > 0)
+
+    def _available(self, index: int) -> bool:
+        tripped = self._tripped_at[index]
+        return tripped is None or time.monotonic() - tripped >= self.cooldown
+
+    def _order(self, first: int) -> list[int]:
+        n = len(self.members)
+        ring = [(first + k) % n for k in range(n)]
+        usable = [i for i in ring if self._available(i)]
+        if usable:
+            return usable
+        return sorted(ring, key=lambda i: self._tripped_at[i] or 0.0)[:1]
+
+    async def respond(
+        self,
+        prompt: str,
+        history: Sequence[tuple[str, str]] = (),
+        *,
+        run_config: RunnableConfig | None = None,
+        system_prompt: str | None = None,
+    ) -> EnvironmentReply:
+        home = self.route(session_key(run_config))
+        last_error: EnvironmentCallError | None = None
+        for index in self._order(home):
+            member = self.members[index]
+            try:
+                reply = await member.respond(
+                    prompt, history, run_config=run_config, system_prompt=system_prompt
+                )
+            except EnvironmentCallError as exc:
+                last_error = exc
+                # Only failures of the endpoint count toward its trip. A rejected request (a 4xx such as a bad
+                # request) says nothing about the endpoint's health: a run of them, e.g. episodes whose prompts
+                # are too long, must not take a working endpoint out of every other episode's rotation.
+                if is_retryable(exc):
+                    self._failures[index] += 1
+                    if self._failures[index] >= self.trip_after:
+                        self._tripped_at[index] = time.monotonic()
+                continue
+            self._failures[index] = 0
+            self._tripped_at[index] = None
+            if index != home:
+                self.fallbacks += 1
+            return reply
+        assert last_error is not None
+        raise last_error
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the loop needs of an environment: one call given the earlier (prompt, response) pairs, returning the
+    reply with its usage and the attempts it took; `retries` counts the retries made so far. The loop passes
+    `system_prompt` only under the release protocol, so an environment without the keyword serves the paper's."""
+
+    retries: int
+
+    async def respond(
+        self, prompt: str, history: Sequence[tuple[str, str]] = (), *, run_config: Any = None
+    ) -> EnvironmentReply: ...
+
+
+def as_environment(environment: Any) -> Environment:
+    """The environment as the loop calls it: a LangChain chat model is wrapped in an `EnvironmentClient` (its own
+    rate-limit key); a client, a pool or anything else with `respond` is returned as it is."""
+    if isinstance(environment, BaseChatModel):
+        return EnvironmentClient(chat_model=environment, limiter_key=f"chat-model-{id(environment)}")
+    if not callable(getattr(environment, "respond", None)):
+        raise TypeError(
+            f"an environment needs an async `respond(prompt, history)`; got {type(environment).__name__} "
+            "(pass an EnvironmentClient, an EnvironmentPool or a LangChain chat model)"
+        )
+    return environment

@@ -1,0 +1,229 @@
+"""The HTTP layer under every OpenAI-compatible call (environment and served agent): it checks each 200, and
+`classify_error` says what any failure of a call means in the project's error hierarchy (errors.py).
+
+A server in trouble does not always say so with a status code: a proxy answers 200 with an HTML error page, a
+gateway truncates a body into invalid UTF-8, an overloaded provider sends `200 {"error": {...}}`, a router
+returns `choices: []`. Left to the SDK these surface as a `ValueError` or `IndexError` deep in a chat model,
+which nothing can tell from a bug, so they were never retried. The response hook here reads each chat-completions
+200 before the SDK does and raises:
+
+- `MalformedResponse` (an `openai.APIResponseValidationError`, which the retry layer treats as a transient
+  server fault) for a body that is not valid UTF-8, not JSON, not an object, has no choices, or carries an error
+  object that says the server failed;
+- `ResponseRefused` (final: the same request would be refused again) for a content filter or a refusal, either
+  as `finish_reason: "content_filter"`, a `refusal` in place of content, or an error object saying so.
+
+    client = checked_async_client(timeout=60)
+    ChatOpenAI(..., http_async_client=client)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+from langchain_core.exceptions import (
+    ContextOverflowError,
+    ModelAPIError,
+    ModelAuthenticationError,
+    ModelConnectionError,
+    ModelRateLimitError,
+    ModelTimeoutError,
+)
+from langchain_core.messages import AIMessage
+
+from prompt_r1.core.errors import (
+    ContextOverflow,
+    EnvironmentCallError,
+    EnvironmentRefused,
+    EnvironmentRejected,
+    EnvironmentServerError,
+    EnvironmentTimeout,
+    EnvironmentUnreachable,
+    RateLimited,
+)
+
+__all__ = [
+    "MalformedResponse",
+    "ResponseRefused",
+    "check_completion_body",
+    "checked_async_client",
+    "classify_error",
+    "refusal_of",
+]
+
+# Read in an error object's `type` and `code` only: a message is free text ("connection refused, retry").
+_REFUSAL_WORDS = ("content_filter", "content_policy", "refusal", "safety")
+_SNIPPET = 200
+
+
+class MalformedResponse(openai.APIResponseValidationError):
+    """A 200 whose body is not a usable chat completion: a server fault that a retry usually clears."""
+
+    def __init__(self, response: httpx.Response, message: str) -> None:
+        super().__init__(response, None, message=message)
+
+
+class ResponseRefused(openai.OpenAIError):
+    """The model or its provider refused the prompt (content filter, refusal). Retrying it would be refused again."""
+
+
+def _snippet(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        parts = [str(error.get(k)) for k in ("type", "code", "message") if error.get(k)]
+        return ": ".join(parts) or json.dumps(error)[:_SNIPPET]
+    return str(error)
+
+
+def _is_refusal(error: Any) -> bool:
+    """An error object whose `type` or `code` names a content filter or refusal."""
+    if not isinstance(error, dict):
+        return False
+    label = f"{error.get('type') or ''} {error.get('code') or ''}".lower()
+    return any(word in label for word in _REFUSAL_WORDS)
+
+
+def check_completion_body(raw: bytes, content_type: str = "") -> tuple[str, str] | None:
+    """None for a usable chat completion, else (kind, reason) with kind "malformed" or "refused"."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return "malformed", f"the body is not valid UTF-8 (byte {exc.start})"
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        kind = content_type.split(";")[0].strip() or "no content type"
+        return "malformed", f"the body is not JSON ({kind}): {_snippet(text)!r}"
+    if not isinstance(body, dict):
+        return "malformed", f"the body is a JSON {type(body).__name__}, not an object"
+    error = body.get("error")
+    if error:
+        reason = _error_text(error)
+        if _is_refusal(error):
+            return "refused", f"the provider refused the prompt ({reason})"
+        return "malformed", f"the server answered 200 with an error: {reason}"
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "malformed", "the response has no choices"
+    choice = choices[0]
+    if choice.get("finish_reason") == "content_filter":
+        return "refused", "the provider's content filter withheld the reply (finish_reason content_filter)"
+    message = choice.get("message")
+    if isinstance(message, dict) and message.get("refusal") and not message.get("content"):
+        return "refused", f"the model refused: {_snippet(str(message['refusal']))!r}"
+    return None
+
+
+async def _check_response(response: httpx.Response) -> None:
+    request = response.request
+    if response.status_code != 200 or request.method != "POST":
+        return
+    if not request.url.path.endswith(("/chat/completions", "/completions")):
+        return
+    if "text/event-stream" in response.headers.get("content-type", ""):
+        return  # a stream is checked chunk by chunk by the SDK
+    await response.aread()
+    problem = check_completion_body(response.content, response.headers.get("content-type", ""))
+    if problem is None:
+        return
+    kind, reason = problem
+    if kind == "refused":
+        raise ResponseRefused(reason)
+    raise MalformedResponse(response, f"malformed response from {request.url.host}: {reason}")
+
+
+def checked_async_client(timeout: float | None, **kwargs: Any) -> httpx.AsyncClient:
+    """An `httpx.AsyncClient` (no connection limit: the callers cap requests in flight themselves) that checks
+    every chat-completions 200 as described above."""
+    kwargs.setdefault("limits", httpx.Limits(max_connections=None))
+    return httpx.AsyncClient(timeout=timeout, event_hooks={"response": [_check_response]}, **kwargs)
+
+
+def _retry_after_seconds(headers) -> float | None:
+    """Seconds from Retry-After (seconds form) or the retry-after-ms header some providers send."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            continue  # the HTTP-date form: fall back to backoff
+    return None
+
+
+def classify_error(exc: BaseException) -> BaseException:
+    """Map an OpenAI/LangChain/asyncio failure to this package's error hierarchy (see errors.py)."""
+    if isinstance(exc, EnvironmentCallError | ContextOverflow):
+        return exc
+    cause = exc.__cause__
+    if isinstance(exc, openai.APIConnectionError) and isinstance(cause, MalformedResponse | ResponseRefused):
+        exc = cause  # an SDK that wraps what a response hook raises: the check's own verdict is what counts
+    if isinstance(exc, ResponseRefused):
+        return EnvironmentRefused(f"environment refused the prompt: {exc}")
+    if isinstance(exc, ContextOverflowError):
+        return ContextOverflow(f"environment context overflow: {exc}")
+    if isinstance(exc, openai.RateLimitError | ModelRateLimitError):
+        response = getattr(exc, "response", None)
+        return RateLimited(
+            f"rate limited (429): {exc}", retry_after=_retry_after_seconds(getattr(response, "headers", None))
+        )
+    if isinstance(exc, TimeoutError | openai.APITimeoutError | ModelTimeoutError):
+        return EnvironmentTimeout("environment call timed out")
+    if isinstance(exc, openai.APIConnectionError | ModelConnectionError):
+        return EnvironmentUnreachable(f"connection to the environment failed: {exc}")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retry_after = _retry_after_seconds(getattr(exc.response, "headers", None))
+        if status == 408:
+            return EnvironmentTimeout(f"environment request timeout (408): {exc.message}", status_code=408)
+        if status == 400 and _is_content_filter(getattr(exc, "body", None)):
+            return EnvironmentRefused(f"environment refused the prompt (400): {exc.message}", status_code=400)
+        if (
+            status >= 500 or status == 409
+        ):  # 409: a conflict (e.g. a lock) that clears, as the OpenAI SDK assumes
+            return EnvironmentServerError(
+                f"environment server error ({status}): {exc.message}",
+                status_code=status,
+                retry_after=retry_after,
+            )
+        return EnvironmentRejected(
+            f"environment rejected the request ({status}): {exc.message}", status_code=status
+        )
+    if isinstance(exc, ModelAuthenticationError):
+        return EnvironmentRejected(f"environment rejected the credentials: {exc}", status_code=401)
+    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | ModelAPIError):
+        # A body that is not a chat completion is a server fault that a retry usually clears.
+        return EnvironmentServerError(f"malformed environment response: {exc}")
+    if isinstance(exc, openai.APIError):
+        return EnvironmentServerError(f"environment API error: {exc}")
+    # Anything else a chat model raises is a failure of the call, not of the loop: final, and reported as such.
+    return EnvironmentCallError(f"environment call failed: {type(exc).__name__}: {exc}")
+
+
+def _is_content_filter(body: object) -> bool:
+    """A 400 that is a content filter's verdict on the prompt (Azure OpenAI's `code: content_filter`)."""
+    error = body.get("error", body) if isinstance(body, dict) else None
+    return isinstance(error, dict) and "content_filter" in str(error.get("code", "")) + str(
+        error.get("type", "")
+    )
+
+
+def refusal_of(message: AIMessage) -> str | None:
+    """Why a reply that arrived as a message is a refusal (a chat model other than ours, whose HTTP is not
+    checked by prompt_r1.clients.http_client), or None."""
+    if (message.response_metadata or {}).get("finish_reason") == "content_filter":
+        return "the provider's content filter withheld the reply (finish_reason content_filter)"
+    refusal = (message.additional_kwargs or {}).get("refusal")
+    if refusal and not message.text:
+        return f"the model refused: {str(refusal)[:200]!r}"
+    return None

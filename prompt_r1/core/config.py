@@ -1,0 +1,377 @@
+"""Settings for the agent, the environment and the loop, and the one place that reads environment variables.
+
+Every config is a frozen dataclass whose fields carry their meaning in `metadata["help"]`; the CLI builds its
+flags from the same fields, so the help text cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from prompt_r1.core.errors import ConfigError, MissingCredentials
+from prompt_r1.loop.release import PROTOCOLS
+
+__all__ = [
+    "DEFAULT_AGENT_MODEL",
+    "DEFAULT_ENV_MODEL",
+    "AgentConfig",
+    "EnvironmentConfig",
+    "LoopConfig",
+    "configs_from_env",
+    "load_config_file",
+    "hub_endpoint",
+    "resolve_api_key",
+    "unreachable_reason",
+]
+
+# What a user with a model hub and an OpenAI key gets without flags: the paper's agent base model (Qwen3-4B,
+# loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
+DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
+DEFAULT_ENV_MODEL = "gpt-4o-mini"
+NO_KEY = "EMPTY"  # what local OpenAI-compatible servers (vLLM, llama.cpp) accept when they need no key
+
+
+def _help(text: str, **kw: Any) -> Any:
+    return field(metadata={"help": text}, **kw)
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """The large LLM that answers the agent's prompts: any OpenAI-compatible chat endpoint."""
+
+    model: str = _help("Environment model name as the endpoint knows it.", default=DEFAULT_ENV_MODEL)
+    base_url: str | None = _help(
+        "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 for a local vLLM server; unset: OpenAI's API.",
+        default=None,
+    )
+    api_key_env: str = _help(
+        "Name of the environment variable that holds the API key (the key itself is never printed).",
+        default="OPENAI_API_KEY",
+    )
+    rate_limit: int = _help(
+        "Requests allowed per rate period, shared by every episode in the process.", default=500
+    )
+    rate_period: float = _help("Length of the rate-limit window in seconds.", default=60.0)
+    max_in_flight: int = _help("Requests allowed in flight at once to this endpoint.", default=32)
+    tokens_per_minute: int | None = _help(
+        "Tokens (prompt + response) allowed per minute, shared like rate_limit; unset: no token limit.",
+        default=None,
+    )
+    timeout: float = _help("Seconds allowed for one call before it counts as a timeout.", default=60.0)
+    max_retries: int = _help(
+        "Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5
+    )
+    backoff_initial: float = _help(
+        "First retry wait in seconds; doubles per retry, with full jitter.", default=1.0
+    )
+    backoff_max: float = _help(
+        "Longest backoff between retries in seconds (Retry-After is honoured up to max_retry_after).",
+        default=30.0,
+    )
+    max_retry_after: float = _help(
+        "Longest wait honoured from a server's Retry-After, in seconds.", default=120.0
+    )
+    temperature: float | None = _help("Sampling temperature; unset: the endpoint's default.", default=None)
+    max_tokens: int | None = _help(
+        "Most tokens per environment response; unset: the endpoint's default.", default=None
+    )
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.rate_limit < 1:
+            raise ConfigError(f"env rate_limit must be >= 1 request per period, got {self.rate_limit}")
+        if self.rate_period <= 0:
+            raise ConfigError(f"env rate_period must be > 0 seconds, got {self.rate_period}")
+        if self.max_in_flight < 1:
+            raise ConfigError(f"env max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.tokens_per_minute is not None and self.tokens_per_minute < 1:
+            raise ConfigError(f"env tokens_per_minute must be >= 1, got {self.tokens_per_minute}")
+        if self.timeout <= 0:
+            raise ConfigError(f"env timeout must be > 0 seconds, got {self.timeout}")
+        if self.max_retries < 0:
+            raise ConfigError(f"env max_retries must be >= 0, got {self.max_retries}")
+        if self.base_url is not None:
+            _check_url(self.base_url, "--env-base-url")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The small LLM that thinks and writes prompts: a served endpoint or a local model."""
+
+    model: str = _help(
+        "Agent model: a local path or hub id (loaded with transformers), or the served model's name with --agent-base-url.",
+        default=DEFAULT_AGENT_MODEL,
+    )
+    base_url: str | None = _help(
+        "OpenAI-compatible base URL of a served agent (e.g. `vllm serve` of a trained checkpoint).",
+        default=None,
+    )
+    api_key_env: str = _help(
+        "Environment variable holding the served agent's API key, if it needs one.",
+        default="PROMPT_R1_AGENT_API_KEY",
+    )
+    backend: str = _help(
+        "auto (served if base_url is set, else transformers), served, transformers or vllm.", default="auto"
+    )
+    temperature: float = _help("Agent sampling temperature (0: greedy).", default=0.7)
+    top_p: float = _help("Agent nucleus sampling threshold.", default=1.0)
+    max_new_tokens: int = _help("Most tokens the agent may write in one turn (paper: 1,024).", default=1024)
+    device: str | None = _help(
+        "Device for a local agent (cuda, cpu); unset: cuda when available.", default=None
+    )
+    dtype: str = _help("Weights dtype for a local agent: auto, bfloat16, float16 or float32.", default="auto")
+    seed: int | None = _help("Seed for the agent's sampling, for reproducible runs.", default=None)
+    tokenizer: str | None = _help(
+        "Tokenizer of a served agent (local path or hub id), for token-exact turns and the drift check; unset: the "
+        "model name when it is a local folder.",
+        default=None,
+    )
+    token_exact: str = _help(
+        "A served agent's turns as token ids through vLLM's completions API, as in training: auto (when the server "
+        "is vLLM and a tokenizer is found), on (required), off (chat messages).",
+        default="auto",
+    )
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.token_exact not in {"auto", "on", "off"}:
+            raise ConfigError(f"agent token_exact must be auto, on or off, got {self.token_exact!r}")
+        if self.backend not in {"auto", "served", "transformers", "vllm"}:
+            raise ConfigError(
+                f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}"
+            )
+        if self.backend == "served" and not self.base_url:
+            raise ConfigError("the served agent backend needs --agent-base-url")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"agent max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"agent temperature must be >= 0, got {self.temperature}")
+        if self.base_url is not None:
+            _check_url(self.base_url, "--agent-base-url")
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "served" if self.base_url else "transformers"
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How one episode runs: the one source of the loop's settings for `build_graph`, `EpisodeRunner`,
+    `PromptR1Chat`, `serve` and GRPO rollouts (`PromptR1GRPOConfig.loop_config()`)."""
+
+    max_turns: int = _help(
+        "Most environment calls per episode (paper: 5); under --protocol release, most agent turns.",
+        default=5,
+    )
+    force_final_answer: bool | None = _help(
+        "When the agent prompts again after its last allowed call, ask it once for a final answer; unset: on "
+        "under the paper protocol, off under release (which ends unanswered).",
+        default=None,
+    )
+    max_turn_tokens: int | None = _help(
+        "Most tokens the agent writes in one turn; unset: the agent's own max_new_tokens (paper: 1,024).",
+        default=None,
+    )
+    max_total_tokens: int = _help(
+        "Token budget of one agent trajectory (paper: 8,192); token-exact backends only. Under --protocol release, "
+        "the limit on prompt + trajectory checked before each agent turn, as the release does.",
+        default=8192,
+    )
+    protocol: str = _help(
+        "paper (the paper's loop) or release (the reference release's training rollout token for token: its "
+        "tools prompt, JSON calls and replies, error observations, turn counting; see prompt_r1/loop/release.py).",
+        default="paper",
+    )
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.force_final_answer is None:  # the protocol's own: frozen, so set through object
+            object.__setattr__(self, "force_final_answer", self.protocol == "paper")
+        if self.protocol == "release" and self.max_turns < 1:
+            raise ConfigError("the release protocol counts agent turns: max_turns must be >= 1")
+        if self.force_final_answer and self.protocol == "release":
+            raise ConfigError(
+                "the release protocol ends an episode unanswered when its turns run out: force_final_answer must "
+                "be off under it"
+            )
+        if self.max_turns < 0:
+            raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ConfigError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if self.max_total_tokens < 1:
+            raise ConfigError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
+
+    def graph_options(self) -> dict[str, Any]:
+        """The keyword arguments of `build_graph` this sets: every field is one (`max_turn_tokens` is the graph's
+        `max_new_tokens`), so a new field reaches the graph."""
+        options = asdict(self)
+        options["max_new_tokens"] = options.pop("max_turn_tokens")
+        return options
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_types(config: Any) -> None:
+    """Values from YAML or Python must have the field's type (a config file can hold `base_url: 123`)."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        parts = [p.strip() for p in str(f.type).split("|")]
+        if value is None and "None" in parts:
+            continue
+        allowed = tuple(t for p in parts for t in _TYPES.get(p, ()))
+        if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+            expected = " or ".join(parts)
+            raise ConfigError(f"{type(config).__name__}.{f.name} must be {expected}, got {value!r}")
+
+
+def _check_url(url: str, flag: str) -> None:
+    parsed = urlparse(url)
+    if parsed.scheme not in {"http", "https"} or not parsed.netloc:
+        raise ConfigError(f"{flag} must be an http(s) URL such as http://127.0.0.1:8000/v1, got {url!r}")
+
+
+def unreachable_reason(url: str, timeout: float = 5.0) -> str | None:
+    """None when something accepts a TCP connection at the URL's host and port, else why not (one phrase)."""
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+def hub_endpoint() -> str | None:
+    """The Hugging Face hub URL models would download from, or None when HF_HUB_OFFLINE forbids downloads."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"}:
+        return None
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def resolve_api_key(api_key_env: str, base_url: str | None, *, what: str = "environment") -> str:
+    """Read the API key from the named variable.
+
+    OpenAI's own API (no base_url) needs a key: its absence raises `MissingCredentials` naming the variable.
+    A custom endpoint may need none (a local vLLM server), so there the placeholder "EMPTY" is used and the
+    server itself answers 401 if it did want a key.
+    """
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    if key:
+        from prompt_r1.core import redaction
+
+        redaction.register(key)  # from here on, every surface cuts it out of what it writes
+        return key
+    if base_url is None:
+        hint = "--env-api-key-env" if what == "environment" else "--agent-api-key-env"
+        raise MissingCredentials(
+            f"the {what} API key is missing: set {api_key_env or 'OPENAI_API_KEY'}, name another variable with "
+            f"{hint}, or point --{'env' if what == 'environment' else 'agent'}-base-url at a local "
+            "OpenAI-compatible server"
+        )
+    return NO_KEY
+
+
+def read_yaml_file(path: str | Path, what: str) -> Any:
+    """The YAML/JSON document in `path`, or a one-line `ConfigError` naming `what` and the file: missing, a
+    folder, unreadable, not UTF-8, or not valid YAML (with the line and column of the problem)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"cannot read {what} {path}: " + ("it is a folder" if path.is_dir() else "no such file")
+        )
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{what} {path} is not valid YAML/JSON: {problem}{where}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path} is nested too deeply") from None
+
+
+def load_config_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read a YAML/JSON config with optional `agent`, `environment` and `loop` sections.
+
+    Unknown sections or keys are errors that list the valid names, so a typo never passes silently.
+    """
+    path = Path(path)
+    data = read_yaml_file(path, "config file") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping with agent/environment/loop sections")
+    sections = {"agent": AgentConfig, "environment": EnvironmentConfig, "loop": LoopConfig}
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in data.items():
+        if name not in sections:
+            raise ConfigError(
+                f"config file {path}: unknown section {name!r}; expected one of {sorted(sections)}"
+            )
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path}: section {name!r} must be a mapping")
+        valid = {f.name for f in fields(sections[name])}
+        unknown = sorted(set(values) - valid)
+        if unknown:
+            raise ConfigError(
+                f"config file {path}: unknown {name} keys {unknown}; valid keys: {sorted(valid)}"
+            )
+        out[name] = dict(values)
+    return out
+
+
+def _from_text(text: str, type_name: str, variable: str) -> Any:
+    parts = [p.strip() for p in type_name.split("|")]
+    if "None" in parts and text.strip().lower() in ("", "none", "null"):
+        return None
+    try:
+        if "bool" in parts:
+            lowered = text.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(text)
+            return lowered in ("1", "true", "yes", "on")
+        if "int" in parts:
+            return int(text)
+        if "float" in parts:
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{variable}={text!r}: expected {' or '.join(parts)}") from None
+    return text
+
+
+def configs_from_env(
+    environ: dict[str, str] | None = None, prefix: str = "PROMPT_R1_"
+) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
+    """Configs from environment variables, for deployments without a command line (`langgraph dev`/`up`):
+    every AgentConfig field is `PROMPT_R1_AGENT_<NAME>`, every EnvironmentConfig field `PROMPT_R1_ENV_<NAME>`,
+    every LoopConfig field `PROMPT_R1_<NAME>` (e.g. PROMPT_R1_AGENT_BASE_URL, PROMPT_R1_ENV_MODEL,
+    PROMPT_R1_MAX_TURNS). Unset variables keep the defaults; a value of the wrong type names its variable.
+
+    >>> agent, env, loop = configs_from_env({"PROMPT_R1_ENV_MODEL": "m", "PROMPT_R1_MAX_TURNS": "3"})
+    >>> env.model, loop.max_turns
+    ('m', 3)
+    """
+    environ = os.environ if environ is None else environ
+    built = []
+    for cls, section in ((AgentConfig, "AGENT_"), (EnvironmentConfig, "ENV_"), (LoopConfig, "")):
+        values = {}
+        for f in fields(cls):
+            variable = f"{prefix}{section}{f.name.upper()}"
+            if variable in environ:
+                values[f.name] = _from_text(environ[variable], str(f.type), variable)
+        built.append(cls(**values))
+    return built[0], built[1], built[2]

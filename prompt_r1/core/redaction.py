@@ -1,0 +1,205 @@
+"""API keys never leave the process: one place that knows every key in use and cuts it out of what is written.
+
+A server, or a proxy in front of it, may repeat a request's `Authorization` header in an error body (a 401 that
+echoes what it was sent is common). Error text then travels into result rows, checkpoints, HTTP responses,
+progress bars, logs and tracebacks. Rather than trusting each surface to remember, every key the project sends is
+registered here when it is read (`register`, called by `config.resolve_api_key` and by the clients that are handed
+a key directly), and each surface writes through `redact`:
+
+    from prompt_r1.core import redaction
+    redaction.register("sk-live-…")                      # done for you when a client reads its key
+    redaction.redact("401: bad key sk-live-…")           # '401: bad key ***'
+    redaction.json_line({"error": "… sk-live-…"})        # one JSON line, the key cut also where JSON-escaped
+
+`RedactedStream` wraps stdout/stderr (the CLI wraps both for the whole command); `RedactingFilter` guards logging
+handlers. Values shorter than 8 characters (placeholders such as `dummy` for a local server) and the no-key placeholder are not secrets and are left alone, so that
+redaction never mangles ordinary text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+__all__ = [
+    "MASK",
+    "RedactedStream",
+    "RedactingFilter",
+    "Redactor",
+    "dumps",
+    "json_line",
+    "protect_logging",
+    "redact",
+    "redact_exception",
+    "register",
+    "registered",
+]
+
+MASK = "***"
+_MIN_LENGTH = 8  # shorter "keys" (dummy, test, none) are placeholders for local servers, not secrets
+_lock = threading.Lock()
+_registered: set[str] = set()
+
+
+def _is_secret(value: str | None) -> bool:
+    from prompt_r1.core.config import NO_KEY
+
+    return bool(value) and len(value) >= _MIN_LENGTH and value != NO_KEY
+
+
+def register(*secrets: str | None) -> None:
+    """Add keys to the process-wide set that every surface cuts out of what it writes."""
+    with _lock:
+        _registered.update(s for s in secrets if isinstance(s, str) and _is_secret(s))
+
+
+def registered() -> frozenset[str]:
+    return frozenset(_registered)
+
+
+class Redactor:
+    """Cuts secrets out of text: the process-wide registered keys plus `extra` ones."""
+
+    def __init__(self, extra: Iterable[str] = ()) -> None:
+        self.extra = frozenset(s for s in extra if isinstance(s, str) and _is_secret(s))
+        self._cache: tuple[frozenset[str], list[str], list[str]] | None = None
+
+    @property
+    def secrets(self) -> list[str]:
+        return self._forms()[0]
+
+    def _forms(self) -> tuple[list[str], list[str]]:
+        current = self.extra | _registered
+        if self._cache is None or self._cache[0] != current:
+            # Longest first, so a key that contains another is cut whole.
+            plain = sorted(current, key=len, reverse=True)
+            # In JSON a secret may appear escaped (quotes, backslashes, control characters, non-ASCII).
+            escaped = set()
+            for s in plain:
+                for ascii_only in (False, True):
+                    form = json.dumps(s, ensure_ascii=ascii_only)[1:-1]
+                    if form != s:
+                        escaped.add(form)
+            self._cache = (current, plain, sorted(escaped, key=len, reverse=True))
+        return self._cache[1], self._cache[2]
+
+    def __call__(self, text: str | None) -> str | None:
+        if not text:
+            return text
+        plain, escaped = self._forms()
+        for secret in (*plain, *escaped):
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return text
+
+    def exception(self, exc: BaseException) -> BaseException:
+        """`exc` with the secrets cut out of its message, in place (its type and attributes stay), and out of the
+        exceptions it was raised from, whose text a traceback would print."""
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            text = str(current)
+            if any(s in text for s in self.secrets):
+                current.args = tuple(self(a) if isinstance(a, str) else a for a in current.args)
+                for name in ("message", "body"):  # openai's errors keep the text again in attributes
+                    value = getattr(current, name, None)
+                    if isinstance(value, str):
+                        with contextlib.suppress(AttributeError):
+                            setattr(current, name, self(value))
+            current = current.__cause__ or current.__context__
+        return exc
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        """`json.dumps(obj)` (non-ASCII kept) with the secrets cut, also in their JSON-escaped forms; text that is
+        not valid UTF-8 (a lone surrogate) is written as U+FFFD so that the result always encodes."""
+        from prompt_r1.core.text import repair
+
+        kwargs.setdefault("ensure_ascii", False)
+        text, _ = repair(json.dumps(obj, **kwargs))
+        return self(text)
+
+    def json_line(self, row: Any) -> str:
+        return self.dumps(row) + "\n"
+
+
+_default = Redactor()
+
+
+def redact(text: str | None) -> str | None:
+    """`text` with every registered key replaced by ***."""
+    return _default(text)
+
+
+def redact_exception(exc: BaseException) -> BaseException:
+    return _default.exception(exc)
+
+
+def json_line(row: Any) -> str:
+    """One JSON line for a results file, with every registered key cut."""
+    return _default.json_line(row)
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """`json.dumps` for anything sent or written (HTTP bodies, reports): registered keys cut, always encodable."""
+    return _default.dumps(obj, **kwargs)
+
+
+class RedactedStream:
+    """A text stream (stdout, stderr, a progress bar's) that passes everything written through a `Redactor`."""
+
+    def __init__(self, inner: TextIO, redactor: Redactor | None = None) -> None:
+        self.inner, self.redactor = inner, redactor or _default
+
+    def write(self, text: str) -> int:
+        from prompt_r1.core.text import repair
+
+        # Repaired too: a lone surrogate (in an error a server sent, say) must not crash the write.
+        self.inner.write(repair(self.redactor(text))[0])
+        return len(text)  # what the caller handed over, as a stream reports it
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that formats each record's message and cuts the secrets out of it (and out of the
+    exception text a handler would print)."""
+
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        super().__init__()
+        self.redactor = redactor or _default
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (
+            Exception
+        ):  # a record whose args do not fit its format: leave it to the handler's own error path
+            return True
+        cleaned = self.redactor(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and record.exc_info[1] is not None:
+            self.redactor.exception(record.exc_info[1])
+            record.exc_text = None
+        return True
+
+
+def protect_logging(*extra_handlers: logging.Handler) -> None:
+    """Guard the root logger's handlers, Python's last-resort handler (what prints a warning when no handler is
+    configured) and `extra_handlers` with a `RedactingFilter`. Safe to call again."""
+    handlers = [*logging.getLogger().handlers, *extra_handlers]
+    if logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    for handler in handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

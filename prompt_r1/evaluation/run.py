@@ -1,0 +1,390 @@
+"""The evaluation harness behind `prompt-r1 eval`: the paper's Tables 2–4 on your models.
+
+A run evaluates methods (prompt_r1.evaluation.plan) on datasets and keeps everything in one output folder:
+
+    predictions.jsonl   one row per (method, dataset, sample), appended as each finishes; a rerun skips the
+                        finished ones (rows that failed on the environment, the agent or this code are retried)
+    run.json            the settings each method ran with; a rerun with different ones is refused
+    summary.csv         per dataset and method: rows scored, rows failed, EM, SM, F1, SSim, math equivalence
+    table.md            the paper's Table 2 layout: methods × (dataset, metric), with averages
+    chart.png           F1 per dataset, one bar per method
+
+Rows run on the shared worker pool (prompt_r1.runs.pool) into the shared results store (prompt_r1.runs.results), the loop's
+rows through the shared episode runner (prompt_r1.runs.episode), as `batch` runs: one row that raises is that row's
+`internal_error` and the others go on; `max_failures` and `budget` stop a run; Ctrl-C stops it cleanly, keeping
+the rows written, and the next run does each remaining row exactly once. A finished row whose question has since
+changed (another file under the same dataset name) is kept, not rerun, and reported.
+
+The baselines ask for the answer in `<answer>` tags; a reply without them is scored as a whole and marked
+`answer_tagged: false`. Scores and reports: prompt_r1.evaluation.reports.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from prompt_r1.agents.base import AgentBackend, AgentRequest
+from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.errors import (
+    AgentError,
+    AgentRefused,
+    ConfigError,
+    ContextOverflow,
+    EnvironmentCallError,
+    EnvironmentRefused,
+)
+from prompt_r1.core.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
+from prompt_r1.core.protocol import ANSWER_CLOSE, last_answer
+from prompt_r1.core.redaction import RedactedStream, Redactor
+from prompt_r1.data.datasets import Sample, jsonl_rows
+from prompt_r1.evaluation.optimizers.search import OPTIMIZERS, instruction_request
+from prompt_r1.evaluation.plan import (
+    MANIFEST,
+    METHODS,
+    SUITES,
+    MethodInfo,
+    Suite,
+    record_settings,
+    resolve_plan,
+)
+from prompt_r1.evaluation.reports import (
+    SummaryRow,
+    render_markdown,
+    row_metrics,
+    summarize,
+    write_chart,
+    write_reports,
+    write_summary_csv,
+)
+from prompt_r1.loop import release
+from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment, describe_exception
+from prompt_r1.runs.metering import (
+    MeteredAgent,
+    MeteredEnvironment,
+    budget_rule,
+    check_budget_prices,
+    row_cost,
+)
+from prompt_r1.runs.pool import RunTally, check_limits, run_many
+from prompt_r1.runs.results import ResultStore
+from prompt_r1.scoring.rewards import PRESETS, score_episode
+
+__all__ = [
+    "FAILED_STATUSES",
+    "MANIFEST",
+    "METHODS",
+    "PREDICTIONS",
+    "SUITES",
+    "MethodInfo",
+    "RunOutcome",
+    "Suite",
+    "SummaryRow",
+    "read_predictions",
+    "record_settings",
+    "render_markdown",
+    "resolve_plan",
+    "run_evaluation",
+    "summarize",
+    "write_chart",
+    "write_reports",
+    "write_summary_csv",
+]
+
+PREDICTIONS = "predictions.jsonl"
+_ROW_PREFIX = '{"method": '  # how every row this module writes begins
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(row["method"]), str(row["dataset"]), str(row["id"]))
+
+
+def read_predictions(
+    path: str | Path,
+    *,
+    strict: bool = False,
+    repeats: list[tuple[int, tuple[str, str, str]]] | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of a predictions file; when a key (method, dataset, id) appears twice (a retried row), the later
+    row wins.
+
+    A last line cut short (the process was killed mid-write) is dropped, as a run resuming its own file needs;
+    with `strict` it is an error like any other bad line (a file to score must be whole). Bad lines, a file that
+    is not UTF-8 or not a file are `DataError`s naming the file and line. When `repeats` is a list, (line
+    number, key) of every row whose key an earlier row already had is appended to it.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for line_no, row in jsonl_rows(path, allow_cut_last_line=not strict):
+        for key, default in (("method", "predictions"), ("dataset", path.stem), ("id", f"line-{line_no}")):
+            if row.get(key) is None:
+                row[key] = default
+        row_key = _key(row)
+        if repeats is not None and row_key in rows:
+            repeats.append((line_no, row_key))
+        rows[row_key] = row
+    return list(rows.values())
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One row to produce: a method on a sample."""
+
+    method: str
+    sample: Sample
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.method, str(self.sample.dataset), str(self.sample.id))
+
+    @property
+    def question(self) -> str:
+        return self.sample.question
+
+    @property
+    def index(self) -> int:
+        return self.sample.index
+
+    def describe(self) -> str:
+        return f"row {'/'.join(self.key)}"
+
+
+@dataclass
+class RunOutcome(RunTally):
+    """What one call of `run_evaluation` did: the pool's tally (written, skipped, failed, cancelled, conflicts,
+    stopped, seconds, the keys kept from an earlier run for another question) and the spending."""
+
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+def _row_head(item: EvalItem) -> dict[str, Any]:
+    """How every row of an item begins: its key (method, dataset, id first), then the sample."""
+    sample = item.sample
+    return {
+        "method": item.method,
+        "dataset": sample.dataset,
+        "id": sample.id,
+        "index": sample.index,
+        "question": sample.question,
+        "golden_answers": sample.golden_answers,
+    }
+
+
+def _baseline_request(method: str, question: str, instruction: str | None = None) -> str:
+    if instruction is not None:  # a prompt optimiser's method: its instruction, then env-only's request
+        return instruction_request(instruction, question)
+    template = CHAIN_OF_THOUGHT_TEMPLATE if method == "env-cot" else DIRECT_ANSWER_TEMPLATE
+    return template.format(question=question)
+
+
+async def run_evaluation(
+    out_dir: str | Path,
+    methods: Sequence[str],
+    samples: Sequence[Sample],
+    *,
+    agent: AgentBackend | None = None,
+    environment: Any = None,
+    loop: LoopConfig | None = None,
+    agent_config: Any = None,
+    environment_config: Any = None,
+    concurrency: int = 16,
+    max_failures: int | None = None,
+    budget: float | None = None,
+    prices: PriceTable | None = None,
+    progress: bool = True,
+    log: TextIO | None = None,
+    instructions: Mapping[tuple[str, str], str] | None = None,
+    search: dict | None = None,
+) -> RunOutcome:
+    """Run every method on every sample not yet finished in `out_dir`, appending rows as they finish (see the
+    module docstring). A prompt optimiser's method answers under `instructions[(method, dataset)]`, found by the
+    search whose settings are `search` (prompt_r1.evaluation.optimizers.search). Returns the outcome, also when stopped early."""
+    loop = loop or LoopConfig()
+    redact = Redactor()
+    log = RedactedStream(log if log is not None else sys.stderr, redact)
+    check_limits(concurrency, max_failures, budget)
+    for method in methods:
+        info = METHODS[method]
+        if info.needs_agent and agent is None:
+            raise ConfigError(f"method {method} needs an agent")
+        if info.needs_environment and environment is None:
+            raise ConfigError(f"method {method} needs an environment")
+    for method in methods:
+        if method in OPTIMIZERS:
+            missing = sorted(
+                {str(s.dataset) for s in samples} - {d for m, d in instructions or {} if m == method}
+            )
+            if missing:
+                raise ConfigError(
+                    f"method {method} has no instruction for {', '.join(missing)}: search it first"
+                )
+    prices = prices or PriceTable.load()
+    if environment is not None:
+        environment = as_environment(environment)
+    if budget is not None:
+        check_budget_prices(prices, environment, agent)
+    out_dir = Path(out_dir)
+    record_settings(
+        out_dir,
+        methods,
+        agent_config=agent_config,
+        environment_config=environment_config,
+        loop=loop,
+        search=search,
+    )
+    # The folder's rows are checked before anything is appended: a file there that is not ours is left untouched.
+    store = ResultStore.open(
+        out_dir / PREDICTIONS, row_prefix=_ROW_PREFIX, what="predictions file", key=_key, redact=redact
+    )
+    meter = UsageMeter(prices)
+    agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
+    # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.
+    agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
+    agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
+    environment = MeteredEnvironment(environment, meter, redact) if environment is not None else None
+    runner = EpisodeRunner(agent, environment, loop, tags=["eval"]) if "prompt-r1" in methods else None
+
+    async def work(item: EvalItem) -> dict[str, Any]:
+        method, sample = item.method, item.sample
+        row = _row_head(item)
+        if method == "prompt-r1":
+            episode = await runner.run(
+                sample.question,
+                id=str(sample.id),
+                golden_answers=sample.golden_answers,
+                metadata={"dataset": sample.dataset, "method": method},
+            )
+            prediction, status, error = episode.answer or "", episode.status, episode.error
+            row.update(turns=episode.turns, usage=episode.usage)
+            state = {**episode.to_row(), "golden_answers": sample.golden_answers}
+            row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
+            if runner.loop.protocol == "release":  # the release's own reward: on its stream (release.py)
+                row["reward"]["release"] = release.episode_reward(
+                    sample.question, episode.turns, sample.golden_answers
+                ).total
+            latency = episode.latency_s
+        else:
+            instruction = (instructions or {}).get((method, sample.dataset)) if method in OPTIMIZERS else None
+            prediction, status, error, latency = await _baseline(
+                method, sample, row, agent, environment, instruction
+            )
+        row.update(prediction=prediction, status=status, error=error, latency_s=round(latency, 3))
+        row["cost_usd"] = row_cost(row, prices, agent_model, agent_paid=agent_paid)
+        if status not in FAILED_STATUSES:
+            row["metrics"] = row_metrics(prediction, sample.golden_answers)
+        return row
+
+    from tqdm.auto import tqdm
+
+    pending = len(samples) * len(methods) - sum(
+        store.is_finished((m, str(s.dataset), str(s.id))) for s in samples for m in methods
+    )
+    bar = tqdm(total=pending, desc="eval", unit="row", disable=not progress, dynamic_ncols=True, file=log)
+    running: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # method → [n, Σ EM, Σ F1]
+    outcome = RunOutcome()
+
+    def postfix(row: dict[str, Any], in_flight: int) -> None:
+        if row["status"] not in FAILED_STATUSES:
+            stats = running[row["method"]]
+            stats[0] += 1
+            stats[1] += row["metrics"]["em"]
+            stats[2] += row["metrics"]["f1"]
+        bar.set_postfix_str(
+            " · ".join(f"{m} EM {s[1] / s[0]:.3f} F1 {s[2] / s[0]:.3f}" for m, s in running.items())
+            + (f" · failed {outcome.failed}" if outcome.failed else ""),
+            refresh=False,
+        )
+
+    def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
+        """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
+        return {
+            **_row_head(item),
+            "prediction": "",
+            "status": "internal_error",
+            "error": describe_exception(exc),
+            "latency_s": 0.0,
+        }
+
+    items = (EvalItem(method, sample) for sample in samples for method in methods)
+    try:
+        await run_many(
+            items,
+            work,
+            store,
+            failure_row=failure_row,
+            concurrency=concurrency,
+            key=lambda item: item.key,
+            describe=EvalItem.describe,
+            max_failures=max_failures,
+            stop=budget_rule(meter, budget),
+            on_row=postfix,
+            tally=outcome,
+            progress=bar,
+            log=log,
+        )
+    finally:
+        bar.close()
+        outcome.usage = meter.to_dict()
+    return outcome
+
+
+async def _baseline(
+    method: str,
+    sample: Sample,
+    row: dict[str, Any],
+    agent: Any,
+    environment: Any,
+    instruction: str | None = None,
+) -> tuple[str, str, str | None, float]:
+    """One baseline's answer: (prediction, status, error, latency); its usage and reply go into `row`."""
+    import time
+
+    started = time.monotonic()
+    prediction, status, error = "", "answered", None
+    request = _baseline_request(method, sample.question, instruction)
+    try:
+        if method == "agent-only":
+            output = await agent.generate(
+                AgentRequest(messages=[{"role": "user", "content": request}], stop=(ANSWER_CLOSE,))
+            )
+            text = output.text
+            row["usage"] = {
+                "agent_calls": 1,
+                "agent_prompt_tokens": output.prompt_tokens,
+                "agent_completion_tokens": output.completion_tokens,
+            }
+        else:
+            reply = await environment.respond(request)
+            text = reply.text
+            row["usage"] = {
+                "env_calls": 1,
+                "env_input_tokens": reply.input_tokens,
+                "env_output_tokens": reply.output_tokens,
+                "env_retries": reply.attempts - 1,
+            }
+            row["environment_calls"] = [reply.to_dict()]
+        row["response"] = text
+        tagged = last_answer(text)
+        row["answer_tagged"] = tagged is not None
+        prediction = tagged if tagged is not None else text.strip()
+        status = "answered" if tagged is not None else "untagged"
+    except EnvironmentRefused as exc:  # an outcome, as in the loop: not retried by the next run
+        status, error = "refused", str(exc)
+    except EnvironmentCallError as exc:
+        status, error = "environment_error", str(exc)
+    except ContextOverflow as exc:
+        status, error = "context_overflow", str(exc)
+    except AgentRefused as exc:
+        status, error = "refused", str(exc)
+    except AgentError as exc:
+        status, error = "agent_error", str(exc)
+    except Exception as exc:  # this row's failure, recorded and retried by the next run; the others go on
+        status, error = "internal_error", describe_exception(exc)
+    return prediction, status, error, time.monotonic() - started

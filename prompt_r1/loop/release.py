@@ -1,0 +1,409 @@
+"""The `release` protocol: the reference release's training rollout, its texts and rules, for `--protocol release`.
+
+The public repository QwenQKing/Prompt-R1 (commit 2c51728) trains its agent with `run_prompt-R1.sh`, which runs
+`promptr1_agent.src.main_agent`. Its rollout differs from the paper's text, which our default protocol (`paper`)
+follows. Each rule below names the release file it comes from; `graph.py` applies them when
+`LoopConfig.protocol == "release"`.
+
+- The first prompt (`src/agent_rl_dataset.py`, `use_default_tool_template: True` in `src/config/agent_trainer.yaml`)
+  is the chat template applied with one tool, `prompt` (`tool/tools/LLM_tool.py`, in `tool/base.py`'s
+  `tool_description` shape), and tokenised without special tokens added. The template is the release's
+  `Prompr-R1_Qwen3_chat_template.jinja`, shipped here byte for byte as `release_chat_template.jinja`: its system
+  block declares the tool and asks for `{"name": …, "arguments": …}` inside `<interaction_prompt>` tags. That this
+  template, and not Qwen3's own, was the tokenizer's at training time is inferred: the code only calls
+  `apply_chat_template(messages, tools=...)`, and the custom template is the one whose tags the rest of the code
+  parses.
+- A turn ends on the end-of-turn token alone (`run_prompt-R1.sh`: `rollout.stop_token_ids=[151645]`,
+  `rollout.stop=[]`); that token is sampled, kept and trained on.
+- A turn with no `<interaction_prompt>…</interaction_prompt>` ends the episode (`tool/envs/nous.py`, `batch_step`
+  with `use_batch_tool_calls: True`). Otherwise the first one is read as a JSON call; one that is not a call of
+  the `prompt` tool with a string `arguments.prompt` is answered with an error text (`Error: JSONDecodeError`,
+  `Error: No tool name`, …) instead of calling the environment, and the episode goes on.
+- The environment (`tool/tools/LLM_tool.py`) gets a system prompt with a trailing space, then the earlier
+  (prompt, reply) pairs as `llm_agent/generation.py` records them, then the prompt; no temperature or max_tokens
+  is sent, and its reply is `.strip()`-ed and sent back as `json.dumps({"results": [reply]})`.
+- Every reply or error text is cut at 2,048 characters plus "..." (`max_tool_response_length=2048`) and appended
+  as `<|im_end|>\\n<|im_start|>user\\n<interaction_response>\\n…\\n</interaction_response><|im_end|>\\n<|im_start|>
+  assistant\\n<think>\\n` (`nous.py`, `format_tool_response`), after the agent's own sampled `<|im_end|>`: two
+  end-of-turn tokens in a row, and `<think>\\n` prefilled for the next turn.
+- `max_turns` counts agent generations (`generation.py`, `run_llm_loop`); a call in the last one is still
+  answered, then the episode ends unanswered. Before each generation the episode stops when prompt and trajectory
+  exceed the prompt limit (8,192 tokens; token path only). The trajectory the trainer gets is cut at the same
+  number of tokens (`_update_rolling_state`'s `max_response_length=8192`; `training/rollout.py`).
+- The environment's history is each episode's own earlier (prompt, reply) pairs. The release builds it for a
+  whole batch and pads the replies to the batch twice (`run_llm_loop`, `_update_conversation_history`), so once
+  an earlier episode of its batch has ended, a later one's history can pair its prompt with another episode's
+  reply; that accident of batching is not reproduced.
+- The reward (`src/agent_reward_manager.py`) scores the decoded prompt and trajectory, special tokens kept, with
+  `compute_score_format_answer` (`src/reward_score/qa_em_and_format.py`; our reward preset `release`), placed on
+  the last token; GRPO sums it over the agent's tokens only (`src/core_algos.py`,
+  `compute_grpo_outcome_advantage`), so an episode that ends on an environment token gets 0.
+
+- Padding ids are dropped from the trajectory, the agent's sampled ones (Qwen3's `<|endoftext|>` also ends a
+  turn) and any a reply spells out (`generation.py`, `_update_rolling_state`).
+
+API errors become the observation text in the release (`LLM_tool.py` returns `str(e)`); here the environment
+client retries them, and an episode whose calls still fail, are refused, or overflow the environment's context
+gets no reward and is left out of its group.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT, question_message
+from prompt_r1.core.protocol import AgentTurn
+
+__all__ = [
+    "ENVIRONMENT_SYSTEM_PROMPT_RELEASE",
+    "MAX_OBSERVATION_CHARS",
+    "PREFILL",
+    "PROMPT_TOOL",
+    "PROTOCOLS",
+    "ReleaseCall",
+    "agent_messages",
+    "chat_template",
+    "episode_reward",
+    "check_tokenizer",
+    "environment_history",
+    "first_prompt_ids",
+    "first_prompt_text",
+    "observation",
+    "observation_body",
+    "observation_update",
+    "read_call",
+    "release_turn",
+    "reply_content",
+    "stream_text",
+    "system_text",
+    "transcript",
+    "without_padding",
+]
+
+PROTOCOLS = ("paper", "release")
+
+# tool/tools/LLM_tool.py: the one tool, as tool/base.py's `tool_description` presents it to the chat template.
+PROMPT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "prompt",
+        "description": "Give an explanation of the question in detail.",
+        "parameters": {
+            "type": "object",
+            "properties": {"prompt": {"type": "string", "description": "Give question and its explanation"}},
+            "required": ["prompt"],
+        },
+    },
+}
+
+# LLM_tool.py's system message: ours with the space it ends with.
+ENVIRONMENT_SYSTEM_PROMPT_RELEASE = ENVIRONMENT_SYSTEM_PROMPT + " "
+
+MAX_OBSERVATION_CHARS = 2048  # run_prompt-R1.sh: tool.max_tool_response_length=2048
+END_OF_TURN = "<|im_end|>"
+_OBSERVATION_HEAD = "<|im_end|>\n<|im_start|>user\n"
+PREFILL = "<think>\n"
+_OBSERVATION_TAIL = "<|im_end|>\n<|im_start|>assistant\n" + PREFILL
+_CALL = re.compile(r"<interaction_prompt>(.*?)</interaction_prompt>", re.DOTALL)
+_RESPONSE = re.compile(r"<interaction_response>(.*?)</interaction_response>", re.DOTALL)
+
+
+@cache
+def chat_template() -> str:
+    """The release's chat template (`Prompr-R1_Qwen3_chat_template.jinja`, byte for byte)."""
+    return (
+        resources.files("prompt_r1.loop").joinpath("release_chat_template.jinja").read_text(encoding="utf-8")
+    )
+
+
+def check_tokenizer(tokenizer: Any) -> None:
+    """The release's stream is Qwen's chat format with its markers written out: a tokenizer must know
+    `<|im_end|>` and `<|im_start|>` as single tokens, or the stream would spell them in pieces; and its padding
+    token must not be its end-of-turn token, which the release's dropping of padding ids would remove."""
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise ConfigError(
+            "the release protocol drops padding ids from the trajectory, and this agent's tokenizer pads with its "
+            f"end-of-sequence token {tokenizer.eos_token!r}; use a chat model's tokenizer (Qwen3, Qwen2.5-Instruct: "
+            "<|endoftext|> pads, <|im_end|> ends a turn) or --protocol paper"
+        )
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for marker in (END_OF_TURN, "<|im_start|>"):
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) != 1 or ids[0] == unknown:
+            raise ConfigError(
+                f"the release protocol writes Qwen's chat markers, and this agent's tokenizer does not have "
+                f"{marker} as one token; use a Qwen-format agent (Qwen3, Qwen2.5) or --protocol paper"
+            )
+
+
+def first_prompt_text(tokenizer: Any, question: str) -> str:
+    """Turn 1 as the release renders it: the question message with the `prompt` tool, through its template."""
+    messages = [{"role": "user", "content": question_message(question)}]
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=[PROMPT_TOOL],
+        chat_template=chat_template(),
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+
+
+def first_prompt_ids(tokenizer: Any, question: str) -> list[int]:
+    return list(tokenizer.encode(first_prompt_text(tokenizer, question), add_special_tokens=False))
+
+
+@cache
+def system_text() -> str:
+    """The system message's content in the first prompt, for a chat endpoint (which renders its own markers)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def tojson(value: Any) -> str:  # transformers' filter: no ASCII escaping, keys in order
+        return json.dumps(value, ensure_ascii=False)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.filters["tojson"] = tojson
+    rendered = environment.from_string(chat_template()).render(
+        messages=[{"role": "user", "content": "q"}], tools=[PROMPT_TOOL], add_generation_prompt=False
+    )
+    head = "<|im_start|>system\n"
+    return rendered[len(head) : rendered.index(END_OF_TURN)]
+
+
+@dataclass(frozen=True)
+class ReleaseCall:
+    """The first `<interaction_prompt>` of a turn as the release reads it: the prompt to send, or the error text
+    answered instead; `history_prompt` is what the environment's history records for the turn (the release takes
+    it from any call block of the turn whose arguments hold a `prompt`, whether or not the call was valid)."""
+
+    prompt: str | None
+    error: str | None
+    history_prompt: str | None
+
+
+def read_call(text: str) -> ReleaseCall | None:
+    """The call in one agent turn (its text without special tokens), or None when it has none: the episode ends.
+
+    >>> read_call('<interaction_prompt>{"name": "prompt", "arguments": {"prompt": "Why?"}}</interaction_prompt>')
+    ReleaseCall(prompt='Why?', error=None, history_prompt='Why?')
+    >>> read_call("<interaction_prompt>Why?</interaction_prompt>").error
+    'Error: JSONDecodeError'
+    """
+    blocks = _CALL.findall(text)
+    if not blocks:
+        return None
+    return ReleaseCall(*_check_call(blocks[0]), history_prompt=_history_prompt(blocks))
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # the release catches JSONDecodeError, a ValueError
+        return _INVALID
+
+
+_INVALID = object()
+
+
+def _check_call(block: str) -> tuple[str | None, str | None]:
+    """nous.py's checks, in its order. `null` is a JSONDecodeError there (its parser stands None for a failed
+    parse); a JSON string or list meets the `in` checks as Python's `in` does. Where the release itself would
+    crash (a number, a string or list holding both "name" and "arguments", an unhashable name), the turn gets
+    "Error: ToolNotFoundError"."""
+    call = _loads(block)
+    if call is _INVALID or call is None:
+        return None, "Error: JSONDecodeError"
+    if not isinstance(call, dict | str | list):
+        return None, "Error: ToolNotFoundError"
+    if "name" not in call:
+        return None, "Error: No tool name"
+    if "arguments" not in call:
+        return None, "Error: No tool arguments"
+    if not isinstance(call, dict):
+        return None, "Error: ToolNotFoundError"
+    if call["name"] != PROMPT_TOOL["function"]["name"]:
+        return None, "Error: ToolNotFoundError"
+    arguments = call["arguments"]
+    # tool/base.py validates with the tool's JSON schema: an object whose `prompt` is a string.
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("prompt"), str):
+        return None, "Error: Invalid tool arguments"
+    return arguments["prompt"], None
+
+
+def _history_prompt(blocks: list[str]) -> str | None:
+    """generation.py's `_extract_tool_call_prompt`: the first block whose JSON has `arguments.prompt`. A prompt
+    that is not a string is left out: the release would send it and the API would refuse the call."""
+    for block in blocks:
+        call = _loads(block)
+        if (
+            isinstance(call, dict)
+            and isinstance(call.get("arguments"), dict)
+            and "prompt" in call["arguments"]
+        ):
+            prompt = call["arguments"]["prompt"]
+            return prompt if isinstance(prompt, str) and prompt else None
+    return None
+
+
+def release_turn(turn: AgentTurn, text: str) -> tuple[AgentTurn, dict[str, Any]]:
+    """A parsed turn as the release acts on it, and the fields its record adds. A turn with a call block is a
+    `prompt` turn whatever else it holds (the episode goes on); its `prompt` is the call's, or None when the call
+    is answered with `call_error` instead. A turn without one ends the episode as parsed (an answer or malformed).
+    Its text is the whole generation: the release cuts nothing after a closing tag, and a chat-only agent is sent
+    its turns back whole."""
+    call = read_call(text)
+    turn = replace(turn, text=text, truncated="")
+    if call is None:
+        return turn, {"call_error": None, "history_prompt": None}
+    defects = turn.defects + ((f"call answered with {call.error!r}",) if call.error else ())
+    called = replace(
+        turn,
+        kind="prompt",
+        prompt=call.prompt,
+        answer=None,
+        defects=defects,
+        prompt_format="tool_call" if call.error is None else turn.prompt_format,
+    )
+    return called, {"call_error": call.error, "history_prompt": call.history_prompt}
+
+
+def reply_content(reply: str) -> str:
+    """What a successful call returns (LLM_tool.py): the stripped reply, JSON-encoded with ASCII escapes."""
+    return json.dumps({"results": [reply.strip()]})
+
+
+def observation_body(content: str) -> str:
+    """The user message's content: `content` cut at 2,048 characters plus "...", in the response tags."""
+    if len(content) > MAX_OBSERVATION_CHARS:
+        content = content[:MAX_OBSERVATION_CHARS] + "..."
+    return f"<interaction_response>\n{content}\n</interaction_response>"
+
+
+def observation(content: str) -> str:
+    """The text appended to the trajectory after an agent turn that called (nous.py, `format_tool_response`)."""
+    return _OBSERVATION_HEAD + observation_body(content) + _OBSERVATION_TAIL
+
+
+def observation_update(index: int, text: str, reply: Any, tokenizer: Any) -> tuple[dict[str, Any], dict]:
+    """The graph's state update and the event for the answer to turn `index`'s call: the environment's `reply`
+    (its stripped `text` sent back as JSON), or, when `reply` is None, the call's error `text`. Cut and wrapped as
+    one user message; with a `tokenizer` (the token path) appended whole after the agent's own end-of-turn
+    token, the next turn's `<think>\n` prefilled, none of it trained on."""
+    content = reply_content(text) if reply is not None else text
+    record: dict[str, Any] = {
+        "index": index,
+        "response": text,
+        "response_source": "environment" if reply is not None else "call_error",
+        "observation": observation_body(content),
+    }
+    update: dict[str, Any] = {"turns": [record]}
+    if reply is not None:
+        record["environment_call"] = reply.to_dict()
+        update["usage"] = {
+            "env_calls": 1,
+            "env_input_tokens": reply.input_tokens,
+            "env_output_tokens": reply.output_tokens,
+            "env_retries": reply.attempts - 1,
+        }
+        event = {"type": "response", "turn": index, "text": text, "attempts": reply.attempts}
+        event["latency_s"] = round(reply.latency_s, 3)
+    else:
+        event = {"type": "call_error", "turn": index, "text": text}
+    if tokenizer is not None:
+        ids = without_padding(tokenizer, tokenizer.encode(observation(content), add_special_tokens=False))
+        update.update(completion_ids=ids, logprobs=[0.0] * len(ids), env_mask=[0] * len(ids))
+    return update, event
+
+
+def without_padding(tokenizer: Any, ids: list[int]) -> list[int]:
+    """`ids` without the padding token's, as the release keeps its responses (generation.py,
+    `_update_rolling_state`): a sampled `<|endoftext|>` (Qwen3's padding, also an end of turn) or one a reply
+    spelled out. The release's vLLM prompt kept a reply's padding ids; a trajectory here is one stream."""
+    pad = tokenizer.pad_token_id
+    return [token for token in ids if token != pad] if pad is not None else list(ids)
+
+
+def history_reply(body: str) -> str:
+    """The reply the environment's history keeps for a turn (generation.py, `_extract_tool_response_content`):
+    `results[0]` of the JSON in the response tags, or "" when it does not parse, which is the case for an error
+    text and for a reply cut at 2,048 characters."""
+    match = _RESPONSE.search(body)
+    data = _loads(match.group(1).strip()) if match else _INVALID
+    if isinstance(data, dict) and isinstance(data.get("results"), list) and data["results"]:
+        first = data["results"][0]
+        return first if isinstance(first, str) else ""
+    return ""
+
+
+def environment_history(turns: list[dict]) -> list[tuple[str, str]]:
+    """The (prompt, reply) pairs the environment sees before a call, from the episode's earlier turn records."""
+    return [
+        (t["history_prompt"], history_reply(t.get("observation") or ""))
+        for t in turns
+        if t.get("history_prompt")
+    ]
+
+
+def agent_messages(question: str, turns: list[dict]) -> list[dict[str, str]]:
+    """The agent's chat for a chat-only endpoint: the tools system block, the question, each turn and its
+    observation. Only the token path can prefill `<think>\\n` or send the doubled end-of-turn token."""
+    messages = [
+        {"role": "system", "content": system_text()},
+        {"role": "user", "content": question_message(question)},
+    ]
+    for turn in turns:
+        messages.append({"role": "assistant", "content": turn["text"]})
+        if turn.get("observation") is not None:
+            messages.append({"role": "user", "content": turn["observation"]})
+    return messages
+
+
+def stream_text(question: str, turns: list[dict]) -> str:
+    """The text the release's reward reads, rebuilt from an episode's turn records (eval's reward): on the token
+    path it is `transcript(tokenizer, prompt_ids + completion_ids)` (tested), but for a turn that ended on the
+    padding token (one `<|im_end|>` more, the same score) and a trajectory over training's cut at
+    `max_total_tokens`. A chat-only episode gets the same form; its agent was not prefilled, so the `<think>` it
+    opens a later turn with stands for the prefill."""
+    text = (
+        f"<|im_start|>system\n{system_text()}{END_OF_TURN}\n<|im_start|>user\n{question_message(question)}"
+        f"{END_OF_TURN}\n<|im_start|>assistant\n"
+    )
+    for k, turn in enumerate(turns):
+        body = turn["text"]
+        for opening in (PREFILL, "<think>") if k > 0 else ():  # the prefill is in the observation's tail
+            if body.startswith(opening):
+                body = body[len(opening) :]
+                break
+        text += body
+        if turn.get("finish_reason") != "length":  # it stopped on its end-of-turn token
+            text += END_OF_TURN
+        if turn.get("observation") is not None:
+            text += _OBSERVATION_HEAD + turn["observation"] + _OBSERVATION_TAIL
+    return text if text.endswith(END_OF_TURN) else text + END_OF_TURN
+
+
+def episode_reward(question: str, turns: list[dict], golden_answers: Any) -> Any:
+    """The release's reward of an episode (a `RewardScore`): its stream scored by the `release` preset, with a
+    total of 0 when the episode ended on the environment's message."""
+    from prompt_r1.scoring.rewards import score_transcript
+
+    score = score_transcript(stream_text(question, turns), golden_answers, "release")
+    ended_on_environment = bool(turns) and turns[-1].get("observation") is not None
+    return replace(score, total=0.0) if ended_on_environment else score
+
+
+def transcript(tokenizer: Any, ids: list[int]) -> str:
+    """The text the release's reward scores (agent_reward_manager.py): the ids decoded with special tokens, cut
+    at the first padding token, ending with the end-of-sequence token."""
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    if tokenizer.pad_token_id is not None:
+        text = text.split(tokenizer.decode([tokenizer.pad_token_id]))[0]
+    eos = tokenizer.eos_token
+    if eos and not text.endswith(eos):
+        text += eos
+    return text

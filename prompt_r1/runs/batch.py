@@ -1,0 +1,309 @@
+"""Many episodes against rate-limited environments: the engine of `prompt-r1 batch`.
+
+    summary = await run_batch("questions.jsonl", "results.jsonl", agent=agent, environment=environment)
+
+How it runs:
+- **Independent episodes.** `concurrency` workers each take the next question, run its whole episode through
+  the graph and write its row; nothing waits for a slow or failing neighbour (no per-turn lockstep). The
+  environment's process-wide limiter (requests per period, tokens per minute, requests in flight) is the only
+  thing episodes share, so throughput is what the rate limit allows.
+- **Streaming.** The input is read lazily (parquet by record batch, JSONL by line); each finished episode is
+  appended to the output as one JSON line and flushed. Memory holds the ids seen, not the rows.
+- **Nothing lost, nothing paid twice.** A rerun with the same output skips ids already finished and retries the
+  failed ones (`environment_error`, `agent_error`, `internal_error`); a row written again supersedes the old
+  one, and the file is compacted to one row per id when the run ends. A process killed at any point loses at
+  most the episodes in flight. With `checkpoint=` (LangGraph's SQLite checkpointer, one thread per id) those too
+  resume from their last completed step, and a failed episode resumes from the environment call that failed:
+  turns already paid for are not called again. A finished episode's thread is deleted once its row is written.
+- **Faults.** The environment client retries (429 with Retry-After, 5xx, timeouts, dropped connections,
+  malformed bodies); an episode whose call still fails is written with status `environment_error` and the error,
+  and the batch goes on (as it does, with status `internal_error`, for anything else one episode raises).
+  `max_failures` stops the run after that many; `budget` stops starting episodes once the estimated cost
+  reaches it; SIGINT/SIGTERM stop at once, cancelling the episodes in flight (the next run redoes them, or
+  resumes them from the checkpoint). Every stop writes what finished and returns a summary.
+- **Ids.** An input row's `id`, else `<dataset>-<row index>`. A repeated id is reported and not run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from prompt_r1.agents.base import AgentBackend
+from prompt_r1.core.config import LoopConfig
+from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
+from prompt_r1.runs.episode import FAILED_STATUSES, Episode, EpisodeRunner, as_environment, describe_exception
+from prompt_r1.core.errors import ConfigError, DataError
+from prompt_r1.runs.metering import (
+    MeteredAgent,
+    MeteredEnvironment,
+    budget_rule,
+    check_budget_prices,
+    episode_cost,
+)
+from prompt_r1.runs.pool import RunTally, check_limits, named_keys
+from prompt_r1.core.redaction import RedactedStream, Redactor
+from prompt_r1.runs.results import ResultStore
+from prompt_r1.runs.results_file import check_checkpoint, crc
+
+__all__ = ["FAILED_STATUSES", "BatchSummary", "run_batch", "scan_input"]
+
+_ROW_PREFIX = (
+    '{"id": '  # how every row this module writes begins (json.dumps of a dict whose first key is id)
+)
+
+
+@dataclass
+class BatchSummary(RunTally):
+    """What one `run_batch` call did: the pool's tally (written, skipped, duplicates, conflicts, cancelled,
+    statuses, stopped) and batch's own figures. `usage` is this run's spending (calls, tokens, cost per model)."""
+
+    out: str = ""
+    input_rows: int | None = None
+    resumed: int = 0  # episodes continued from a checkpoint instead of started over
+    retries: int = 0
+    fallbacks: int = 0
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Every input id has a finished row for its question: nothing failed, was cancelled, left unstarted, or
+        kept from an earlier run for a different question."""
+        return self.stopped is None and self.failed == 0 and self.cancelled == 0 and self.conflicts == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out": self.out,
+            "input_rows": self.input_rows,
+            "written": self.written,
+            "skipped": self.skipped,
+            "duplicates": self.duplicates,
+            "conflicts": self.conflicts,
+            "conflict_ids": list(self.conflict_keys),
+            "cancelled": self.cancelled,
+            "resumed": self.resumed,
+            "failed": self.failed,
+            "statuses": dict(self.statuses),
+            "seconds": round(self.seconds, 3),
+            "episodes_per_second": round(self.written / self.seconds, 4) if self.seconds else None,
+            "retries": self.retries,
+            "fallbacks": self.fallbacks,
+            "stopped": self.stopped,
+            "input_error": self.input_error,
+            "usage": self.usage,
+        }
+
+    def render(self) -> str:
+        """The final summary table."""
+        rate = self.written / self.seconds if self.seconds else 0.0
+        lines = [
+            ("output", self.out),
+            (
+                "episodes",
+                f"{self.written} run · {self.skipped} already done"
+                + (f" · {self.resumed} resumed from checkpoint" if self.resumed else "")
+                + (f" · {self.cancelled} cancelled" if self.cancelled else "")
+                + (f" · {self.duplicates} duplicate ids" if self.duplicates else "")
+                + (f" · {self.conflicts} ids with a changed question" if self.conflicts else ""),
+            ),
+            *(
+                [("changed", "ids kept for an earlier question: " + named_keys(self.conflict_keys))]
+                if self.conflict_keys
+                else []
+            ),
+            ("status", " · ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "-"),
+            ("time", f"{self.seconds:.1f} s · {rate:.2f} episodes/s"),
+            (
+                "retries",
+                f"{self.retries} environment retries"
+                + (f" · {self.fallbacks} fallbacks" if self.fallbacks else ""),
+            ),
+        ]
+        for entry in self.usage.get("models", []):
+            cost = entry["cost_usd"]
+            lines.append(
+                (
+                    f"{entry['role']}",
+                    f"{entry['model']}: {entry['calls']} calls · {entry['input_tokens']:,} tokens in / "
+                    f"{entry['output_tokens']:,} out · " + ("unpriced" if cost is None else f"${cost:.4f}"),
+                )
+            )
+        if self.usage:
+            unpriced = self.usage.get("unpriced_models") or []
+            lines.append(
+                (
+                    "cost",
+                    f"${self.usage.get('cost_usd', 0.0):.4f} estimated"
+                    + (f" (no price for {', '.join(unpriced)}; see --prices)" if unpriced else ""),
+                )
+            )
+        if self.stopped:
+            lines.append(("stopped", self.stopped))
+        width = max(len(k) for k, _ in lines)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def scan_input(source: str | Path, limit: int | None = None) -> int:
+    """Read the input through once before anything runs: the number of rows, or a `DataError` for a row that
+    cannot be used or an id that repeats an earlier row's id with another question (which of the two to answer
+    is the user's call). An id repeated for the same question is only reported later, and run once."""
+    questions: dict[str, tuple[int, int]] = {}  # id → (checksum of its question, row index)
+    rows = 0
+    for sample in iter_samples(source, limit=limit, require_answers=False):
+        rows += 1
+        checksum = crc(sample.question)
+        earlier = questions.setdefault(sample.id, (checksum, sample.index))
+        if earlier[0] != checksum:
+            raise DataError(
+                f"input row {sample.index}: id {sample.id!r} repeats row {earlier[1]} with another question; "
+                "give each question its own id"
+            )
+    return rows
+
+
+async def run_batch(
+    source: str | Path,
+    out: str | Path,
+    *,
+    agent: AgentBackend,
+    environment: Any,
+    loop: LoopConfig | None = None,
+    concurrency: int = 32,
+    checkpoint: str | Path | None = None,
+    max_failures: int | None = None,
+    budget: float | None = None,
+    prices: PriceTable | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+    log: TextIO | None = None,
+    secrets: Sequence[str] = (),
+) -> BatchSummary:
+    """Run the loop on every question of `source` (a bundled set's name or a parquet/JSONL/JSON file) not yet
+    finished in `out`, appending one JSON row per episode. Returns the summary (also when stopped early).
+
+    Before anything runs, the input is read through once (a bad row, or an id repeated for another question, stops
+    it with a `DataError`), and `out` and `checkpoint` are checked (`OutputError`: the input, a folder, a file
+    that is not a results file or a SQLite database, an unwritable path) without being changed.
+
+    Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
+    written: rows, the summary, `log`."""
+    redact = Redactor(secrets)
+    log = RedactedStream(log if log is not None else sys.stderr, redact)
+    loop = loop or LoopConfig()
+    check_limits(concurrency, max_failures, budget)
+    out = Path(out)
+    if out.suffix != ".jsonl":
+        raise ConfigError(f"the output must be a .jsonl file, got {out}")
+    prices = prices or PriceTable.load()
+
+    environment = as_environment(environment)
+    agent_config = getattr(agent, "config", None)
+    agent_model = str(getattr(agent_config, "model", None) or "agent")
+    if budget is not None:
+        check_budget_prices(prices, environment, agent)
+    path, _ = resolve_source(source)
+    input_rows = scan_input(source, limit)
+    samples = iter_samples(source, limit=limit, require_answers=False)
+    protected = [("input file", path), ("--checkpoint file", Path(checkpoint) if checkpoint else None)]
+    if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
+        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
+    store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
+    if checkpoint is not None:
+        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
+    meter = UsageMeter(prices)
+    metered_env = MeteredEnvironment(environment, meter, redact)
+    metered_agent = MeteredAgent(agent, meter, agent_model, redact)
+
+    summary = BatchSummary(out=str(out), input_rows=input_rows)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = None if input_rows is None else max(0, input_rows - store.finished)
+        bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
+
+    def postfix(row: dict[str, Any], in_flight: int) -> None:
+        if bar is not None:
+            bar.set_postfix_str(
+                f"failed {summary.failed} · retries {getattr(environment, 'retries', 0)} · in flight {in_flight} · "
+                f"${meter.cost:.4f}",
+                refresh=False,
+            )
+
+    async with contextlib.AsyncExitStack() as stack:
+        checkpointer = None
+        if checkpoint is not None:
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+            checkpointer = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(checkpoint)))
+        runner = EpisodeRunner(
+            metered_agent,
+            metered_env,
+            loop,
+            checkpointer=checkpointer,
+            price=lambda state: episode_cost(state, prices, agent_model),
+            tags=["batch"],
+        )
+
+        def row_of(sample: Sample, episode: Episode) -> dict[str, Any]:
+            row = {"id": sample.id, "dataset": sample.dataset, "index": sample.index, **episode.to_row()}
+            row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
+            return row
+
+        def failure_row(sample: Sample, exc: Exception) -> dict[str, Any]:
+            error = describe_exception(exc)
+            failed = Episode.failure("internal_error", error, id=sample.id, question=sample.question)
+            return row_of(sample, failed)
+
+        async def work(sample: Sample) -> dict[str, Any]:
+            episode = await runner.run(
+                sample.question,
+                id=sample.id,
+                golden_answers=sample.golden_answers,
+                metadata={"dataset": sample.dataset},
+            )
+            if episode.resumed:
+                summary.resumed += 1
+            row = row_of(sample, episode)
+            if sample.golden_answers and episode.answer is not None:
+                from prompt_r1.scoring.metrics import exact_match, f1
+
+                row["metrics"] = {
+                    "em": exact_match(episode.answer, sample.golden_answers),
+                    "f1": f1(episode.answer, sample.golden_answers),
+                }
+            return row
+
+        async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
+            if row["status"] not in FAILED_STATUSES:
+                await runner.forget(sample.id)
+
+        try:
+            await runner.run_many(
+                samples,
+                store,
+                work=work,
+                failure_row=failure_row,
+                concurrency=concurrency,
+                max_failures=max_failures,
+                stop=budget_rule(meter, budget),
+                after_write=forget_finished,
+                on_row=postfix,
+                tally=summary,
+                progress=bar,
+                log=log,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+            summary.retries = getattr(environment, "retries", 0)
+            summary.fallbacks = getattr(environment, "fallbacks", 0)
+            summary.usage = meter.to_dict()
+            summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
+    return summary

@@ -1,0 +1,299 @@
+"""Results files (one JSON row per episode, appended as episodes finish) and the other files a run writes.
+
+A run writes to paths the user names, so it checks them before it writes a byte: an output that is the input, a
+folder, or a file that is not a results file is refused untouched, and one that cannot be written (a read-only or
+full file system) is refused at start, each with one line naming the path (`OutputError`). Only then is a last
+line that a killed run left unfinished cut off.
+
+    state = open_results_file("results.jsonl", row_prefix='{"id": ', protected=[input_path])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import zlib
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prompt_r1.core.errors import OutputError
+
+__all__ = [
+    "FAILED_STATUSES",
+    "OutputState",
+    "check_checkpoint",
+    "check_folder_of",
+    "check_log_file",
+    "check_summary_path",
+    "compact_output",
+    "crc",
+    "open_results_file",
+    "row_id",
+    "write_text_file",
+]
+
+# Rows with these statuses are failures of the infrastructure or of this code, not the episode's outcome: a
+# rerun retries them. internal_error: the episode raised something unexpected (its row holds the error).
+FAILED_STATUSES = frozenset({"environment_error", "agent_error", "internal_error"})
+
+
+def crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
+@dataclass
+class OutputState:
+    """What an existing results file already holds: finished ids (with a checksum of their question) and failed
+    ones, and how many rows an id's later row superseded."""
+
+    finished: dict[Hashable, int] = field(default_factory=dict)
+    failed: set[Hashable] = field(default_factory=set)
+    superseded: int = 0
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def _refuse_protected(path: Path, what: str, protected: Iterable[tuple[str, Path | None]]) -> None:
+    for name, other in protected:
+        if other is not None and (_same_file(path, Path(other)) or Path(other).resolve() == path.resolve()):
+            raise OutputError(f"{what} {path} is the {name}; name another file")
+
+
+def check_folder_of(path: str | Path, what: str) -> None:
+    """Refuse, without creating anything, a path whose nearest existing ancestor is not a folder."""
+    path = Path(path)
+    for ancestor in path.absolute().parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise OutputError(f"cannot write {what} {path}: {ancestor} is not a folder")
+            return
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Create the parent folders and open `path` for appending (creating it empty), so that a path that cannot be
+    written fails now, before any work, rather than after it."""
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a folder; name a file")
+    if path.exists() and not path.is_file():  # a device or a pipe cannot be read back to resume
+        raise OutputError(f"{what} {path} is not a regular file; name a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
+
+
+def row_id(row: dict) -> str:
+    """The key of a row in a file of one row per id (batch's)."""
+    return str(row["id"])
+
+
+def _row(line: bytes) -> dict | None:
+    """A results row (a JSON object with an id and a status), or None when the line is not one."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(row, dict) or "id" not in row or "status" not in row:
+        return None
+    return row
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def open_results_file(
+    path: str | Path,
+    *,
+    row_prefix: str,
+    protected: Iterable[tuple[str, Path | None]] = (),
+    what: str = "--out",
+    key: Callable[[dict], Hashable] = row_id,
+) -> OutputState:
+    """Check `path` as the results file of a run and read what it holds, touching nothing that is not ours.
+
+    Every complete line must be a results row (a JSON object with `id` and `status`); a file holding anything
+    else is refused untouched. An unfinished last line (no newline) that begins as this writer's rows begin
+    (`row_prefix`) is what a killed run leaves: it is cut off; one that is a complete row only gets its newline.
+    `protected`: (name, path) pairs the output must not be (the input, the summary, the checkpoint). A last line
+    that is complete JSON but not a row (someone else's file) is refused like any other. `key` names what a row
+    is the result of (its id; eval's rows: method, dataset and id): a later row of a key supersedes earlier ones."""
+    path = Path(path)
+    _refuse_protected(path, what, protected)
+    _check_writable(path, what)
+    state = OutputState()
+    seen: set[str] = set()
+    cut_at: int | None = None
+    add_newline = False
+    offset = 0
+    with path.open("rb") as handle:
+        for line_no, line in enumerate(handle, 1):
+            start, offset = offset, offset + len(line)
+            if not line.strip():
+                continue
+            parsed = _row(line)
+            if not line.endswith(b"\n"):  # the last line, unfinished
+                if parsed is not None:
+                    add_newline = True
+                elif line.startswith(row_prefix.encode()) and not _is_json(line):  # a row cut mid-write
+                    cut_at = start
+                    break
+            if parsed is None:
+                raise OutputError(
+                    f"{what} {path} line {line_no} is not a results row: it is not a file this command "
+                    "wrote, and was left untouched; name another file"
+                )
+            row, row_key = parsed, key(parsed)
+            if row_key in seen:
+                state.superseded += 1
+            seen.add(row_key)
+            if row.get("status") in FAILED_STATUSES:
+                state.failed.add(row_key)
+                state.finished.pop(row_key, None)
+            else:
+                state.failed.discard(row_key)
+                state.finished[row_key] = crc(str(row.get("question", "")))
+    if cut_at is not None or add_newline:
+        try:
+            with path.open("r+b") as handle:
+                if cut_at is not None:
+                    handle.truncate(cut_at)
+                else:
+                    handle.seek(0, os.SEEK_END)
+                    handle.write(b"\n")
+        except OSError as exc:
+            raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
+    return state
+
+
+def compact_output(path: str | Path, key: Callable[[dict], Hashable] = row_id) -> int:
+    """Rewrite the output with the last row of each key only (atomically); returns the rows dropped."""
+    path = Path(path)
+    last: dict[Hashable, int] = {}
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle):
+            if line.strip():
+                last[key(json.loads(line))] = line_no
+    dropped = 0
+    keep = set(last.values())
+    tmp = path.with_name(path.name + ".compacting")
+    with path.open(encoding="utf-8") as src, tmp.open("w", encoding="utf-8") as dst:
+        for line_no, line in enumerate(src):
+            if line_no in keep:
+                dst.write(line)
+            elif line.strip():
+                dropped += 1
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    return dropped
+
+
+def check_summary_path(path: str | Path, protected: Iterable[tuple[str, Path | None]] = ()) -> Path:
+    """Refuse a summary path that is another file of the run, a folder, an unwritable place, or an existing file
+    that is not a summary (a JSON object with `out`); nothing is written."""
+    path = Path(path)
+    _refuse_protected(path, "--summary", protected)
+    if path.is_dir():
+        raise OutputError(f"--summary {path} is a folder; name a file")
+    if path.exists():
+        try:
+            existing = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            existing = None
+        if not isinstance(existing, dict) or "out" not in existing:
+            raise OutputError(
+                f"--summary {path} exists and is not a summary this command wrote; name another file"
+            )
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"cannot write --summary {path}: its folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise OutputError(f"cannot write --summary {path}: permission denied or read-only file system")
+    return path
+
+
+def write_text_file(path: str | Path, text: str, what: str) -> None:
+    """Write `text` to `path`, atomically (a temporary file then a rename), or raise `OutputError`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".writing")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
+
+
+# The tables LangGraph's SQLite checkpointer keeps; a database holding others is someone else's.
+_CHECKPOINT_TABLES = {"checkpoints", "writes"}
+
+
+def check_log_file(path: str | Path, protected: Iterable[tuple[str, Path | None]] = ()) -> Path:
+    """Refuse a log path that is another file of the run or a folder; the log is appended to."""
+    path = Path(path)
+    _refuse_protected(path, "--log-file", protected)
+    if path.is_dir():
+        raise OutputError(f"--log-file {path} is a folder; name a file")
+    check_folder_of(path, "--log-file")
+    return path
+
+
+def check_checkpoint(
+    path: str | Path, protected: Iterable[tuple[str, Path | None]] = (), *, create: bool = True
+) -> Path:
+    """Refuse a checkpoint path that is another file of the run, a folder, a file that is not a SQLite database,
+    or a database with tables other than the checkpointer's, before any episode runs (each episode would fail on
+    it otherwise, or write into someone else's database). `create`: make the empty database now, so that an
+    unwritable place fails at once."""
+    path = Path(path)
+    _refuse_protected(path, "--checkpoint", protected)
+    if path.is_dir():
+        raise OutputError(f"--checkpoint {path} is a folder; name a file")
+    if path.exists() and path.stat().st_size > 0:
+        try:
+            connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                tables = {
+                    name
+                    for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                }
+            finally:
+                connection.close()
+        except sqlite3.Error as exc:
+            raise OutputError(
+                f"--checkpoint {path} is not a SQLite database ({exc}); it was left untouched: name another file"
+            ) from None
+        foreign = sorted(tables - _CHECKPOINT_TABLES - {"sqlite_sequence"})
+        if foreign:
+            raise OutputError(
+                f"--checkpoint {path} is a database with other tables ({', '.join(foreign[:5])}); it was left "
+                "untouched: name another file"
+            )
+    elif create:
+        try:  # create it now (an empty database), so that an unwritable place fails before any episode runs
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()  # an OSError says why (read-only, full) where SQLite only says it cannot open the file
+            sqlite3.connect(path).close()
+        except OSError as exc:
+            raise OutputError(f"cannot write --checkpoint {path}: {_reason(exc)}") from None
+        except sqlite3.Error as exc:
+            raise OutputError(f"cannot write --checkpoint {path}: {exc}") from None
+    return path

@@ -1,0 +1,121 @@
+"""The two scorers of an evaluation: `paper`, the paper's definitions (the default), and `release`, the rules of
+the reference release's scripts, which produced its published numbers.
+
+    summary = summarize(release_rows(rows), scoring="release")   # prompt_r1.evaluation.reports
+
+`paper` (prompt_r1.scoring.metrics, Appendix F): substring match asks whether a golden answer is inside the prediction,
+and a row without an answer earns nothing on any metric.
+
+`release` (the public repository QwenQKing/Prompt-R1, `eval_scores.py` and `batch_inference.py`):
+- substring match is two-way: the normalised golden answer inside the normalised prediction, or the prediction
+  inside the golden answer; so an empty prediction (inside every text) scores SM = 1;
+- semantic similarity is 1.0 when either side is empty after stripping, else the embeddings' cosine;
+- exact match and token F1 are the paper's (two empty answers agree for F1; an empty against a non-empty one
+  does not), with no rule that an empty prediction earns nothing;
+- semantic similarity's best per row starts at 0, so a negative cosine counts 0;
+- the prediction of a Prompt-R1 episode is read from its last agent turn as `batch_inference.py` reads it: the
+  first `<answer>…</answer>` in it, stripped, else ""; an episode that ran out of turns is "Maximum turns
+  reached without final answer" (also when it answered only because the loop asked it once more, which the
+  release never does), and one whose context filled up "Maximum context length exceeded". Any other row (a
+  baseline's, or a `score` file's) keeps its `prediction` as it is.
+
+The release's loop also counts its turn budget differently (agent generations, where ours counts environment
+calls): to run episodes the way its inference did, use `--no-force-final-answer` and a `--max-turns` one below
+the release's.
+
+Every report names the scorer it was made with, so tables from the two are never mixed up.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.scoring.metrics import (
+    SemanticScorer,
+    as_answer_list,
+    default_semantic_scorer,
+    exact_match_batch,
+    f1_batch,
+    normalize_answer,
+)
+
+__all__ = [
+    "CONTEXT_EXCEEDED",
+    "MAX_TURNS_REACHED",
+    "SCORERS",
+    "check_scorer",
+    "release_prediction",
+    "release_rows",
+    "release_scores",
+]
+
+SCORERS = {
+    "paper": "the paper's definitions",
+    "release": "the reference release's eval_scores.py and batch_inference.py",
+}
+MAX_TURNS_REACHED = "Maximum turns reached without final answer"
+CONTEXT_EXCEEDED = "Maximum context length exceeded"
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def check_scorer(name: str) -> str:
+    if name not in SCORERS:
+        raise ConfigError(f"unknown scorer {name!r}; choose from {', '.join(SCORERS)}")
+    return name
+
+
+def release_prediction(row: Mapping[str, Any]) -> str:
+    """The prediction `batch_inference.py` would have recorded for this row (see the module docstring)."""
+    if row.get("status") == "context_overflow":  # also when the very first turn did not fit
+        return CONTEXT_EXCEEDED
+    turns = row.get("turns")
+    if not turns:
+        return str(row.get("prediction") or "")
+    last = turns[-1]
+    # Turns used up: still prompting, or answering only because it was asked once more (force_final_answer),
+    # which the release never does.
+    if row.get("status") == "max_turns" or last.get("kind") == "prompt" or last.get("after_final_request"):
+        return MAX_TURNS_REACHED
+    found = _ANSWER.search(str(last.get("text") or ""))
+    return found.group(1).strip() if found else ""
+
+
+def release_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their `prediction` as the release reads it."""
+    return [{**row, "prediction": release_prediction(row)} for row in rows]
+
+
+def _two_way_substring(prediction: str, gold: str) -> float:
+    p, g = normalize_answer(prediction), normalize_answer(gold)
+    return float(g in p or p in g)
+
+
+def _best(score, prediction: str, golds: Sequence[str]) -> float:
+    return max((score(prediction, gold) for gold in as_answer_list(golds)), default=0.0)
+
+
+def release_scores(
+    name: str,
+    predictions: Sequence[str],
+    golds: Sequence[Sequence[str]],
+    semantic: SemanticScorer | None = None,
+) -> list[float]:
+    """Metric `name` per row under the release's rules (see the module docstring)."""
+    if name == "em":  # the paper's exact match, without the rule that an empty prediction earns nothing
+        return exact_match_batch(predictions, golds)
+    if name == "sm":
+        return [_best(_two_way_substring, p, gs) for p, gs in zip(predictions, golds, strict=True)]
+    if name == "f1":
+        return f1_batch(predictions, golds)
+    if name == "ssim":
+        # Each row's best starts at 0 there, so a negative cosine counts 0.
+        scores = (semantic or default_semantic_scorer()).similarity_batch(predictions, golds, empty_score=1.0)
+        return [max(0.0, score) for score in scores]
+    if name == "math":  # the release has no math-aware column; ours is reported beside EM as it is
+        from prompt_r1.scoring.metrics import METRICS
+
+        return METRICS["math"](predictions, golds)
+    raise ConfigError(f"unknown metric {name!r}")

@@ -1,0 +1,9 @@
+"""Test doubles, shipped as LangChain ships its fakes: the outside world played offline.
+
+- `scripted`: responders and in-process agent and environment doubles; `servers`: a scripted OpenAI-compatible
+  HTTP server with fault injection;
+- `tiny_models`: tiny transformers models and tokenizers built in process; `door_codes`: a task a tiny model learns.
+
+May import: every layer below the surfaces (training included); never cli or integrations. Nothing of the
+library imports it.
+"""
