@@ -16,7 +16,6 @@ from urllib.parse import urlparse
 import yaml
 
 from prompt_r1.core.errors import ConfigError, MissingCredentials
-from prompt_r1.loop.release import PROTOCOLS
 
 __all__ = [
     "DEFAULT_AGENT_MODEL",
@@ -24,6 +23,7 @@ __all__ = [
     "AgentConfig",
     "EnvironmentConfig",
     "LoopConfig",
+    "PROTOCOLS",
     "configs_from_env",
     "load_config_file",
     "hub_endpoint",
@@ -35,6 +35,8 @@ __all__ = [
 # loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
 DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
 DEFAULT_ENV_MODEL = "gpt-4o-mini"
+# The loop's protocols: the paper's text, or the reference release's rollout token for token (loop/release.py).
+PROTOCOLS = ("paper", "release")
 NO_KEY = "EMPTY"  # what local OpenAI-compatible servers (vLLM, llama.cpp) accept when they need no key
 
 

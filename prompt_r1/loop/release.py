@@ -65,7 +65,6 @@ __all__ = [
     "MAX_OBSERVATION_CHARS",
     "PREFILL",
     "PROMPT_TOOL",
-    "PROTOCOLS",
     "ReleaseCall",
     "agent_messages",
     "chat_template",
@@ -85,8 +84,6 @@ __all__ = [
     "transcript",
     "without_padding",
 ]
-
-PROTOCOLS = ("paper", "release")
 
 # tool/tools/LLM_tool.py: the one tool, as tool/base.py's `tool_description` presents it to the chat template.
 PROMPT_TOOL: dict[str, Any] = {

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from trl import GRPOConfig
 
-from prompt_r1.core.config import DEFAULT_AGENT_MODEL, EnvironmentConfig, LoopConfig
+from prompt_r1.core.config import DEFAULT_AGENT_MODEL, PROTOCOLS, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.loop.release import PROTOCOLS
 from prompt_r1.scoring.rewards import PRESET_ALIASES, PRESETS
 
 __all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
