@@ -15,7 +15,9 @@ from urllib.parse import urlparse
 
 import yaml
 
+from prompt_r1.core import redaction
 from prompt_r1.core.errors import ConfigError, MissingCredentials
+from prompt_r1.core.redaction import NO_KEY
 
 __all__ = [
     "DEFAULT_AGENT_MODEL",
@@ -37,7 +39,6 @@ DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
 DEFAULT_ENV_MODEL = "gpt-4o-mini"
 # The loop's protocols: the paper's text, or the reference release's rollout token for token (loop/release.py).
 PROTOCOLS = ("paper", "release")
-NO_KEY = "EMPTY"  # what local OpenAI-compatible servers (vLLM, llama.cpp) accept when they need no key
 
 
 def _help(text: str, **kw: Any) -> Any:
@@ -271,8 +272,6 @@ def resolve_api_key(api_key_env: str, base_url: str | None, *, what: str = "envi
     """
     key = os.environ.get(api_key_env, "") if api_key_env else ""
     if key:
-        from prompt_r1.core import redaction
-
         redaction.register(key)  # from here on, every surface cuts it out of what it writes
         return key
     if base_url is None:

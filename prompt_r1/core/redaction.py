@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 __all__ = [
     "MASK",
+    "NO_KEY",
     "RedactedStream",
     "RedactingFilter",
     "Redactor",
@@ -40,14 +41,13 @@ __all__ = [
 ]
 
 MASK = "***"
+NO_KEY = "EMPTY"  # what local OpenAI-compatible servers (vLLM, llama.cpp) accept when they need no key
 _MIN_LENGTH = 8  # shorter "keys" (dummy, test, none) are placeholders for local servers, not secrets
 _lock = threading.Lock()
 _registered: set[str] = set()
 
 
 def _is_secret(value: str | None) -> bool:
-    from prompt_r1.core.config import NO_KEY
-
     return bool(value) and len(value) >= _MIN_LENGTH and value != NO_KEY
 
 
