@@ -23,15 +23,12 @@ from typing import Any, Literal
 from prompt_r1.core.errors import BackendUnavailable, DataError
 from prompt_r1.core.prompts import extract_question
 from prompt_r1.core.text import lone_surrogate
-from prompt_r1.scoring.metrics import as_answer_list
+from prompt_r1.scoring.metrics import answer_list, answer_values
 
 __all__ = [
-    "ANSWER_FIELDS",
     "DATASETS",
     "DatasetInfo",
     "Sample",
-    "answer_list",
-    "answer_values",
     "bundled_data_dir",
     "count_rows",
     "dataset_info",
@@ -42,9 +39,6 @@ __all__ = [
     "read_rows",
     "resolve_source",
 ]
-
-# Where golden answers may be, in the order they are looked for.
-ANSWER_FIELDS = ("golden_answers", "answers", "reward_model.ground_truth", "answer")
 
 Task = Literal["qa", "math", "text"]
 
@@ -215,28 +209,6 @@ def _json_rows(path: Path) -> list[dict[str, Any]]:
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a .parquet, .jsonl or .json (a list of objects) file, as plain dicts."""
     return list(iter_rows(path))
-
-
-def answer_list(value: Any) -> list[str]:
-    """One golden-answers value as a list of strings: a string or number is one answer, a list is several, and a
-    SQuAD-style mapping {"text": [...], "answer_start": [...]} is its `text`. A `TypeError` says what is wrong."""
-    if isinstance(value, Mapping):
-        if "text" not in value:
-            raise TypeError(f"its golden answers are a mapping without 'text': {dict(value)!r}")
-        value = value["text"]
-    return as_answer_list(value, numbers=True)
-
-
-def answer_values(row: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(field, value) for each field of `ANSWER_FIELDS` that `row` holds (not None), in that order."""
-    for name in ANSWER_FIELDS:
-        if name == "reward_model.ground_truth":
-            reward_model = row.get("reward_model")
-            value = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
-        else:
-            value = row.get(name)
-        if value is not None:
-            yield name, value
 
 
 def _row_question(row: Mapping[str, Any]) -> str:

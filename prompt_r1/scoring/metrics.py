@@ -20,13 +20,17 @@ import re
 import string
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prompt_r1.core.errors import BackendUnavailable
 
 __all__ = [
+    "ANSWER_FIELDS",
     "METRICS",
     "SemanticScorer",
+    "answer_list",
+    "answer_values",
     "as_answer_list",
     "default_semantic_scorer",
     "exact_match",
@@ -70,6 +74,32 @@ def as_answer_list(golden_answers: str | Iterable[str], *, numbers: bool = False
             kinds = "strings or numbers" if numbers else "strings"
             raise TypeError(f"a golden answer is not text: {answer!r} (golden answers must be {kinds})")
     return [str(answer) for answer in answers]
+
+
+# Where golden answers may be, in the order they are looked for.
+ANSWER_FIELDS = ("golden_answers", "answers", "reward_model.ground_truth", "answer")
+
+
+def answer_list(value: Any) -> list[str]:
+    """One golden-answers value as a list of strings: a string or number is one answer, a list is several, and a
+    SQuAD-style mapping {"text": [...], "answer_start": [...]} is its `text`. A `TypeError` says what is wrong."""
+    if isinstance(value, Mapping):
+        if "text" not in value:
+            raise TypeError(f"its golden answers are a mapping without 'text': {dict(value)!r}")
+        value = value["text"]
+    return as_answer_list(value, numbers=True)
+
+
+def answer_values(row: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(field, value) for each field of `ANSWER_FIELDS` that `row` holds (not None), in that order."""
+    for name in ANSWER_FIELDS:
+        if name == "reward_model.ground_truth":
+            reward_model = row.get("reward_model")
+            value = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+        else:
+            value = row.get(name)
+        if value is not None:
+            yield name, value
 
 
 def _best(score: Callable[[str, str], float], prediction: str, golden_answers: str | Iterable[str]) -> float:

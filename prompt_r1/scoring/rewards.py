@@ -39,7 +39,14 @@ from typing import Any, Literal
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.protocol import parse_agent_output
-from prompt_r1.scoring.metrics import as_answer_list, f1, normalize_answer
+from prompt_r1.scoring.metrics import (
+    ANSWER_FIELDS,
+    answer_list,
+    answer_values,
+    as_answer_list,
+    f1,
+    normalize_answer,
+)
 
 __all__ = [
     "PRESETS",
@@ -287,8 +294,6 @@ def golden_answers_of(row: Mapping[str, Any]) -> list[str]:
     >>> golden_answers_of({"answers": {"text": ["Paris", "Paris, France"], "answer_start": [0, 0]}})
     ['Paris', 'Paris, France']
     """
-    from prompt_r1.data.datasets import ANSWER_FIELDS, answer_list, answer_values
-
     for _, value in answer_values(row):
         answers = answer_list(value)  # a TypeError says what is wrong with it
         if answers:
