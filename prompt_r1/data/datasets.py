@@ -371,22 +371,3 @@ def load_samples(name_or_path: str | Path, *, limit: int | None = None) -> list[
     if not samples and limit != 0:
         raise DataError(f"{path} has no rows: nothing to load")
     return samples
-
-
-_MOVED_TO_TRAINING_MIX = ("SOURCES", "SourceSpec", "build_training_mix", "release_row", "write_rows")
-
-
-def __getattr__(name: str) -> Any:
-    """The training-mix builder's names, which lived here before they moved to prompt_r1.data.training_mix."""
-    if name in _MOVED_TO_TRAINING_MIX:
-        import warnings
-
-        from prompt_r1.data import training_mix
-
-        warnings.warn(
-            f"prompt_r1.data.datasets.{name} moved to prompt_r1.data.training_mix.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(training_mix, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
