@@ -213,8 +213,8 @@ async def run_ours(
 async def _lockstep(agent, env, questions: list[str], concurrency: int) -> int:
     """The reference release's rollout loop: a batch advances turn by turn; every turn waits for all of it."""
     from prompt_r1.agents.base import AgentRequest
+    from prompt_r1.core.prompts import agent_messages
     from prompt_r1.core.protocol import parse_agent_output
-    from prompt_r1.loop.graph import agent_messages
 
     answered = 0
     for start in range(0, len(questions), concurrency):
@@ -260,8 +260,8 @@ async def run_lockstep(base_url: str, n: int, concurrency: int) -> dict:
 async def _direct(agent, env, questions: list[str]) -> None:
     """The same calls as an episode, made one after another with no graph, runner or output."""
     from prompt_r1.agents.base import AgentRequest
+    from prompt_r1.core.prompts import agent_messages
     from prompt_r1.core.protocol import parse_agent_output
-    from prompt_r1.loop.graph import agent_messages
 
     for question in questions:
         state = {"question": question, "turns": []}

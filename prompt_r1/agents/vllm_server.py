@@ -165,9 +165,8 @@ def rendering_drift(tokenizer: Any, state: dict[str, Any]) -> dict[str, Any]:
 
     The token-exact trajectory is rebuilt from the turn texts (the agent's turns encoded, the environment's
     messages rendered as training renders them), so this also works for an episode that ran on the chat path."""
-    from prompt_r1.core.prompts import interaction_response
+    from prompt_r1.core.prompts import agent_messages, interaction_response
     from prompt_r1.core.tokens import _ids, initial_prompt_ids, user_turn_ids
-    from prompt_r1.loop.graph import agent_messages
 
     messages = agent_messages(state)
     exact = initial_prompt_ids(tokenizer, messages[:1])

@@ -7,6 +7,8 @@ datasets, so a model trained on those rows sees at inference exactly what it saw
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "CHAIN_OF_THOUGHT_TEMPLATE",
@@ -15,6 +17,7 @@ __all__ = [
     "FINAL_ANSWER_REQUEST",
     "INSTRUCTION_TEMPLATE",
     "QUESTION_PREFIX",
+    "agent_messages",
     "extract_question",
     "interaction_response",
     "neutralize_markup",
@@ -125,3 +128,18 @@ def interaction_response(text: str, *, raw: bool = False) -> str:
     that must reproduce another system's exact token stream."""
     body = text if raw else neutralize_markup(text)
     return f"<interaction_response>{body}</interaction_response>"
+
+
+def agent_messages(state: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The agent's chat under the paper's protocol, derived from an episode's turn records (the loop's state):
+    question, then its turns and the replies to them."""
+    messages = [{"role": "user", "content": question_message(state["question"])}]
+    for turn in state.get("turns", []):
+        messages.append({"role": "assistant", "content": turn["text"]})
+        response = turn.get("response")
+        if response is not None:
+            body = (
+                interaction_response(response) if turn.get("response_source") == "environment" else response
+            )
+            messages.append({"role": "user", "content": body})
+    return messages

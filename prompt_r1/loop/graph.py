@@ -31,7 +31,7 @@ from prompt_r1.clients.environment import Environment, as_environment
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import AgentRefused, ContextOverflow, EnvironmentCallError, EnvironmentRefused
 from prompt_r1.core.events import emit, end_event, traced_agent_call, turn_events
-from prompt_r1.core.prompts import FINAL_ANSWER_REQUEST, interaction_response, question_message
+from prompt_r1.core.prompts import FINAL_ANSWER_REQUEST, agent_messages, interaction_response
 from prompt_r1.core.protocol import STOP_SEQUENCES, parse_agent_output
 from prompt_r1.core.text import repair, valid
 from prompt_r1.core.tokens import initial_prompt_ids, user_turn_ids
@@ -42,7 +42,6 @@ __all__ = [
     "STATUSES",
     "EpisodeInput",
     "EpisodeState",
-    "agent_messages",
     "build_graph",
     "finish_reason",
     "trajectory_of",
@@ -117,20 +116,6 @@ class EpisodeState(TypedDict, total=False):
     completion_ids: Annotated[list[int], operator.add]
     logprobs: Annotated[list[float], operator.add]
     env_mask: Annotated[list[int], operator.add]
-
-
-def agent_messages(state: EpisodeState) -> list[dict[str, str]]:
-    """The agent's chat, derived from the turn records: question, then its turns and the replies to them."""
-    messages = [{"role": "user", "content": question_message(state["question"])}]
-    for turn in state.get("turns", []):
-        messages.append({"role": "assistant", "content": turn["text"]})
-        response = turn.get("response")
-        if response is not None:
-            body = (
-                interaction_response(response) if turn.get("response_source") == "environment" else response
-            )
-            messages.append({"role": "user", "content": body})
-    return messages
 
 
 def environment_history(turns: Sequence[dict]) -> list[tuple[str, str]]:
