@@ -458,10 +458,19 @@ def build_graph(
 def mermaid() -> str:
     """The loop's topology as Mermaid, drawn from the compiled graph (the README's drawing is this text:
     `python -m prompt_r1.loop.graph` prints it)."""
-    from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment
+    return build_graph(_Unplayed(), _Unplayed()).get_graph().draw_mermaid()
 
-    unused = ScriptedAgent(lambda body: ""), ScriptedEnvironment(lambda body: "")
-    return build_graph(*unused).get_graph().draw_mermaid()
+
+class _Unplayed:
+    """Agent and environment for drawing the topology, which calls neither (the loop imports no test double)."""
+
+    tokenizer = None
+
+    async def generate(self, request: AgentRequest) -> Any:
+        raise NotImplementedError("drawn, not played")
+
+    async def respond(self, prompt: str, history: Sequence[tuple[str, str]], **kwargs: Any) -> Any:
+        raise NotImplementedError("drawn, not played")
 
 
 if __name__ == "__main__":
