@@ -8,7 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from prompt_r1.cli.main import (
+from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prompt_r1.cli.main import EXIT_OK, check_reachable
+from prompt_r1.cli.flags import EXIT_OK, check_reachable
 from prompt_r1.core.errors import ConfigError
 
 __all__ = ["add_train_parsers", "cmd_merge", "cmd_train"]

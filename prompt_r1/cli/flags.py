@@ -1,0 +1,172 @@
+"""The flags, settings and exit codes that every command of `prompt-r1` shares.
+
+Flags come from the config dataclasses (prompt_r1/core/config.py): every AgentConfig field is `--agent-<name>`,
+every EnvironmentConfig field `--env-<name>`, every LoopConfig field `--<name>`; `configs_from_args` turns them,
+over a `--config` file, into the typed configs once, at the command line's edge.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from typing import Any
+
+from prompt_r1.core.config import (
+    AgentConfig,
+    EnvironmentConfig,
+    LoopConfig,
+    load_config_file,
+    unreachable_reason,
+)
+from prompt_r1.core.errors import ConfigError
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "add_run_flags",
+    "add_stop_flags",
+    "check_reachable",
+    "check_run_flags",
+    "configs_from_args",
+]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_SECTIONS = (
+    ("agent", AgentConfig, "agent-"),
+    ("environment", EnvironmentConfig, "env-"),
+    ("loop", LoopConfig, ""),
+)
+
+
+class _Failure(Exception):
+    """A failure the user can act on, with its exit code: the command ends with its one line, no traceback."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _flag_type(type_name: str):
+    if "bool" in type_name:
+        return None
+    if "int" in type_name:
+        return int
+    if "float" in type_name:
+        return float
+    return str
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[str] = ()) -> None:
+    """The agent, environment and loop flags shared by every command that runs episodes; the environment fields
+    named in `repeatable_env` may be given several times (eval's sweep over environments)."""
+    parser.add_argument(
+        "--config", help="YAML/JSON file with agent/environment/loop sections (flags override it)."
+    )
+    for section, cls, prefix in _SECTIONS:
+        group = parser.add_argument_group(f"{section} settings")
+        for f in fields(cls):
+            default = f.default if f.default is not MISSING else None
+            flag = "--" + prefix + f.name.replace("_", "-")
+            help_text = f"{f.metadata.get('help', '')} (default: {default})"
+            dest = f"{section}__{f.name}"
+            kind = _flag_type(str(f.type))
+            metavar = {
+                int: "N",
+                float: "X",
+                str: "URL" if f.name == "base_url" else f.name.split("_")[-1].upper(),
+            }.get(kind)
+            if kind is None:
+                group.add_argument(
+                    flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                )
+            elif section == "environment" and f.name in repeatable_env:
+                help_text += "; repeat it to sweep over environments, in the same order as --env-model"
+                group.add_argument(
+                    flag, dest=dest, type=kind, action="append", default=None, metavar=metavar, help=help_text
+                )
+            else:
+                group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
+
+
+def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """--max-failures, --budget and --prices: the stop rules of a run over many `unit` (episodes, rows)."""
+    parser.add_argument(
+        "--max-failures",
+        type=int,
+        metavar="N",
+        help=f"stop the run once N {unit} have failed (environment_error, agent_error, internal_error)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help=f"stop starting {unit} once the estimated cost of this run reaches USD",
+    )
+    parser.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
+        "prompt_r1/clients/prices.yaml",
+    )
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """--concurrency, --limit and the stop flags of a run over many items, checked before anything is read."""
+    from prompt_r1.runs.pool import check_limits
+
+    check_limits(args.concurrency, args.max_failures, args.budget, flags=True)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
+    values: dict[str, dict[str, Any]] = load_config_file(args.config) if args.config else {}
+    built = []
+    for section, cls, _ in _SECTIONS:
+        merged = dict(values.get(section, {}))
+        for f in fields(cls):
+            flag_value = getattr(args, f"{section}__{f.name}", None)
+            # A repeated flag (eval's sweep): the first value is the base settings'.
+            if isinstance(flag_value, list):
+                flag_value = flag_value[0]
+            if flag_value is not None:
+                merged[f.name] = flag_value
+        try:
+            built.append(cls(**merged))
+        except TypeError as exc:
+            raise ConfigError(f"bad {section} settings: {exc}") from exc
+    return built[0], built[1], built[2]
+
+
+def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> None:
+    """Fail fast, with one line, when nothing listens at `url` (before loading models or paying for calls)."""
+    reason = unreachable_reason(url, timeout)
+    if reason is not None:
+        raise _Failure(
+            f"cannot reach the {what} at {url} ({reason}); start it or point {flag} at an OpenAI-compatible server",
+            EXIT_UNREACHABLE,
+        )
+
+
+def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
+    """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
+    then model loading."""
+    from prompt_r1.agents import load_agent
+    from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
+
+    environment = agent = None
+    if env_cfg is not None:
+        environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
+        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    if agent_cfg is not None:
+        if agent_cfg.resolved_backend == "served":
+            check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+        try:
+            agent = load_agent(agent_cfg)
+        except ConfigError as exc:
+            raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
+    return agent, environment
