@@ -11,6 +11,6 @@ test: setup
 test-all: setup  # the slow tests too (GPU and paid-API tests still need their markers)
 	.venv/bin/python -m pytest -m "not gpu and not llm_call"
 lint:
-	.venv/bin/ruff check prompt_r1 tests graphs && .venv/bin/ruff format --check prompt_r1 tests graphs
+	.venv/bin/ruff check prompt_r1 tests graphs && .venv/bin/ruff format --check prompt_r1 tests graphs && .venv/bin/lint-imports
 format:
 	.venv/bin/ruff check --fix prompt_r1 tests graphs && .venv/bin/ruff format prompt_r1 tests graphs

@@ -6,6 +6,8 @@
 - `VLLMAgent`: an in-process vLLM engine (the `vllm` extra); token ids and logprobs.
 
 `load_agent(config)` picks one from an `AgentConfig`.
+
+May import: clients, data, scoring, core.
 """
 
 from __future__ import annotations
