@@ -381,4 +381,6 @@ async def test_lockstep_batches_wait_for_every_episode_and_keep_episode_order():
     expected = [[(i, 0) for i in range(4)], [(i, 1) for i in range(4)]]
     assert await run([0.08, 0.06, 0.04, 0.02]) == expected
     assert await run([0.02, 0.08, 0.04, 0.06]) == expected
-    assert await run([0.0, 0.0, 0.3, 0.0]) == expected  # the straggler is waited for, not left to a batch of one
+    assert (
+        await run([0.0, 0.0, 0.3, 0.0]) == expected
+    )  # the straggler is waited for, not left to a batch of one
