@@ -27,6 +27,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from prompt_r1 import redaction
+from prompt_r1.checks import flag_number, number
 from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file, unreachable_reason
 from prompt_r1.errors import AgentError, ConfigError, PromptR1Error
 
@@ -70,6 +71,10 @@ def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[s
             help_text = f"{f.metadata.get('help', '')} (default: {default})"
             dest = f"{section}__{f.name}"
             kind = _flag_type(str(f.type))
+            # Numbers are checked as they are parsed, by the field's own rule (prompt_r1.checks): `--env-timeout
+            # nan` is refused naming the flag, before any file is read.
+            check = {"integer": kind is int, **f.metadata.get("check", {})}
+            parse = flag_number(**check) if kind in (int, float) else kind
             metavar = {
                 int: "N",
                 float: "X",
@@ -82,23 +87,29 @@ def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[s
             elif section == "environment" and f.name in repeatable_env:
                 help_text += "; repeat it to sweep over environments, in the same order as --env-model"
                 group.add_argument(
-                    flag, dest=dest, type=kind, action="append", default=None, metavar=metavar, help=help_text
+                    flag,
+                    dest=dest,
+                    type=parse,
+                    action="append",
+                    default=None,
+                    metavar=metavar,
+                    help=help_text,
                 )
             else:
-                group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
+                group.add_argument(flag, dest=dest, type=parse, default=None, metavar=metavar, help=help_text)
 
 
 def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """--max-failures, --budget and --prices: the stop rules of a run over many `unit` (episodes, rows)."""
     parser.add_argument(
         "--max-failures",
-        type=int,
+        type=flag_number(integer=True, minimum=1),
         metavar="N",
         help=f"stop the run once N {unit} have failed (environment_error, agent_error, internal_error)",
     )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=flag_number(above=0),
         metavar="USD",
         help=f"stop starting {unit} once the estimated cost of this run reaches USD",
     )
@@ -115,8 +126,7 @@ def check_run_flags(args: argparse.Namespace) -> None:
     from prompt_r1.pool import check_limits
 
     check_limits(args.concurrency, args.max_failures, args.budget, flags=True)
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+    number(args.limit, "--limit", integer=True, minimum=1, none_ok=True)
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
@@ -148,8 +158,17 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
         )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line on stderr, as every other problem a user can fix: the flag and what it takes (a bad
+    number is refused by prompt_r1.checks as it is parsed), then where to read the usage, which in full would
+    bury the line that matters. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="prompt-r1",
         description="Prompt-R1: a small agent LLM prompts a large LLM over several turns, then answers.",
     )
@@ -174,15 +193,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     sv.add_argument(
-        "--port", type=int, default=8000, help="port to listen on (default: 8000; 0: any free port)"
+        "--port",
+        type=flag_number(integer=True, minimum=0, maximum=65535),
+        default=8000,
+        help="port to listen on (default: 8000; 0: any free port)",
     )
     sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
     sv.add_argument(
-        "--max-concurrency", type=int, default=32, metavar="N", help="episodes running at once (default: 32)"
+        "--max-concurrency",
+        type=flag_number(integer=True, minimum=1),
+        default=32,
+        metavar="N",
+        help="episodes running at once (default: 32)",
     )
     sv.add_argument(
         "--max-queue",
-        type=int,
+        type=flag_number(integer=True, minimum=0),
         default=256,
         metavar="N",
         help="requests waiting for a slot before the server answers 429 (default: 256)",
@@ -194,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument(
         "--keepalive",
-        type=float,
+        type=flag_number(minimum=0),
         default=15.0,
         metavar="SECONDS",
         help="in a streamed response, send an SSE comment line after this long without an event, so proxies do "
@@ -217,6 +243,7 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     then model loading."""
     from prompt_r1.agents import load_agent
     from prompt_r1.environment import OPENAI_BASE_URL, EnvironmentClient
+    from prompt_r1.model_source import check_model_source
 
     environment = agent = None
     if env_cfg is not None:
@@ -226,6 +253,8 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
         if agent_cfg.resolved_backend == "served":
             check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
         try:
+            if agent_cfg.resolved_backend != "served":  # a local model: its folder or hub id, in seconds
+                check_model_source(agent_cfg.model, "--agent-model")
             agent = load_agent(agent_cfg)
         except ConfigError as exc:
             raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
@@ -334,12 +363,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from prompt_r1.server import build_app, serve
 
-    if args.max_concurrency < 1 or args.max_queue < 0:
-        raise ConfigError("--max-concurrency must be ≥ 1 and --max-queue ≥ 0")
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port must be 0..65535, got {args.port}")
-    if not args.keepalive >= 0:  # also refuses nan
-        raise ConfigError(f"--keepalive must be ≥ 0 seconds, got {args.keepalive}")
+    # Parsed by prompt_r1.checks already; checked again for callers that build the namespace themselves.
+    number(args.max_concurrency, "--max-concurrency", integer=True, minimum=1)
+    number(args.max_queue, "--max-queue", integer=True, minimum=0)
+    number(args.port, "--port", integer=True, minimum=0, maximum=65535)
+    number(args.keepalive, "--keepalive", minimum=0)
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -408,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "train":
         command, args = (lambda _: _cmd_train(argv[1:])), None
     else:
-        args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help (0), or a bad flag: its one line is printed (_Parser.error), 2
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         command = {
             "run": cmd_run,
             "batch": _cmd_batch,

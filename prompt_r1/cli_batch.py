@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prompt_r1 import redaction
 from prompt_r1.batch import run_batch
+from prompt_r1.checks import flag_number
 from prompt_r1.cli import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -46,7 +47,11 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
     )
     bt.add_argument("--out", required=True, metavar="FILE.jsonl", help="results file, appended to")
     bt.add_argument(
-        "--concurrency", type=int, default=32, metavar="N", help="episodes in flight at once (default: 32)"
+        "--concurrency",
+        type=flag_number(integer=True, minimum=1),
+        default=32,
+        metavar="N",
+        help="episodes in flight at once (default: 32)",
     )
     bt.add_argument(
         "--checkpoint",
@@ -62,7 +67,9 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "when it keeps failing (YAML: environments: [{model, base_url, weight, ...}]; unset fields come from "
         "the --env-* flags)",
     )
-    bt.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
+    bt.add_argument(
+        "--limit", type=flag_number(integer=True, minimum=1), metavar="N", help="only the first N input rows"
+    )
     bt.add_argument(
         "--summary",
         metavar="FILE",

@@ -8,6 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from prompt_r1.checks import flag_number, number
 from prompt_r1.cli import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -67,12 +68,21 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
         choices=list(METHODS),
         help="repeatable (default: the suite's methods, else prompt-r1)",
     )
-    ev.add_argument("--limit", type=int, metavar="N", help="only the first N rows of each dataset")
+    ev.add_argument(
+        "--limit",
+        type=flag_number(integer=True, minimum=1),
+        metavar="N",
+        help="only the first N rows of each dataset",
+    )
     ev.add_argument(
         "--out", default="eval-results", metavar="DIR", help="output folder (default: eval-results)"
     )
     ev.add_argument(
-        "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
+        "--concurrency",
+        type=flag_number(integer=True, minimum=1),
+        default=16,
+        metavar="N",
+        help="episodes in flight (default: 16)",
     )
     add_stop_flags(ev, "rows")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -100,35 +110,38 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     _add_scorer_flag(sc)
 
 
+_COUNT = flag_number(integer=True, minimum=1)
+
+
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
     """The prompt optimisers' (`--method opro`, `gepa`, `textgrad`): their search budget, training rows and the OPRO
     paper's knobs."""
     group = parser.add_argument_group("prompt optimisers (--method opro, gepa, textgrad)")
     defaults = SearchSettings()
-    group.add_argument("--optimizer-budget", type=int, default=defaults.budget, metavar="N",
+    group.add_argument("--optimizer-budget", type=_COUNT, default=defaults.budget, metavar="N",
                        help="metric calls per search: training rows answered under a candidate instruction "
                        f"(default: {defaults.budget})")  # fmt: skip
-    group.add_argument("--optimizer-train-rows", type=int, default=defaults.train_rows, metavar="N",
+    group.add_argument("--optimizer-train-rows", type=_COUNT, default=defaults.train_rows, metavar="N",
                        help="training rows per search: the dataset's rows after the evaluated ones "
                        f"(default: {defaults.train_rows})")  # fmt: skip
     group.add_argument("--optimizer-train", metavar="FILE", help="training rows from this file instead")
     group.add_argument("--reflection-model", metavar="NAME",
                        help="the optimiser model, on the environment's endpoint (default: the environment model)")  # fmt: skip
     opro = defaults.opro
-    group.add_argument("--opro-candidates", type=int, default=opro.candidates, metavar="N",
+    group.add_argument("--opro-candidates", type=_COUNT, default=opro.candidates, metavar="N",
                        help=f"instructions sampled per step (default: {opro.candidates}, the paper's)")  # fmt: skip
-    group.add_argument("--opro-steps", type=int, default=opro.steps, metavar="N",
+    group.add_argument("--opro-steps", type=_COUNT, default=opro.steps, metavar="N",
                        help=f"most steps; the budget usually ends the search first (default: {opro.steps})")  # fmt: skip
-    group.add_argument("--opro-keep", type=int, default=opro.keep, metavar="N",
+    group.add_argument("--opro-keep", type=_COUNT, default=opro.keep, metavar="N",
                        help=f"best instructions shown in the meta-prompt (default: {opro.keep})")  # fmt: skip
-    group.add_argument("--opro-temperature", type=float, default=opro.temperature, metavar="X",
+    group.add_argument("--opro-temperature", type=flag_number(minimum=0, maximum=2), default=opro.temperature, metavar="X",
                        help=f"the optimiser model's sampling temperature, every optimiser's (default: {opro.temperature})")  # fmt: skip
 
 
 def _search_settings(args: argparse.Namespace) -> SearchSettings:
     for flag in ("optimizer_budget", "optimizer_train_rows", "opro_candidates", "opro_steps", "opro_keep"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
+        number(getattr(args, flag), f"--{flag.replace('_', '-')}", integer=True, minimum=1)
+    number(args.opro_temperature, "--opro-temperature", minimum=0, maximum=2)
     if args.optimizer_budget < args.optimizer_train_rows:  # the first instruction is scored on every row
         raise ConfigError(
             f"--optimizer-budget {args.optimizer_budget} cannot score one instruction on "

@@ -32,6 +32,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from prompt_r1 import redaction
 from prompt_r1.aio import PerLoop
+from prompt_r1.checks import number
 from prompt_r1.config import EnvironmentConfig, resolve_api_key
 from prompt_r1.errors import ConfigError, EnvironmentCallError, EnvironmentRefused, is_retryable
 from prompt_r1.http_client import checked_async_client, classify_error, refusal_of
@@ -309,7 +310,11 @@ class EnvironmentPool:
         if not members:
             raise ConfigError("an environment pool needs at least one member")
         weights = list(weights) if weights is not None else [1.0] * len(members)
-        if len(weights) != len(members) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        for weight in weights:
+            number(weight, "a pool weight", minimum=0)
+        number(trip_after, "trip_after", integer=True, minimum=1)
+        number(cooldown, "cooldown (seconds)", minimum=0)
+        if len(weights) != len(members) or sum(weights) <= 0:
             raise ConfigError(
                 f"pool weights must be one non-negative number per member with a positive sum, got {weights}"
             )
@@ -370,8 +375,7 @@ class EnvironmentPool:
                 config = dataclasses.replace(base, **entry)
             except TypeError as exc:
                 raise ConfigError(f"{path}: environment {i}: {exc}") from None
-            if not isinstance(weight, int | float) or isinstance(weight, bool):
-                raise ConfigError(f"{path}: environment {i}: weight must be a number, got {weight!r}")
+            weight = number(weight, f"{path}: environment {i}: weight", minimum=0)
             members.append(EnvironmentClient(config))
             weights.append(float(weight))
             names.append(str(name) if name else f"{config.model}@{config.base_url or OPENAI_BASE_URL}")
@@ -379,8 +383,8 @@ class EnvironmentPool:
             members,
             weights,
             names=names,
-            trip_after=int(data.get("trip_after", 3)),
-            cooldown=float(data.get("cooldown", 30.0)),
+            trip_after=number(data.get("trip_after", 3), f"{path}: trip_after", integer=True, minimum=1),
+            cooldown=number(data.get("cooldown", 30.0), f"{path}: cooldown (seconds)", minimum=0),
         )
 
     @property

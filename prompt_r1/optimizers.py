@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from prompt_r1.checks import number
 from prompt_r1.costs import PriceTable, UsageMeter
 from prompt_r1.data import Sample, load_samples
 from prompt_r1.errors import ConfigError, ContextOverflow, EnvironmentCallError
@@ -61,6 +62,10 @@ class SearchSettings:
         None  # training rows from a file instead of the dataset's rows after the evaluated
     )
     opro: OproSettings = field(default_factory=OproSettings)
+
+    def __post_init__(self) -> None:
+        number(self.budget, "search budget", integer=True, minimum=1)
+        number(self.train_rows, "search train_rows", integer=True, minimum=1)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

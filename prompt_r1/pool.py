@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from prompt_r1.errors import ConfigError, DataError
+from prompt_r1.checks import number
+from prompt_r1.errors import DataError
 from prompt_r1.results import ResultStore
 from prompt_r1.results_file import FAILED_STATUSES
 
@@ -47,12 +48,10 @@ def check_limits(
     def name(keyword: str) -> str:
         return "--" + keyword.replace("_", "-") if flags else keyword
 
-    if concurrency < 1:
-        raise ConfigError(f"{name('concurrency')} must be ≥ 1, got {concurrency}")
-    if max_failures is not None and max_failures < 1:
-        raise ConfigError(f"{name('max_failures')} must be ≥ 1, got {max_failures}")
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"{name('budget')} must be > 0 dollars, got {budget}")
+    number(concurrency, name("concurrency"), integer=True, minimum=1)
+    number(max_failures, name("max_failures"), integer=True, minimum=1, none_ok=True)
+    # nan would pass every `cost >= budget` test and run with no budget at all; inf is no budget either.
+    number(budget, name("budget") + " (dollars)", above=0, none_ok=True)
 
 
 def named_keys(keys: list, most: int = MAX_NAMED) -> str:
