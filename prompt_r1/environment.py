@@ -35,7 +35,7 @@ from prompt_r1.aio import PerLoop
 from prompt_r1.checks import number
 from prompt_r1.config import EnvironmentConfig, resolve_api_key
 from prompt_r1.errors import ConfigError, EnvironmentCallError, EnvironmentRefused, is_retryable
-from prompt_r1.http_client import checked_async_client, classify_error, refusal_of
+from prompt_r1.http_client import checked_async_client, classify_error, copy_for_this_loop, refusal_of
 from prompt_r1.prompts import ENVIRONMENT_SYSTEM_PROMPT
 from prompt_r1.ratelimit import EndpointLimiter, get_limiter
 from prompt_r1.text import repair
@@ -106,8 +106,10 @@ class EnvironmentClient:
     """A rate-limited, retrying client for the large LLM. Safe to share between any number of episodes.
 
     Pass `chat_model` to use any LangChain chat model instead of building a `ChatOpenAI` from `config`;
-    it should have its own retries off. Such a model is used as given, so keep it on one event loop (its async
-    HTTP connections belong to the loop that opened them); the clients built from `config` are made per loop. `limiter_key` overrides which endpoints share one rate limit.
+    it should have its own retries off. An async HTTP connection belongs to the event loop that opened it, so
+    every loop that calls the environment gets its own client: the ChatOpenAI built from `config`, or a copy of
+    a given OpenAI-client model (`http_client.copy_for_this_loop`; any other chat model is used as given).
+    `limiter_key` overrides which endpoints share one rate limit.
     """
 
     def __init__(
@@ -148,8 +150,8 @@ class EnvironmentClient:
                 timeout=config.timeout,
                 **optional,
             )
-        # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own ChatOpenAI.
-        self._openai_models: PerLoop[BaseChatModel] = PerLoop(self._new_openai_model)
+        # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own model.
+        self._models: PerLoop[BaseChatModel] = PerLoop(self._new_model)
         key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter = get_limiter(
             key,
@@ -177,8 +179,14 @@ class EnvironmentClient:
         # and a whole response is what the retries, the timeout and the token usage are counted on.
         return ChatOpenAI(**self._openai_kwargs, http_async_client=client, disable_streaming=True)
 
+    def _new_model(self) -> BaseChatModel:
+        if self.chat_model is None:
+            return self._new_openai_model()
+        timeout = getattr(self.chat_model, "request_timeout", None)
+        return copy_for_this_loop(self.chat_model, timeout if isinstance(timeout, int | float) else None)
+
     def _model(self) -> BaseChatModel:
-        return self.chat_model if self.chat_model is not None else self._openai_models.get()
+        return self._models.get()
 
     def _token_estimate(self, messages: list[BaseMessage]) -> int:
         """Tokens a provider's per-minute limit counts for a request before it runs: about 4 characters per
