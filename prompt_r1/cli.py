@@ -13,8 +13,10 @@ flags. Problems the user can fix (bad flags, missing keys, unreachable endpoints
 with one line on stderr and a non-zero exit, never a traceback.
 
 Exit codes: 0 the episode ran (whatever its status except environment_error), or every evaluation or batch row
-finished, 1 environment_error, an agent failure, or rows that failed or were not run (a rerun retries them),
-2 bad usage, settings or data, 3 an endpoint or model that cannot be reached, 130 interrupted.
+finished, or serve stopped after draining its requests, 1 environment_error, an agent failure, or rows that failed
+or were not run (a rerun retries them), 2 bad usage, settings or data, 3 an endpoint or model that cannot be
+reached, 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. Every command takes SIGTERM as it takes Ctrl-C
+(prompt_r1/signals.py): it stops cleanly and says which signal stopped it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
-from prompt_r1 import redaction
+from prompt_r1 import redaction, signals
 from prompt_r1.checks import flag_number, number
 from prompt_r1.config import AgentConfig, EnvironmentConfig, LoopConfig, load_config_file, unreachable_reason
 from prompt_r1.errors import AgentError, ConfigError, PromptR1Error
@@ -361,7 +363,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
-    from prompt_r1.server import build_app, serve
+    from prompt_r1.server import SHUTDOWN_TIMEOUT, build_app, serve
 
     # Parsed by prompt_r1.checks already; checked again for callers that build the namespace themselves.
     number(args.max_concurrency, "--max-concurrency", integer=True, minimum=1)
@@ -391,12 +393,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"prompt-r1: serving {args.served_model_name} on {url}", flush=True)
 
+    def stopping(name: str, in_flight: int) -> None:
+        print(f"prompt-r1: {name}: no new requests; finishing the {in_flight} in flight (up to "
+              f"{SHUTDOWN_TIMEOUT:.0f} s; {name} again to stop at once)", file=sys.stderr, flush=True)  # fmt: skip
+
     try:
-        asyncio.run(serve(app, args.host, args.port, ready=ready))
+        name = asyncio.run(serve(app, args.host, args.port, ready=ready, stopping=stopping))
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    except KeyboardInterrupt:
-        print("prompt-r1: stopped", file=sys.stderr)
+    print(f"prompt-r1: {name}: stopped", file=sys.stderr)
     return EXIT_OK
 
 
@@ -454,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout, sys.stderr = redaction.RedactedStream(stdout), redaction.RedactedStream(stderr)
     redaction.protect_logging()
     try:
-        return _run_command(command, args)
+        with signals.sigterm_as_sigint():
+            return _run_command(command, args)
     finally:
         sys.stdout.flush()
         sys.stdout, sys.stderr = stdout, stderr
@@ -473,8 +479,9 @@ def _run_command(command, args) -> int:
         print(f"prompt-r1: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("prompt-r1: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        name = signals.received()
+        print(f"prompt-r1: interrupted ({name}); stopped", file=sys.stderr)
+        return signals.exit_code(name)
     except OSError as exc:
         # A file problem nothing more specific caught (a full disk mid-run, a folder where a file was meant):
         # one line naming the file; the rows written so far stand.

@@ -7,12 +7,11 @@ import asyncio
 import sys
 from pathlib import Path
 
-from prompt_r1 import redaction
+from prompt_r1 import redaction, signals
 from prompt_r1.batch import run_batch
 from prompt_r1.checks import flag_number
 from prompt_r1.cli import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     _prepare,
@@ -37,7 +36,8 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         description="Episodes run independently, CONCURRENCY at a time, through the environment's rate limiter. "
         "Each finished episode is appended to --out as one JSON line (id, question, answer, status, turns, usage, "
         "error, cost_usd). Rerun the same command to skip finished ids and retry failed ones; with --checkpoint, "
-        "episodes that were in flight or failed resume from their last completed step. Ctrl-C stops cleanly.",
+        "episodes that were in flight or failed resume from their last completed step. Ctrl-C or SIGTERM stops "
+        "cleanly (exit 130 or 143).",
     )
     bt.add_argument(
         "input",
@@ -153,8 +153,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if summary.input_error:
         print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
         return EXIT_USAGE
-    if summary.stopped and summary.stopped.startswith("interrupted"):
-        return EXIT_INTERRUPTED
+    if summary.stopped and summary.stopped.startswith("interrupted"):  # "interrupted (SIGTERM)": 143
+        return signals.exit_code("SIGTERM" if "SIGTERM" in summary.stopped else "SIGINT")
     if not summary.complete:
         left = []
         if summary.failed:

@@ -8,10 +8,10 @@ import asyncio
 import sys
 from pathlib import Path
 
+from prompt_r1 import signals
 from prompt_r1.checks import flag_number, number
 from prompt_r1.cli import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     _prepare,
     add_stop_flags,
@@ -48,7 +48,8 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
         help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
         description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
         "OUT/predictions.jsonl (a rerun skips finished rows and retries failed ones), then writes "
-        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C stops cleanly; the next run does the rest.",
+        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C or SIGTERM stops cleanly (exit 130 or 143), a "
+        "prompt optimiser's search included; the next run does the rest.",
     )
     ev.add_argument(
         "--suite",
@@ -242,8 +243,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             search=search,
         )
         summaries[name] = summary
-        code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130 interrupted)
-        if done == EXIT_INTERRUPTED:  # Ctrl-C stops the sweep, not only this environment's run
+        code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130/143 interrupted)
+        if (
+            done in signals.EXIT_CODES.values()
+        ):  # a stop signal stops the sweep, not only this environment's run
             break
     if len(sweep) > 1:
         written = write_sweep_report(summaries, args.out, chart=not args.no_chart, scoring=args.scorer)
@@ -327,7 +330,7 @@ def _verdict(outcome, failed: int) -> int:
             "command again to do the rest",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return signals.exit_code("SIGTERM" if "SIGTERM" in outcome.stopped else "SIGINT")
     left = []
     if failed:
         left.append(f"{failed} rows failed")
