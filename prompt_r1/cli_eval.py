@@ -357,9 +357,8 @@ def _verdict(outcome, failed: int) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     from prompt_r1.errors import DataError
-    from prompt_r1.evaluation import read_predictions, summarize, write_reports
+    from prompt_r1.evaluation import prediction_problem, read_predictions, summarize, write_reports
     from prompt_r1.rewards import golden_answers_of
-    from prompt_r1.text import lone_surrogate
 
     path = Path(args.file)
     if not path.exists():
@@ -372,18 +371,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     if not rows:
         raise DataError(f"{path} has no rows")
     for i, row in enumerate(rows):
-        if "prediction" not in row:
-            raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
-        if row["prediction"] is not None and not isinstance(row["prediction"], str):
-            raise DataError(f"{path} row {i}: prediction is not text")
-        for what in ("prediction", "method", "dataset"):  # the names are written to the reports
-            problem = None if row[what] is None else lone_surrogate(str(row[what]))
-            if problem is not None:
-                raise DataError(f"{path} row {i}: its {what} is not valid Unicode text ({problem})")
-        try:
-            row["golden_answers"] = golden_answers_of(row)
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"{path} row {i}: {exc.args[0]}") from None
+        problem = prediction_problem(row)  # the rule an eval resuming its folder applies too
+        if problem is not None:
+            raise DataError(f"{path} row {i}: {problem}")
+        row["golden_answers"] = golden_answers_of(row)
     if repeats:
         keys = list(dict.fromkeys(key for _, key in repeats))
         one_group = len({key[:2] for key in keys}) == 1
