@@ -23,6 +23,11 @@ per-turn event (think, prompt, response, ...; see events.py) with the event in
 message with every event in order; `astream_events` also carries each event as a custom event named
 `prompt_r1`. An environment that fails past its retries raises `EnvironmentCallError`
 (a chat model has no other way to say it has no answer); other endings are returned with their status.
+
+An unknown keyword is refused; of LangChain's standard parameters `stop` (at construction or per call) cuts the
+answer before the first stop sequence, `streaming` is LangChain's own flag, and the others are accepted, checked
+and ignored, named in `response_metadata["ignored"]` (chat_options.py). A `ChatOpenAI` environment is copied per
+event loop (environment.py), so sync and async calls mix in one process.
 """
 
 from __future__ import annotations
