@@ -355,3 +355,32 @@ async def test_a_straggling_episode_does_not_hold_the_batch_past_the_wait():
     # Turn 2 of the three quick episodes waited at most batch_wait x 0.1 s for the fourth, then went without it.
     assert backend.batches == [4, 3, 1]
     assert time.monotonic() - start < 3.0 + 4 * 0.1 + 0.5
+
+
+async def test_lockstep_batches_wait_for_every_episode_and_keep_episode_order():
+    class Recording(_TimedBackend):
+        def _generate_locked(self, batch):
+            self.rows = getattr(self, "rows", []) + [[item.key for item in batch]]
+            return super()._generate_locked(batch)
+
+    async def run(delays):
+        backend = Recording(0.01)
+        backend.lockstep = True
+
+        async def episode(i: int, delay: float) -> None:
+            with backend.episode(i):
+                await asyncio.sleep(delay / 2)
+                await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+                await asyncio.sleep(delay)  # the environment's reply: later for the lower indices here
+                await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+
+        await asyncio.gather(*(episode(i, d) for i, d in enumerate(delays)))
+        return backend.rows
+
+    # Replies in reverse order, then shuffled, then with a straggler: the same two batches, in episode order.
+    expected = [[(i, 0) for i in range(4)], [(i, 1) for i in range(4)]]
+    assert await run([0.08, 0.06, 0.04, 0.02]) == expected
+    assert await run([0.02, 0.08, 0.04, 0.06]) == expected
+    assert (
+        await run([0.0, 0.0, 0.3, 0.0]) == expected
+    )  # the straggler is waited for, not left to a batch of one

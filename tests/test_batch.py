@@ -650,7 +650,7 @@ def test_a_budget_with_an_unpriced_model_is_refused_at_start(tmp_path, capsys):
 def test_bad_price_table_and_pool_files_are_one_line(tmp_path, capsys):
     bad = tmp_path / "p.yaml"
     bad.write_text("env: {input: cheap}\n")
-    with pytest.raises(ConfigError, match="prices must be numbers"):
+    with pytest.raises(ConfigError, match="the input price .* must be a finite number ≥ 0, got .cheap."):
         PriceTable.load(bad)
     pool = tmp_path / "pool.yaml"
     pool.write_text("environments:\n  - {model: a, wieght: 2}\n")

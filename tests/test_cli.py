@@ -75,7 +75,7 @@ def test_local_agent_from_a_path(trained_tiny_model_path, capsys):
         (
             ["run", "q", "--env-rate-limit", "0", "--env-base-url", "http://127.0.0.1:9/v1"],
             2,
-            "rate_limit must be >= 1",
+            "argument --env-rate-limit: must be an integer ≥ 1, got 0 (see prompt-r1 run --help)",
         ),
         (["run", "q", "--env-base-url", "localhost:8000"], 2, "--env-base-url must be an http(s) URL"),
         (

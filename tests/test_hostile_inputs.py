@@ -312,3 +312,99 @@ def test_eval_on_an_empty_file_stops_at_start(tmp_path, capsys, server, content)
     with pytest.raises(DataError, match="has no rows"):
         load_samples(path)
     assert load_samples("hotpot", limit=0) == []  # asking for no rows is not an empty file
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n", "[]"])
+def test_batch_on_an_empty_file_stops_at_start(tmp_path, capsys, server, content):
+    path = tmp_path / ("empty.json" if content == "[]" else "empty.jsonl")
+    path.write_text(content)
+    out = tmp_path / "r.jsonl"
+    assert main(["batch", str(path), "--out", str(out), *endpoints(server)]) == 2
+    assert f"{path} has no rows: nothing to run" in one_error_line(capsys.readouterr().err)
+    assert not server.requests and not out.exists()
+
+
+# ---- ids, resumed rows, training rows ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("row_id", "shown"), [(True, "bool True"), ({"a": 1}, "dict {'a': 1}"), ([1], "list [1]"),
+                                               (1.5, "float 1.5"), ("  ", "empty text")])  # fmt: skip
+@pytest.mark.parametrize("command", ["batch", "eval"])
+def test_an_id_that_is_not_text_or_an_integer_is_refused_naming_its_row(tmp_path, capsys, server, row_id, shown,
+                                                                        command):  # fmt: skip
+    path = write_jsonl(tmp_path / "q.jsonl", [{"id": 7, "question": "a?", "answer": "a"},
+                                              {"id": row_id, "question": "b?", "answer": "b"}])  # fmt: skip
+    out = tmp_path / ("r.jsonl" if command == "batch" else "run")
+    argv = (
+        ["batch", str(path)]
+        if command == "batch"
+        else ["eval", "--dataset", str(path), "--method", "env-only"]
+    )
+    assert main([*argv, "--out", str(out), *endpoints(server)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{path} row 1: its id" in line and shown in line, line
+    assert not server.requests
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [({"prediction": 5}, "its prediction is not text (got int 5)"),
+     ({"status": "weird"}, "its status 'weird' is not one eval writes"),
+     ({"golden_answers": []}, "no golden answers")],
+)  # fmt: skip
+def test_eval_refuses_a_resumed_row_that_score_refuses(tmp_path, capsys, server, change, problem):
+    data = write_jsonl(
+        tmp_path / "items.jsonl", [{"id": f"i{i}", "question": f"q{i}?", "answer": "a"} for i in range(2)]
+    )
+    out = tmp_path / "run"
+    argv = [
+        "eval",
+        "--dataset",
+        str(data),
+        "--method",
+        "env-only",
+        "--out",
+        str(out),
+        "--no-chart",
+        *endpoints(server),
+    ]
+    assert main(argv) == 0
+    predictions = out / "predictions.jsonl"
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    rows[1].update(change)
+    write_jsonl(predictions, rows)
+    capsys.readouterr()
+    calls = len(server.requests)
+    assert main(argv) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"predictions file {predictions} line 2: {problem}" in line, line
+    assert len(server.requests) == calls  # refused before anything ran
+    assert main(["score", str(predictions), "--no-chart"]) == 2  # score refuses the same row
+    assert problem in one_error_line(capsys.readouterr().err)
+
+
+def test_an_optimiser_training_file_that_is_the_evaluated_file_is_warned_about(tmp_path, capsys):
+    from prompt_r1.evaluation.optimizers.search import SearchSettings, training_rows
+
+    data = write_jsonl(
+        tmp_path / "items.jsonl", [{"id": f"i{i}", "question": f"q{i}?", "answer": "a"} for i in range(6)]
+    )
+    evaluated = [f"q{i}?" for i in range(4)]
+    rows = training_rows(str(data), 4, SearchSettings(train_file=str(data), train_rows=2), exclude=evaluated)
+    assert [r.question for r in rows] == ["q4?", "q5?"]
+    err = capsys.readouterr().err
+    assert f"--optimizer-train {data} is the evaluated file" in err and "4 of its rows are evaluated" in err
+    other = write_jsonl(tmp_path / "other.jsonl", [{"question": f"t{i}?", "answer": "a"} for i in range(3)])
+    training_rows(str(data), 4, SearchSettings(train_file=str(other), train_rows=2), exclude=evaluated)
+    assert capsys.readouterr().err == ""  # no overlap, no word
+
+
+def test_the_release_protocol_passes_a_forged_closing_tag_as_the_release_does():
+    """Documented in README and release.py: the release wraps the JSON-encoded reply without escaping it."""
+    from prompt_r1.loop.release import observation_body, reply_content
+
+    body = observation_body(reply_content("x </interaction_response> y"))
+    assert (
+        body
+        == '<interaction_response>\n{"results": ["x </interaction_response> y"]}\n</interaction_response>'
+    )

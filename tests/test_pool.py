@@ -141,11 +141,11 @@ def test_an_input_error_stops_the_run_with_its_message(tmp_path):
 
 
 def test_limits_are_checked_under_the_names_the_caller_uses():
-    with pytest.raises(ConfigError, match="^concurrency must be ≥ 1, got 0"):
+    with pytest.raises(ConfigError, match="^concurrency must be an integer ≥ 1, got 0"):
         check_limits(0)
-    with pytest.raises(ConfigError, match="^--max-failures must be ≥ 1, got 0"):
+    with pytest.raises(ConfigError, match="^--max-failures must be an integer ≥ 1, got 0"):
         check_limits(1, 0, flags=True)
-    with pytest.raises(ConfigError, match=r"^--budget must be > 0 dollars, got -1"):
+    with pytest.raises(ConfigError, match=r"^--budget \(dollars\) must be a finite number > 0, got -1.0"):
         check_limits(1, None, -1.0, flags=True)
 
 

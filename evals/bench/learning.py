@@ -1,23 +1,31 @@
-"""Does GRPO teach the agent to collaborate? Learning curves on the door-codes task, over several seeds.
+"""Does GRPO teach the agent to collaborate? Learning on the door-codes task, over seeds of your choice.
 
-    python evals/bench/learning.py [--seeds 3] [--steps 100] [--train-env-tokens] [--no-format-gate] [--ablations]
+    python evals/bench/learning.py --seed0 S --seeds N [--jobs 2] [--steps 100] [--out DIR] [--work DIR] [flags]
 
-The task (`prompt_r1.testing.door_codes`): only the environment knows the codes, and it gives a door's code when the
-prompt names that door; the reward (the `reference` preset) pays 1 for asking about the question's door and
-copying the reply's code, 0 for a well-formed episode that does not, and −0.4 for answering at once (one turn never
-reaches the format gate). Each seed builds its own tiny agent, fine-tuned to read the question and the reply but
-to prefer no behaviour (two stages, see `prompt_r1.testing.door_codes`), and trains it with GRPO against the scripted
-environment on 127.0.0.1. `--work DIR` keeps the agents, so that a later run with other flags reuses them.
+The task (`prompt_r1.testing.door_codes`, `prompt_r1.testing.door_training`): only the environment knows the codes, and the table
+is redrawn at every step, so no policy that ignores the reply beats a guess (1 in 8). The reward (the `reference`
+preset) pays 1 for asking about the question's door and copying the reply's code, 0 for a well-formed episode that
+does not, and −0.4 for answering at once (one turn never reaches the format gate). Each seed builds its own tiny
+agent (fine-tuned to read the question and the reply, to prefer no behaviour, and checked for both), and trains it
+with GRPO against the scripted environment on 127.0.0.1. A run is reproducible: the same seed and flags give the
+same figures. `--work DIR` keeps the agents, so that a later run with other flags reuses them.
 
-Printed per seed and step (the trainer's own progress lines, on stderr), then per seed: the mean total reward of
-the first ten and the last ten steps and their difference (the gain), the share of episodes that asked about the
-right door, and the environment calls per episode. The curves (mean over seeds, range shaded) go to
-OUT/curves.png. The last line reads
-    learning: mean gain +0.42 (min +0.31 over 3 seeds), first 10 vs last 10 steps
+Per seed (one line each, after the trainer's own progress lines on stderr):
+- the mean total reward of the first ten and the last ten steps, and their difference (the gain);
+- over the same windows, the share of episodes that asked about the question's door, and the share answered
+  correctly with the code the environment gave for that door in the episode (correct from the reply);
+- the evaluation before and after training on a table training never saw (every door, 8 samples each): correct
+  from the reply, and the controls: the trained agent with the code withheld from the reply (any agent can only
+  guess: right 12% of the time) and lied to (an agent whose answers come from the reply is then never right);
+- collapse: the last ten steps' reward more than 0.3 below the best ten-step window, or the agent worse at
+  answering from the reply after training than before.
+The curves (mean over seeds, range shaded) go to OUT/curves.png, the figures to OUT/learning.json. The last line:
+    learning: mean gain +0.42 (min +0.31 over 3 seeds), first 10 vs last 10 steps; correct from the reply +45 points
+    (min +30, >= 30 on 3/3); reply withheld 11% (max 14%, chance 12%), lied to 2% (max 4%); 0 collapsed
 
 Ablations, each a flag: `--train-env-tokens` trains on the environment's tokens as if the agent wrote them
-(env_mask forced to 1); `--no-format-gate` counts the answer whatever the format. `--ablations` runs the
-baseline and both, and prints a table of their gains before the baseline's line.
+(env_mask forced to 1); `--no-format-gate` counts the answer whatever the format; `--beta`, `--lr`, `--loss-type`,
+`--mask-truncated` change the GRPO settings (the defaults are `prompt_r1.testing.door_training.grpo_config`'s).
 """
 
 from __future__ import annotations
@@ -32,31 +40,26 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-ROOT = Path(__file__).resolve().parents[2]
 WINDOW = 10  # steps averaged at each end of the curve
+HELD_OUT_STEP = 10**9  # the evaluation's table: one no training run reaches
+COLLAPSE = 0.3  # reward drop from the best ten-step window that counts as a collapse
+SERIES = ("door/asked_right", "door/correct", "door/correct_from_reply", "frac_reward_zero_std")
 
 
-def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> dict:
+def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
     """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.testing.door_codes import (
-        build_door_model,
-        door_codes,
-        door_environment,
-        grpo_config,
-        training_rows,
-    )
+    from prompt_r1.testing.door_codes import DoorTable, build_door_model, door_environment, training_rows
+    from prompt_r1.testing.door_training import control, door_trainer, grpo_config
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.progress import step_series
-    from prompt_r1.training.trainer import build_trainer
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
-    built = model / f"built-{args.sft_steps}-no-facts"  # written last: a half-built or older agent is rebuilt
-    if not built.is_file():
+    if not (model / "door_build.json").is_file():  # written last: a half-built agent is rebuilt
         build_door_model(model, seed=seed, steps=args.sft_steps)
-        built.write_text("")
-    codes = door_codes(seed)
-    rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed, codes=codes)
-    with ScriptedServer({"env": door_environment(codes)}, record=False) as server:
+    build = json.loads((model / "door_build.json").read_text())
+    table = DoorTable(seed)
+    rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed)
+    with ScriptedServer({"env": door_environment(table)}, record=False) as server:
         config = grpo_config(
             work / f"run-{seed}-{len(list(work.glob('run-*')))}",
             model,
@@ -64,71 +67,75 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **ablation) -> d
             per_device_train_batch_size=args.batch,
             num_generations=args.group,
             max_steps=args.steps,
-            learning_rate=args.lr,
             seed=seed,
             data_seed=seed,
-            **ablation,
+            **settings,
         )
-        trainer = build_trainer(config, train_rows=rows)
-        rollout = trainer.rollout_func
-        asked_right, episodes = [], 0
-        original = rollout.to_trajectories
-
-        def count(results, tokenizer):  # the share of episodes that asked about the question's own door
-            nonlocal episodes
-            from prompt_r1.testing.door_codes import named_doors
-
-            right = 0
-            for episode in results:
-                door = named_doors(episode.question)[0]
-                prompts = [t.get("prompt") or "" for t in episode.turns]
-                right += any(named_doors(p) == [door] for p in prompts)
-            asked_right.append(right / max(1, len(results)))
-            episodes += len(results)
-            return original(results, tokenizer)
-
-        rollout.to_trajectories = count
+        trainer = door_trainer(config, table, rows)
+        before = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
         started = time.monotonic()
         trainer.train()
         seconds = time.monotonic() - started
-    series = step_series(trainer.state.log_history)
-    total = series["reward"]
-    first, last = statistics.fmean(total[:WINDOW]), statistics.fmean(total[-WINDOW:])
+        after = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
+    series = step_series(trainer.state.log_history, extra=SERIES)
+
+    def ends(key: str) -> tuple[float, float]:
+        values = series[key]
+        return statistics.fmean(values[:WINDOW]), statistics.fmean(values[-WINDOW:])
+
+    first, last = ends("reward")
+    windows = [
+        statistics.fmean(series["reward"][i : i + WINDOW]) for i in range(len(series["reward"]) - WINDOW + 1)
+    ]
     return {
         "seed": seed,
+        "build": build,
         "series": series,
-        "asked_right": asked_right,
         "first": first,
         "last": last,
         "gain": last - first,
-        "asked_right_first": statistics.fmean(asked_right[:WINDOW]),
-        "asked_right_last": statistics.fmean(asked_right[-WINDOW:]),
-        "env_calls_last": statistics.fmean(series["episode/env_calls"][-WINDOW:]),
+        "collapsed": max(windows) - last > COLLAPSE or after["from_reply"] < before["from_reply"],
+        "asked_right": ends("door/asked_right"),
+        "from_reply": ends("door/correct_from_reply"),
+        "env_calls_last": ends("episode/env_calls")[1],
+        "before": before,
+        "after": after,
         "seconds": seconds,
-        "episodes": episodes,
     }
 
 
-def run_variant(name: str, args: argparse.Namespace, work: Path, **ablation) -> list[dict]:
-    results = []
-    for seed in range(args.seed0, args.seed0 + args.seeds):
-        print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
-        result = train_seed(seed, args, work, **ablation)
-        results.append(result)
-        print(
-            f"{name} seed {seed}: reward {result['first']:+.2f} -> {result['last']:+.2f} (gain {result['gain']:+.2f}); "
-            f"asked about the right door {result['asked_right_first']:.0%} -> {result['asked_right_last']:.0%}; "
-            f"env calls/episode at the end {result['env_calls_last']:.2f}; {result['seconds']:.0f} s",
-            flush=True,
-        )
-    return results
+def _threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def seed_line(name: str, r: dict) -> str:
+    (a0, a1), (c0, c1) = r["asked_right"], r["from_reply"]
+    return (
+        f"{name} seed {r['seed']}: reward {r['first']:+.2f} -> {r['last']:+.2f} (gain {r['gain']:+.2f}); asked the "
+        f"right door {a0:.0%} -> {a1:.0%}; correct from the reply {c0:.0%} -> {c1:.0%} (evaluated "
+        f"{r['before']['from_reply']:.0%} -> {r['after']['from_reply']:.0%}); controls: withheld "
+        f"{r['after']['withheld']:.0%}, lied to {r['after']['lying']:.0%}"
+        f"{'; COLLAPSED' if r['collapsed'] else ''}; {r['seconds']:.0f} s"
+    )
 
 
 def summary_line(results: list[dict]) -> str:
+    from prompt_r1.testing.door_training import CHANCE
+
     gains = [r["gain"] for r in results]
+    rises = [100 * (r["after"]["from_reply"] - r["before"]["from_reply"]) for r in results]
+    controls = [r["after"]["withheld"] for r in results]
+    lied = [r["after"]["lying"] for r in results]
+    n = len(results)
     return (
-        f"mean gain {statistics.fmean(gains):+.2f} (min {min(gains):+.2f} over {len(gains)} "
-        f"seed{'s' if len(gains) != 1 else ''}), first {WINDOW} vs last {WINDOW} steps"
+        f"mean gain {statistics.fmean(gains):+.2f} (min {min(gains):+.2f} over {n} seed{'s' if n != 1 else ''}), "
+        f"first {WINDOW} vs last {WINDOW} steps; correct from the reply {statistics.fmean(rises):+.0f} points "
+        f"(min {min(rises):+.0f}, >= 30 on {sum(r >= 30 for r in rises)}/{n}); reply withheld "
+        f"{statistics.fmean(controls):.0%} (max {max(controls):.0%}, chance {CHANCE:.0%}), lied to "
+        f"{statistics.fmean(lied):.0%} (max {max(lied):.0%}); "
+        f"{sum(r['collapsed'] for r in results)} collapsed"
     )
 
 
@@ -136,73 +143,91 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=3, help="how many seeds")
     parser.add_argument("--seed0", type=int, default=0, help="first seed")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once, each in its own process")
     parser.add_argument("--batch", type=int, default=32, help="episodes per step")
     parser.add_argument("--group", type=int, default=8, help="episodes per question (GRPO's group)")
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=float, help="learning rate (default: grpo_config's)")
+    parser.add_argument("--beta", type=float, help="KL coefficient (default: grpo_config's)")
+    parser.add_argument("--loss-type", help="TRL's loss_type (default: grpo_config's)")
     parser.add_argument(
-        "--sft-steps", type=int, default=300, help="fine-tuning steps (per stage) of each agent"
+        "--mask-truncated",
+        action="store_true",
+        help="mask_truncated_completions: cut-off episodes not trained on",
+    )
+    parser.add_argument(
+        "--sft-steps", type=int, default=300, help="fine-tuning steps per round of each agent"
     )
     parser.add_argument("--train-env-tokens", action="store_true", help="ablation: env_mask forced to 1")
     parser.add_argument(
         "--no-format-gate", action="store_true", help="ablation: the answer counts regardless"
     )
-    parser.add_argument("--ablations", action="store_true", help="the baseline and both ablations")
-    parser.add_argument("--out", type=Path, default=ROOT / "evals/bench/results/learning")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "prompt-r1-learning",
+        help="where the figures and curves go (default: %(default)s, outside the repository)",
+    )
     parser.add_argument("--work", type=Path, help="keep the agents and runs here (reused by a later run)")
     args = parser.parse_args()
     if args.steps < 2 * WINDOW:
         parser.error(f"--steps must be at least {2 * WINDOW} (the first and last {WINDOW} are compared)")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.seeds < 1 or args.batch < 1 or args.group < 2 or args.batch % args.group:
+        parser.error("need --seeds >= 1, --group >= 2 and --batch a multiple of --group")
 
-    from prompt_r1.training.progress import draw_curves
+    from prompt_r1.training.progress import CURVES, draw_curves
 
-    variants = {"baseline": {}}
-    if args.ablations or args.train_env_tokens:
-        variants["env tokens trained"] = {"train_on_environment_tokens": True}
-    if args.ablations or args.no_format_gate:
-        variants["no format gate"] = {"reward_format_gate": False}
-    if not args.ablations and (args.train_env_tokens or args.no_format_gate):
-        variants.pop("baseline")
+    settings = {"learning_rate": args.lr, "beta": args.beta, "loss_type": args.loss_type}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    if args.mask_truncated:
+        settings["mask_truncated_completions"] = True
+    if args.train_env_tokens:
+        settings["train_on_environment_tokens"] = True
+    if args.no_format_gate:
+        settings["reward_format_gate"] = False
+    name = "baseline" if not settings else ", ".join(f"{k}={v}" for k, v in settings.items())
     args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = {}
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
-        for name, ablation in variants.items():
-            outcomes[name] = run_variant(name, args, work, **ablation)
-            slug = name.replace(" ", "-")
-            draw_curves(
-                [r["series"] for r in outcomes[name]],
-                args.out / ("curves.png" if name == "baseline" else f"curves-{slug}.png"),
-                title=f"door codes, {name}: mean and range over {args.seeds} seeds",
-            )
-    record = {
-        name: [{k: v for k, v in r.items() if k != "series"} | {"series": r["series"]} for r in results]
-        for name, results in outcomes.items()
-    }
-    slug = "" if "baseline" in outcomes else "-" + "-".join(n.replace(" ", "-") for n in outcomes)
-    (args.out / f"learning{slug}.json").write_text(
-        json.dumps(record, indent=1)
-    )  # a baseline run, or the ablations alone
+        work.mkdir(parents=True, exist_ok=True)
+        seeds = range(args.seed0, args.seed0 + args.seeds)
+        if args.jobs == 1:
+            for seed in seeds:
+                print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
+                results.append(train_seed(seed, args, work, **settings))
+                print(seed_line(name, results[-1]), flush=True)
+        else:  # seeds in parallel processes, the cores shared out; a seed's run is the same either way
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            threads = max(1, (os.cpu_count() or 1) // args.jobs)
+            with ProcessPoolExecutor(
+                args.jobs,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_threads,
+                initargs=(threads,),
+            ) as pool:
+                futures = [pool.submit(train_seed, seed, args, work, **settings) for seed in seeds]
+                for future in as_completed(futures):
+                    results.append(future.result())
+                    print(seed_line(name, results[-1]), flush=True)
+            results.sort(key=lambda r: r["seed"])
+    draw_curves(
+        [r["series"] for r in results],
+        args.out / "curves.png",
+        title=f"door codes, {name}: mean and range over {len(results)} seeds",
+        curves=(*CURVES, ("correct from the reply", "door/correct_from_reply")),
+    )
+    record = {"settings": settings, "steps": args.steps, "results": results}
+    (args.out / "learning.json").write_text(json.dumps(record, indent=1))
     print(f"curves and figures in {args.out}")
-    if len(outcomes) > 1:
-        print(
-            "| variant | reward, first 10 | reward, last 10 | mean gain | min gain | right door, last 10 | env calls, last 10 |"
-        )
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for name, results in outcomes.items():
-            gains = [r["gain"] for r in results]
-            print(
-                f"| {name} | {statistics.fmean(r['first'] for r in results):+.2f} | "
-                f"{statistics.fmean(r['last'] for r in results):+.2f} | "
-                f"{statistics.fmean(gains):+.2f} | {min(gains):+.2f} | "
-                f"{statistics.fmean(r['asked_right_last'] for r in results):.0%} | "
-                f"{statistics.fmean(r['env_calls_last'] for r in results):.2f} |"
-            )
-    name = "baseline" if "baseline" in outcomes else next(iter(outcomes))
     label = "learning" if name == "baseline" else f"learning ({name})"
-    print(f"{label}: {summary_line(outcomes[name])}")
+    print(f"{label}: {summary_line(results)}")
     return 0
 
 

@@ -5,7 +5,8 @@
 - `TransformersAgent`: a local `transformers` model; batches concurrent episodes; token ids and logprobs.
 - `VLLMAgent`: an in-process vLLM engine (the `vllm` extra); token ids and logprobs.
 
-`load_agent(config)` picks one from an `AgentConfig`.
+`load_agent(config)` picks one from an `AgentConfig`; `model_source` checks, in seconds, that a local agent's model
+folder or hub id can be loaded here.
 
 May import: clients, data, scoring, core.
 """

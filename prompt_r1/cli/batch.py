@@ -9,7 +9,6 @@ from pathlib import Path
 
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     _prepare,
@@ -20,7 +19,8 @@ from prompt_r1.cli.flags import (
 )
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
-from prompt_r1.core import redaction
+from prompt_r1.core import redaction, signals
+from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.data.datasets import resolve_source
 from prompt_r1.runs.batch import run_batch
@@ -36,7 +36,8 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         description="Episodes run independently, CONCURRENCY at a time, through the environment's rate limiter. "
         "Each finished episode is appended to --out as one JSON line (id, question, answer, status, turns, usage, "
         "error, cost_usd). Rerun the same command to skip finished ids and retry failed ones; with --checkpoint, "
-        "episodes that were in flight or failed resume from their last completed step. Ctrl-C stops cleanly.",
+        "episodes that were in flight or failed resume from their last completed step. Ctrl-C or SIGTERM stops "
+        "cleanly (exit 130 or 143).",
     )
     bt.add_argument(
         "input",
@@ -46,7 +47,11 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
     )
     bt.add_argument("--out", required=True, metavar="FILE.jsonl", help="results file, appended to")
     bt.add_argument(
-        "--concurrency", type=int, default=32, metavar="N", help="episodes in flight at once (default: 32)"
+        "--concurrency",
+        type=flag_number(integer=True, minimum=1),
+        default=32,
+        metavar="N",
+        help="episodes in flight at once (default: 32)",
     )
     bt.add_argument(
         "--checkpoint",
@@ -62,7 +67,9 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "when it keeps failing (YAML: environments: [{model, base_url, weight, ...}]; unset fields come from "
         "the --env-* flags)",
     )
-    bt.add_argument("--limit", type=int, metavar="N", help="only the first N input rows")
+    bt.add_argument(
+        "--limit", type=flag_number(integer=True, minimum=1), metavar="N", help="only the first N input rows"
+    )
     bt.add_argument(
         "--summary",
         metavar="FILE",
@@ -146,8 +153,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if summary.input_error:
         print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
         return EXIT_USAGE
-    if summary.stopped and summary.stopped.startswith("interrupted"):
-        return EXIT_INTERRUPTED
+    if summary.stopped and summary.stopped.startswith("interrupted"):  # "interrupted (SIGTERM)": 143
+        return signals.exit_code("SIGTERM" if "SIGTERM" in summary.stopped else "SIGINT")
     if not summary.complete:
         left = []
         if summary.failed:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     _prepare,
     add_stop_flags,
@@ -18,6 +17,8 @@ from prompt_r1.cli.flags import (
     configs_from_args,
 )
 from prompt_r1.clients.costs import PriceTable
+from prompt_r1.core import signals
+from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import load_samples, resolve_source
 from prompt_r1.evaluation.optimizers.opro import OproSettings
@@ -47,7 +48,8 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
         help="evaluate methods on the paper's datasets (or your files); writes predictions, tables and a chart",
         description="Runs each method on each dataset row concurrently, appending one JSONL row per sample to "
         "OUT/predictions.jsonl (a rerun skips finished rows and retries failed ones), then writes "
-        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C stops cleanly; the next run does the rest.",
+        "OUT/summary.csv, OUT/table.md and OUT/chart.png. Ctrl-C or SIGTERM stops cleanly (exit 130 or 143), a "
+        "prompt optimiser's search included; the next run does the rest.",
     )
     ev.add_argument(
         "--suite",
@@ -67,12 +69,21 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
         choices=list(METHODS),
         help="repeatable (default: the suite's methods, else prompt-r1)",
     )
-    ev.add_argument("--limit", type=int, metavar="N", help="only the first N rows of each dataset")
+    ev.add_argument(
+        "--limit",
+        type=flag_number(integer=True, minimum=1),
+        metavar="N",
+        help="only the first N rows of each dataset",
+    )
     ev.add_argument(
         "--out", default="eval-results", metavar="DIR", help="output folder (default: eval-results)"
     )
     ev.add_argument(
-        "--concurrency", type=int, default=16, metavar="N", help="episodes in flight (default: 16)"
+        "--concurrency",
+        type=flag_number(integer=True, minimum=1),
+        default=16,
+        metavar="N",
+        help="episodes in flight (default: 16)",
     )
     add_stop_flags(ev, "rows")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -100,35 +111,38 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     _add_scorer_flag(sc)
 
 
+_COUNT = flag_number(integer=True, minimum=1)
+
+
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
     """The prompt optimisers' (`--method opro`, `gepa`, `textgrad`): their search budget, training rows and the OPRO
     paper's knobs."""
     group = parser.add_argument_group("prompt optimisers (--method opro, gepa, textgrad)")
     defaults = SearchSettings()
-    group.add_argument("--optimizer-budget", type=int, default=defaults.budget, metavar="N",
+    group.add_argument("--optimizer-budget", type=_COUNT, default=defaults.budget, metavar="N",
                        help="metric calls per search: training rows answered under a candidate instruction "
                        f"(default: {defaults.budget})")  # fmt: skip
-    group.add_argument("--optimizer-train-rows", type=int, default=defaults.train_rows, metavar="N",
+    group.add_argument("--optimizer-train-rows", type=_COUNT, default=defaults.train_rows, metavar="N",
                        help="training rows per search: the dataset's rows after the evaluated ones "
                        f"(default: {defaults.train_rows})")  # fmt: skip
     group.add_argument("--optimizer-train", metavar="FILE", help="training rows from this file instead")
     group.add_argument("--reflection-model", metavar="NAME",
                        help="the optimiser model, on the environment's endpoint (default: the environment model)")  # fmt: skip
     opro = defaults.opro
-    group.add_argument("--opro-candidates", type=int, default=opro.candidates, metavar="N",
+    group.add_argument("--opro-candidates", type=_COUNT, default=opro.candidates, metavar="N",
                        help=f"instructions sampled per step (default: {opro.candidates}, the paper's)")  # fmt: skip
-    group.add_argument("--opro-steps", type=int, default=opro.steps, metavar="N",
+    group.add_argument("--opro-steps", type=_COUNT, default=opro.steps, metavar="N",
                        help=f"most steps; the budget usually ends the search first (default: {opro.steps})")  # fmt: skip
-    group.add_argument("--opro-keep", type=int, default=opro.keep, metavar="N",
+    group.add_argument("--opro-keep", type=_COUNT, default=opro.keep, metavar="N",
                        help=f"best instructions shown in the meta-prompt (default: {opro.keep})")  # fmt: skip
-    group.add_argument("--opro-temperature", type=float, default=opro.temperature, metavar="X",
+    group.add_argument("--opro-temperature", type=flag_number(minimum=0, maximum=2), default=opro.temperature, metavar="X",
                        help=f"the optimiser model's sampling temperature, every optimiser's (default: {opro.temperature})")  # fmt: skip
 
 
 def _search_settings(args: argparse.Namespace) -> SearchSettings:
     for flag in ("optimizer_budget", "optimizer_train_rows", "opro_candidates", "opro_steps", "opro_keep"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
+        number(getattr(args, flag), f"--{flag.replace('_', '-')}", integer=True, minimum=1)
+    number(args.opro_temperature, "--opro-temperature", minimum=0, maximum=2)
     if args.optimizer_budget < args.optimizer_train_rows:  # the first instruction is scored on every row
         raise ConfigError(
             f"--optimizer-budget {args.optimizer_budget} cannot score one instruction on "
@@ -229,8 +243,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             search=search,
         )
         summaries[name] = summary
-        code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130 interrupted)
-        if done == EXIT_INTERRUPTED:  # Ctrl-C stops the sweep, not only this environment's run
+        code = max(code, done)  # the worst of the environments' (0 done, 1 rows left, 130/143 interrupted)
+        if (
+            done in signals.EXIT_CODES.values()
+        ):  # a stop signal stops the sweep, not only this environment's run
             break
     if len(sweep) > 1:
         written = write_sweep_report(summaries, args.out, chart=not args.no_chart, scoring=args.scorer)
@@ -314,7 +330,7 @@ def _verdict(outcome, failed: int) -> int:
             "command again to do the rest",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return signals.exit_code("SIGTERM" if "SIGTERM" in outcome.stopped else "SIGINT")
     left = []
     if failed:
         left.append(f"{failed} rows failed")
@@ -341,8 +357,7 @@ def _verdict(outcome, failed: int) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     from prompt_r1.core.errors import DataError
-    from prompt_r1.core.text import lone_surrogate
-    from prompt_r1.evaluation.run import read_predictions, summarize, write_reports
+    from prompt_r1.evaluation.run import prediction_problem, read_predictions, summarize, write_reports
     from prompt_r1.scoring.rewards import golden_answers_of
 
     path = Path(args.file)
@@ -356,18 +371,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     if not rows:
         raise DataError(f"{path} has no rows")
     for i, row in enumerate(rows):
-        if "prediction" not in row:
-            raise DataError(f"{path} row {i}: no prediction (use null for a question left unanswered)")
-        if row["prediction"] is not None and not isinstance(row["prediction"], str):
-            raise DataError(f"{path} row {i}: prediction is not text")
-        for what in ("prediction", "method", "dataset"):  # the names are written to the reports
-            problem = None if row[what] is None else lone_surrogate(str(row[what]))
-            if problem is not None:
-                raise DataError(f"{path} row {i}: its {what} is not valid Unicode text ({problem})")
-        try:
-            row["golden_answers"] = golden_answers_of(row)
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"{path} row {i}: {exc.args[0]}") from None
+        problem = prediction_problem(row)  # the rule an eval resuming its folder applies too
+        if problem is not None:
+            raise DataError(f"{path} row {i}: {problem}")
+        row["golden_answers"] = golden_answers_of(row)
     if repeats:
         keys = list(dict.fromkeys(key for _, key in repeats))
         one_group = len({key[:2] for key in keys}) == 1

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
+from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.config import (
     AgentConfig,
     EnvironmentConfig,
@@ -74,6 +75,10 @@ def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[s
             help_text = f"{f.metadata.get('help', '')} (default: {default})"
             dest = f"{section}__{f.name}"
             kind = _flag_type(str(f.type))
+            # Numbers are checked as they are parsed, by the field's own rule (prompt_r1.core.checks):
+            # `--env-timeout nan` is refused naming the flag, before any file is read.
+            check = {"integer": kind is int, **f.metadata.get("check", {})}
+            parse = flag_number(**check) if kind in (int, float) else kind
             metavar = {
                 int: "N",
                 float: "X",
@@ -86,23 +91,29 @@ def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[s
             elif section == "environment" and f.name in repeatable_env:
                 help_text += "; repeat it to sweep over environments, in the same order as --env-model"
                 group.add_argument(
-                    flag, dest=dest, type=kind, action="append", default=None, metavar=metavar, help=help_text
+                    flag,
+                    dest=dest,
+                    type=parse,
+                    action="append",
+                    default=None,
+                    metavar=metavar,
+                    help=help_text,
                 )
             else:
-                group.add_argument(flag, dest=dest, type=kind, default=None, metavar=metavar, help=help_text)
+                group.add_argument(flag, dest=dest, type=parse, default=None, metavar=metavar, help=help_text)
 
 
 def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """--max-failures, --budget and --prices: the stop rules of a run over many `unit` (episodes, rows)."""
     parser.add_argument(
         "--max-failures",
-        type=int,
+        type=flag_number(integer=True, minimum=1),
         metavar="N",
         help=f"stop the run once N {unit} have failed (environment_error, agent_error, internal_error)",
     )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=flag_number(above=0),
         metavar="USD",
         help=f"stop starting {unit} once the estimated cost of this run reaches USD",
     )
@@ -119,8 +130,7 @@ def check_run_flags(args: argparse.Namespace) -> None:
     from prompt_r1.runs.pool import check_limits
 
     check_limits(args.concurrency, args.max_failures, args.budget, flags=True)
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError(f"--limit must be ≥ 1, got {args.limit}")
+    number(args.limit, "--limit", integer=True, minimum=1, none_ok=True)
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
@@ -156,6 +166,7 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
     then model loading."""
     from prompt_r1.agents import load_agent
+    from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
 
     environment = agent = None
@@ -166,6 +177,8 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
         if agent_cfg.resolved_backend == "served":
             check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
         try:
+            if agent_cfg.resolved_backend != "served":  # a local model: its folder or hub id, in seconds
+                check_model_source(agent_cfg.model, "--agent-model")
             agent = load_agent(agent_cfg)
         except ConfigError as exc:
             raise _Failure(str(exc), EXIT_UNREACHABLE) from exc

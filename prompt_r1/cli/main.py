@@ -13,8 +13,10 @@ flags. Problems the user can fix (bad flags, missing keys, unreachable endpoints
 with one line on stderr and a non-zero exit, never a traceback.
 
 Exit codes: 0 the episode ran (whatever its status except environment_error), or every evaluation or batch row
-finished, 1 environment_error, an agent failure, or rows that failed or were not run (a rerun retries them),
-2 bad usage, settings or data, 3 an endpoint or model that cannot be reached, 130 interrupted.
+finished, or serve stopped after draining its requests, 1 environment_error, an agent failure, or rows that failed
+or were not run (a rerun retries them), 2 bad usage, settings or data, 3 an endpoint or model that cannot be
+reached, 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. Every command takes SIGTERM as it takes Ctrl-C
+(prompt_r1/core/signals.py): it stops cleanly and says which signal stopped it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Any
 
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     _Failure,
@@ -34,14 +35,23 @@ from prompt_r1.cli.flags import (
     add_run_flags,
     configs_from_args,
 )
-from prompt_r1.core import redaction
+from prompt_r1.core import redaction, signals
 from prompt_r1.core.errors import AgentError, ConfigError, PromptR1Error
 
 __all__ = ["build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line on stderr, as every other problem a user can fix: the flag and what it takes (a bad
+    number is refused by prompt_r1.core.checks as it is parsed), then where to read the usage, which in full would
+    bury the line that matters. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="prompt-r1",
         description="Prompt-R1: a small agent LLM prompts a large LLM over several turns, then answers.",
     )
@@ -58,46 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_flags(run)
 
-    sv = sub.add_parser(
-        "serve",
-        help="serve the loop as an OpenAI-compatible model: /v1/chat/completions (streamed or not), /v1/models",
-        description="Each chat completion runs one episode on the last user message. The agent and the "
-        "environment client (with its rate limit) are shared by every request.",
-    )
-    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    sv.add_argument(
-        "--port", type=int, default=8000, help="port to listen on (default: 8000; 0: any free port)"
-    )
-    sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
-    sv.add_argument(
-        "--max-concurrency", type=int, default=32, metavar="N", help="episodes running at once (default: 32)"
-    )
-    sv.add_argument(
-        "--max-queue",
-        type=int,
-        default=256,
-        metavar="N",
-        help="requests waiting for a slot before the server answers 429 (default: 256)",
-    )
-    sv.add_argument(
-        "--api-key-env",
-        metavar="VAR",
-        help="require `Authorization: Bearer <key>` with the key held in environment variable VAR",
-    )
-    sv.add_argument(
-        "--keepalive",
-        type=float,
-        default=15.0,
-        metavar="SECONDS",
-        help="in a streamed response, send an SSE comment line after this long without an event, so proxies do "
-        "not cut the idle connection (default: 15; 0: never)",
-    )
-    add_run_flags(sv)
-
     from prompt_r1.cli.batch import add_batch_parser
     from prompt_r1.cli.eval import add_eval_parsers
+    from prompt_r1.cli.serve import add_serve_parser
     from prompt_r1.cli.train import add_train_parsers
 
+    add_serve_parser(sub, add_run_flags)
     add_eval_parsers(sub, add_run_flags)
     add_batch_parser(sub, add_run_flags)
     add_train_parsers(sub)
@@ -201,47 +177,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import os
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.serve import cmd_serve
 
-    from prompt_r1.integrations.server import build_app, serve
-
-    if args.max_concurrency < 1 or args.max_queue < 0:
-        raise ConfigError("--max-concurrency must be ≥ 1 and --max-queue ≥ 0")
-    if not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port must be 0..65535, got {args.port}")
-    if not args.keepalive >= 0:  # also refuses nan
-        raise ConfigError(f"--keepalive must be ≥ 0 seconds, got {args.keepalive}")
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise ConfigError(
-                f"--api-key-env {args.api_key_env}: that environment variable is empty or unset"
-            )
-    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
-    agent, environment = _prepare(agent_cfg, env_cfg)
-    app = build_app(
-        agent,
-        environment,
-        loop=loop_cfg,
-        model_name=args.served_model_name,
-        max_concurrency=args.max_concurrency,
-        max_queue=args.max_queue,
-        api_key=api_key,
-        keepalive=args.keepalive,
-    )
-
-    def ready(url: str) -> None:
-        print(f"prompt-r1: serving {args.served_model_name} on {url}", flush=True)
-
-    try:
-        asyncio.run(serve(app, args.host, args.port, ready=ready))
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    except KeyboardInterrupt:
-        print("prompt-r1: stopped", file=sys.stderr)
-    return EXIT_OK
+    return cmd_serve(args)
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
@@ -280,11 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "train":
         command, args = (lambda _: _cmd_train(argv[1:])), None
     else:
-        args = parser.parse_args(argv)  # argparse itself exits 2 with a usage line on bad flags
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help (0), or a bad flag: its one line is printed (_Parser.error), 2
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         command = {
             "run": cmd_run,
             "batch": _cmd_batch,
-            "serve": cmd_serve,
+            "serve": _cmd_serve,
             "eval": _cmd_eval,
             "score": _cmd_score,
             "merge": _cmd_merge,
@@ -295,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout, sys.stderr = redaction.RedactedStream(stdout), redaction.RedactedStream(stderr)
     redaction.protect_logging()
     try:
-        return _run_command(command, args)
+        with signals.sigterm_as_sigint():
+            return _run_command(command, args)
     finally:
         sys.stdout.flush()
         sys.stdout, sys.stderr = stdout, stderr
@@ -314,8 +257,9 @@ def _run_command(command, args) -> int:
         print(f"prompt-r1: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("prompt-r1: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        name = signals.received()
+        print(f"prompt-r1: interrupted ({name}); stopped", file=sys.stderr)
+        return signals.exit_code(name)
     except OSError as exc:
         # A file problem nothing more specific caught (a full disk mid-run, a folder where a file was meant):
         # one line naming the file; the rows written so far stand.

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prompt_r1.cli.flags import EXIT_OK, check_reachable
+from prompt_r1.agents.model_source import check_model_source
+from prompt_r1.cli.flags import EXIT_OK, EXIT_UNREACHABLE, _Failure, check_reachable
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.training.checks import check_training_config
 
 __all__ = ["add_train_parsers", "cmd_merge", "cmd_train"]
 
@@ -54,6 +56,13 @@ def cmd_train(argv: list[str]) -> int:
         config, flags = parser.parse_args_and_config(argv)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
         raise ConfigError(str(exc).strip()) from None
+    # The cheapest checks first, and all of them before any model loads: the whole config, the model's folder or
+    # hub id, then the environment's socket.
+    check_training_config(config)
+    try:
+        check_model_source(config.model_name_or_path, "model_name_or_path")
+    except ConfigError as exc:
+        raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     trainer = train(config, resume=flags.resume)
     if trainer.accelerator.is_main_process:

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError
 
 __all__ = ["ModelUsage", "PriceTable", "UsageMeter"]
@@ -55,12 +56,14 @@ class PriceTable:
                 raise ConfigError(
                     f"{source}: {model}: expected {{input: X, output: Y}} in $ per 1M tokens, got {entry!r}"
                 )
-            try:
-                price = Price(float(entry["input"]), float(entry.get("output", entry["input"])))
-            except (TypeError, ValueError):
-                raise ConfigError(f"{source}: {model}: prices must be numbers, got {entry!r}") from None
-            if price.input < 0 or price.output < 0:
-                raise ConfigError(f"{source}: {model}: prices must be ≥ 0, got {entry!r}")
+            # A nan or inf price would make every estimate, and so every --budget test, meaningless.
+            price = Price(
+                *(
+                    number(entry.get(side, entry["input"]), f"{source}: {model}: the {side} price ($ per 1M "
+                           "tokens)", minimum=0)
+                    for side in ("input", "output")
+                )
+            )  # fmt: skip
             prices[str(model)] = price
         return cls(prices)
 

@@ -30,10 +30,11 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import SecretStr
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from prompt_r1.clients.http_client import checked_async_client, classify_error, refusal_of
+from prompt_r1.clients.http_client import checked_async_client, classify_error, copy_for_this_loop, refusal_of
 from prompt_r1.clients.ratelimit import EndpointLimiter, get_limiter
 from prompt_r1.core import redaction
 from prompt_r1.core.aio import PerLoop
+from prompt_r1.core.checks import number
 from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
 from prompt_r1.core.errors import ConfigError, EnvironmentCallError, EnvironmentRefused, is_retryable
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
@@ -105,8 +106,10 @@ class EnvironmentClient:
     """A rate-limited, retrying client for the large LLM. Safe to share between any number of episodes.
 
     Pass `chat_model` to use any LangChain chat model instead of building a `ChatOpenAI` from `config`;
-    it should have its own retries off. Such a model is used as given, so keep it on one event loop (its async
-    HTTP connections belong to the loop that opened them); the clients built from `config` are made per loop. `limiter_key` overrides which endpoints share one rate limit.
+    it should have its own retries off. An async HTTP connection belongs to the event loop that opened it, so
+    every loop that calls the environment gets its own client: the ChatOpenAI built from `config`, or a copy of
+    a given OpenAI-client model (`http_client.copy_for_this_loop`; any other chat model is used as given).
+    `limiter_key` overrides which endpoints share one rate limit.
     """
 
     def __init__(
@@ -147,8 +150,8 @@ class EnvironmentClient:
                 timeout=config.timeout,
                 **optional,
             )
-        # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own ChatOpenAI.
-        self._openai_models: PerLoop[BaseChatModel] = PerLoop(self._new_openai_model)
+        # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own model.
+        self._models: PerLoop[BaseChatModel] = PerLoop(self._new_model)
         key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter = get_limiter(
             key,
@@ -176,8 +179,14 @@ class EnvironmentClient:
         # and a whole response is what the retries, the timeout and the token usage are counted on.
         return ChatOpenAI(**self._openai_kwargs, http_async_client=client, disable_streaming=True)
 
+    def _new_model(self) -> BaseChatModel:
+        if self.chat_model is None:
+            return self._new_openai_model()
+        timeout = getattr(self.chat_model, "request_timeout", None)
+        return copy_for_this_loop(self.chat_model, timeout if isinstance(timeout, int | float) else None)
+
     def _model(self) -> BaseChatModel:
-        return self.chat_model if self.chat_model is not None else self._openai_models.get()
+        return self._models.get()
 
     def _token_estimate(self, messages: list[BaseMessage]) -> int:
         """Tokens a provider's per-minute limit counts for a request before it runs: about 4 characters per
@@ -309,7 +318,11 @@ class EnvironmentPool:
         if not members:
             raise ConfigError("an environment pool needs at least one member")
         weights = list(weights) if weights is not None else [1.0] * len(members)
-        if len(weights) != len(members) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        for weight in weights:
+            number(weight, "a pool weight", minimum=0)
+        number(trip_after, "trip_after", integer=True, minimum=1)
+        number(cooldown, "cooldown (seconds)", minimum=0)
+        if len(weights) != len(members) or sum(weights) <= 0:
             raise ConfigError(
                 f"pool weights must be one non-negative number per member with a positive sum, got {weights}"
             )
@@ -370,8 +383,7 @@ class EnvironmentPool:
                 config = dataclasses.replace(base, **entry)
             except TypeError as exc:
                 raise ConfigError(f"{path}: environment {i}: {exc}") from None
-            if not isinstance(weight, int | float) or isinstance(weight, bool):
-                raise ConfigError(f"{path}: environment {i}: weight must be a number, got {weight!r}")
+            weight = number(weight, f"{path}: environment {i}: weight", minimum=0)
             members.append(EnvironmentClient(config))
             weights.append(float(weight))
             names.append(str(name) if name else f"{config.model}@{config.base_url or OPENAI_BASE_URL}")
@@ -379,8 +391,8 @@ class EnvironmentPool:
             members,
             weights,
             names=names,
-            trip_after=int(data.get("trip_after", 3)),
-            cooldown=float(data.get("cooldown", 30.0)),
+            trip_after=number(data.get("trip_after", 3), f"{path}: trip_after", integer=True, minimum=1),
+            cooldown=number(data.get("cooldown", 30.0), f"{path}: cooldown (seconds)", minimum=0),
         )
 
     @property

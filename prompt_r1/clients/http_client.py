@@ -50,6 +50,7 @@ __all__ = [
     "ResponseRefused",
     "check_completion_body",
     "checked_async_client",
+    "copy_for_this_loop",
     "classify_error",
     "refusal_of",
 ]
@@ -144,6 +145,31 @@ def checked_async_client(timeout: float | None, **kwargs: Any) -> httpx.AsyncCli
     every chat-completions 200 as described above."""
     kwargs.setdefault("limits", httpx.Limits(max_connections=None))
     return httpx.AsyncClient(timeout=timeout, event_hooks={"response": [_check_response]}, **kwargs)
+
+
+# A chat model's fields that hold HTTP clients: an async one belongs to the event loop that first used it.
+_CLIENT_FIELDS = (
+    "client",
+    "async_client",
+    "root_client",
+    "root_async_client",
+    "http_client",
+    "http_async_client",
+)
+
+
+def copy_for_this_loop(model: Any, timeout: float | None) -> Any:
+    """A copy of an OpenAI-client chat model (`ChatOpenAI`, `AzureChatOpenAI`: any with `http_async_client`) built
+    from the same settings with an async HTTP client of its own, checked as above, for the running event loop.
+
+    Such a model keeps one async connection pool, shared even across instances (langchain-openai caches it per
+    base URL), which is bound to the loop that first used it: a process that calls it from two loops (a sync
+    `invoke` on the background loop, then `asyncio.run(ainvoke(...))`) fails with "bound to a different event
+    loop" or "Event loop is closed". Any other chat model is returned as it is."""
+    if "http_async_client" not in type(model).model_fields:
+        return model
+    settings = {name: getattr(model, name) for name in model.model_fields_set if name not in _CLIENT_FIELDS}
+    return type(model)(**settings, http_async_client=checked_async_client(timeout))
 
 
 def _retry_after_seconds(headers) -> float | None:

@@ -5,7 +5,8 @@
 - `text`, `tokens`: text repair and checks; chat-template token ids for token-exact turns;
 - `errors`: the error hierarchy and its retry rule; `events`: the loop's streamed events; `aio`: event-loop helpers;
 - `config`: the typed settings (`AgentConfig`, `EnvironmentConfig`, `LoopConfig`), read once at a surface's edge;
-- `redaction`: the process-wide set of API keys that every writer cuts out.
+- `redaction`: the process-wide set of API keys that every writer cuts out;
+- `checks`: the one check of every number a user gives; `signals`: SIGTERM taken as Ctrl-C, and which one arrived.
 
 May import: no other layer of prompt_r1, and no heavy library (torch, transformers, trl, vllm); the import contract
 in pyproject.toml (`lint-imports`) holds it so.

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import yaml
 
 from prompt_r1.core import redaction
+from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError, MissingCredentials
 from prompt_r1.core.redaction import NO_KEY
 
@@ -41,8 +42,17 @@ DEFAULT_ENV_MODEL = "gpt-4o-mini"
 PROTOCOLS = ("paper", "release")
 
 
-def _help(text: str, **kw: Any) -> Any:
-    return field(metadata={"help": text}, **kw)
+def _help(text: str, *, check: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """A field with its help text and, for a number, the range `prompt_r1.core.checks.number` holds it to (every
+    number field has one: a value from a flag, a file or an environment variable is checked the same way)."""
+    metadata = {"help": text} if check is None else {"help": text, "check": check}
+    return field(metadata=metadata, **kw)
+
+
+AT_LEAST_1 = {"integer": True, "minimum": 1}
+AT_LEAST_0 = {"integer": True, "minimum": 0}
+POSITIVE = {"above": 0}
+NON_NEGATIVE = {"minimum": 0}
 
 
 @dataclass(frozen=True)
@@ -59,47 +69,47 @@ class EnvironmentConfig:
         default="OPENAI_API_KEY",
     )
     rate_limit: int = _help(
-        "Requests allowed per rate period, shared by every episode in the process.", default=500
+        "Requests allowed per rate period, shared by every episode in the process.",
+        default=500,
+        check=AT_LEAST_1,
     )
-    rate_period: float = _help("Length of the rate-limit window in seconds.", default=60.0)
-    max_in_flight: int = _help("Requests allowed in flight at once to this endpoint.", default=32)
+    rate_period: float = _help("Length of the rate-limit window in seconds.", default=60.0, check=POSITIVE)
+    max_in_flight: int = _help(
+        "Requests allowed in flight at once to this endpoint.", default=32, check=AT_LEAST_1
+    )
     tokens_per_minute: int | None = _help(
         "Tokens (prompt + response) allowed per minute, shared like rate_limit; unset: no token limit.",
         default=None,
+        check=AT_LEAST_1,
     )
-    timeout: float = _help("Seconds allowed for one call before it counts as a timeout.", default=60.0)
+    timeout: float = _help(
+        "Seconds allowed for one call before it counts as a timeout.", default=60.0, check=POSITIVE
+    )
     max_retries: int = _help(
-        "Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5
+        "Retries after a failed call (429, 5xx, timeout, dropped connection).", default=5, check=AT_LEAST_0
     )
     backoff_initial: float = _help(
-        "First retry wait in seconds; doubles per retry, with full jitter.", default=1.0
+        "First retry wait in seconds; doubles per retry, with full jitter.", default=1.0, check=NON_NEGATIVE
     )
     backoff_max: float = _help(
         "Longest backoff between retries in seconds (Retry-After is honoured up to max_retry_after).",
         default=30.0,
+        check=NON_NEGATIVE,
     )
     max_retry_after: float = _help(
-        "Longest wait honoured from a server's Retry-After, in seconds.", default=120.0
+        "Longest wait honoured from a server's Retry-After, in seconds.", default=120.0, check=NON_NEGATIVE
     )
-    temperature: float | None = _help("Sampling temperature; unset: the endpoint's default.", default=None)
+    temperature: float | None = _help(
+        "Sampling temperature (0 to 2); unset: the endpoint's default.",
+        default=None,
+        check={"minimum": 0, "maximum": 2},
+    )
     max_tokens: int | None = _help(
-        "Most tokens per environment response; unset: the endpoint's default.", default=None
+        "Most tokens per environment response; unset: the endpoint's default.", default=None, check=AT_LEAST_1
     )
 
     def __post_init__(self) -> None:
         _check_types(self)
-        if self.rate_limit < 1:
-            raise ConfigError(f"env rate_limit must be >= 1 request per period, got {self.rate_limit}")
-        if self.rate_period <= 0:
-            raise ConfigError(f"env rate_period must be > 0 seconds, got {self.rate_period}")
-        if self.max_in_flight < 1:
-            raise ConfigError(f"env max_in_flight must be >= 1, got {self.max_in_flight}")
-        if self.tokens_per_minute is not None and self.tokens_per_minute < 1:
-            raise ConfigError(f"env tokens_per_minute must be >= 1, got {self.tokens_per_minute}")
-        if self.timeout <= 0:
-            raise ConfigError(f"env timeout must be > 0 seconds, got {self.timeout}")
-        if self.max_retries < 0:
-            raise ConfigError(f"env max_retries must be >= 0, got {self.max_retries}")
         if self.base_url is not None:
             _check_url(self.base_url, "--env-base-url")
 
@@ -123,14 +133,22 @@ class AgentConfig:
     backend: str = _help(
         "auto (served if base_url is set, else transformers), served, transformers or vllm.", default="auto"
     )
-    temperature: float = _help("Agent sampling temperature (0: greedy).", default=0.7)
-    top_p: float = _help("Agent nucleus sampling threshold.", default=1.0)
-    max_new_tokens: int = _help("Most tokens the agent may write in one turn (paper: 1,024).", default=1024)
+    temperature: float = _help("Agent sampling temperature (0: greedy).", default=0.7, check=NON_NEGATIVE)
+    top_p: float = _help(
+        "Agent nucleus sampling threshold (above 0, at most 1).",
+        default=1.0,
+        check={"above": 0, "maximum": 1},
+    )
+    max_new_tokens: int = _help(
+        "Most tokens the agent may write in one turn (paper: 1,024).", default=1024, check=AT_LEAST_1
+    )
     device: str | None = _help(
         "Device for a local agent (cuda, cpu); unset: cuda when available.", default=None
     )
     dtype: str = _help("Weights dtype for a local agent: auto, bfloat16, float16 or float32.", default="auto")
-    seed: int | None = _help("Seed for the agent's sampling, for reproducible runs.", default=None)
+    seed: int | None = _help(
+        "Seed for the agent's sampling, for reproducible runs.", default=None, check=AT_LEAST_0
+    )
     tokenizer: str | None = _help(
         "Tokenizer of a served agent (local path or hub id), for token-exact turns and the drift check; unset: the "
         "model name when it is a local folder.",
@@ -152,10 +170,6 @@ class AgentConfig:
             )
         if self.backend == "served" and not self.base_url:
             raise ConfigError("the served agent backend needs --agent-base-url")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"agent max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"agent temperature must be >= 0, got {self.temperature}")
         if self.base_url is not None:
             _check_url(self.base_url, "--agent-base-url")
 
@@ -174,6 +188,7 @@ class LoopConfig:
     max_turns: int = _help(
         "Most environment calls per episode (paper: 5); under --protocol release, most agent turns.",
         default=5,
+        check=AT_LEAST_0,
     )
     force_final_answer: bool | None = _help(
         "When the agent prompts again after its last allowed call, ask it once for a final answer; unset: on "
@@ -183,11 +198,13 @@ class LoopConfig:
     max_turn_tokens: int | None = _help(
         "Most tokens the agent writes in one turn; unset: the agent's own max_new_tokens (paper: 1,024).",
         default=None,
+        check=AT_LEAST_1,
     )
     max_total_tokens: int = _help(
         "Token budget of one agent trajectory (paper: 8,192); token-exact backends only. Under --protocol release, "
         "the limit on prompt + trajectory checked before each agent turn, as the release does.",
         default=8192,
+        check=AT_LEAST_1,
     )
     protocol: str = _help(
         "paper (the paper's loop) or release (the reference release's training rollout token for token: its "
@@ -208,12 +225,6 @@ class LoopConfig:
                 "the release protocol ends an episode unanswered when its turns run out: force_final_answer must "
                 "be off under it"
             )
-        if self.max_turns < 0:
-            raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
-        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
-            raise ConfigError(f"max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
-        if self.max_total_tokens < 1:
-            raise ConfigError(f"max_total_tokens must be >= 1, got {self.max_total_tokens}")
 
     def graph_options(self) -> dict[str, Any]:
         """The keyword arguments of `build_graph` this sets: every field is one (`max_turn_tokens` is the graph's
@@ -226,8 +237,13 @@ class LoopConfig:
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 
+# How a config's fields are named in its errors: as the flags that set them.
+_FLAG_PREFIX = {"EnvironmentConfig": "env ", "AgentConfig": "agent ", "LoopConfig": ""}
+
+
 def _check_types(config: Any) -> None:
-    """Values from YAML or Python must have the field's type (a config file can hold `base_url: 123`)."""
+    """Values from YAML or Python must have the field's type (a config file can hold `base_url: 123`), and a number
+    its field's range (`check` in the field's metadata: finite, and e.g. ≥ 1)."""
     for f in fields(config):
         value = getattr(config, f.name)
         parts = [p.strip() for p in str(f.type).split("|")]
@@ -237,6 +253,10 @@ def _check_types(config: Any) -> None:
         if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
             expected = " or ".join(parts)
             raise ConfigError(f"{type(config).__name__}.{f.name} must be {expected}, got {value!r}")
+        check = f.metadata.get("check")
+        if check is not None:
+            name = _FLAG_PREFIX.get(type(config).__name__, "") + f.name
+            object.__setattr__(config, f.name, number(value, name, none_ok="None" in parts, **check))
 
 
 def _check_url(url: str, flag: str) -> None:

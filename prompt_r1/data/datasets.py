@@ -332,6 +332,12 @@ def iter_samples(
                     raise
                 answers = []
             row_id = row.get("id")
+            # An id names the row in results and reruns: text or an integer. A boolean, a number with a fraction,
+            # a list or an object would be turned into some text ("True", "{'a': 1}") without a word.
+            if row_id is not None and (isinstance(row_id, bool) or not isinstance(row_id, str | int)):
+                raise ValueError(f"its id must be text or an integer, got {type(row_id).__name__} {row_id!r}")
+            if isinstance(row_id, str) and not row_id.strip():
+                raise ValueError("its id is empty text (leave the id out to number the row)")
             sample_id = str(row_id) if row_id is not None else f"{name}-{index}"
             _check_writable(sample_id, question, answers)
         except ValueError as exc:

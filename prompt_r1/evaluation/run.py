@@ -63,6 +63,7 @@ from prompt_r1.evaluation.reports import (
     write_summary_csv,
 )
 from prompt_r1.loop import release
+from prompt_r1.loop.graph import STATUSES
 from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment, describe_exception
 from prompt_r1.runs.metering import (
     MeteredAgent,
@@ -98,6 +99,34 @@ __all__ = [
 
 PREDICTIONS = "predictions.jsonl"
 _ROW_PREFIX = '{"method": '  # how every row this module writes begins
+
+
+# Every status an eval row can have: the loop's, the failures', and a baseline's answer without its tag.
+ROW_STATUSES = frozenset(STATUSES) | FAILED_STATUSES | {"untagged"}
+
+
+def prediction_problem(row: Mapping[str, Any]) -> str | None:
+    """What makes a predictions row unscorable, or None: the one rule of `score` and of an `eval` resuming its
+    own file (a row eval kept as done but score refused would leave the folder's tables unreproducible). A
+    status, where a row has one, must be one eval writes: the reports count failures by it."""
+    from prompt_r1.core.text import lone_surrogate
+    from prompt_r1.scoring.rewards import golden_answers_of
+
+    if "prediction" not in row:
+        return "no prediction (use null for a question left unanswered)"
+    if row["prediction"] is not None and not isinstance(row["prediction"], str):
+        return f"its prediction is not text (got {type(row['prediction']).__name__} {row['prediction']!r})"
+    if row.get("status") is not None and row["status"] not in ROW_STATUSES:
+        return f"its status {row.get('status')!r} is not one eval writes ({', '.join(sorted(ROW_STATUSES))})"
+    for what in ("prediction", "method", "dataset"):  # the names are written to the reports
+        problem = None if row.get(what) is None else lone_surrogate(str(row[what]))
+        if problem is not None:
+            return f"its {what} is not valid Unicode text ({problem})"
+    try:
+        golden_answers_of(row)
+    except (KeyError, TypeError) as exc:
+        return str(exc.args[0])
+    return None
 
 
 def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -241,8 +270,9 @@ async def run_evaluation(
     )
     # The folder's rows are checked before anything is appended: a file there that is not ours is left untouched.
     store = ResultStore.open(
-        out_dir / PREDICTIONS, row_prefix=_ROW_PREFIX, what="predictions file", key=_key, redact=redact
-    )
+        out_dir / PREDICTIONS, row_prefix=_ROW_PREFIX, what="predictions file", key=_key, redact=redact,
+        check=prediction_problem,
+    )  # fmt: skip
     meter = UsageMeter(prices)
     agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
     # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.

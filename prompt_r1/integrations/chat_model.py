@@ -23,6 +23,11 @@ per-turn event (think, prompt, response, ...; see events.py) with the event in
 message with every event in order; `astream_events` also carries each event as a custom event named
 `prompt_r1`. An environment that fails past its retries raises `EnvironmentCallError`
 (a chat model has no other way to say it has no answer); other endings are returned with their status.
+
+An unknown keyword is refused; of LangChain's standard parameters `stop` (at construction or per call) cuts the
+answer before the first stop sequence, `streaming` is LangChain's own flag, and the others are accepted, checked
+and ignored, named in `response_metadata["ignored"]` (chat_options.py). A `ChatOpenAI` environment is copied per
+event loop (environment.py), so sync and async calls mix in one process.
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from prompt_r1.core import redaction
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import EnvironmentCallError
+from prompt_r1.integrations.chat_options import CallOptions, call_options
 from prompt_r1.loop.graph import finish_reason as _finish_reason
-from prompt_r1.runs.episode import Episode, EpisodeRunner, question_from_messages
+from prompt_r1.runs.episode import Episode, EpisodeRunner, cut_at_stop, question_from_messages
 
 __all__ = ["PromptR1Chat", "question_of"]
 
@@ -104,7 +110,8 @@ def _usage_metadata(episode: Episode) -> dict[str, int]:
 class PromptR1Chat(BaseChatModel):
     """A chat model whose every call is one Prompt-R1 episode: the agent prompts the environment, then answers."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    # An unknown keyword is an error: `max_turn=1`, a typo, must not leave max_turns at its default.
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     agent: Any = Field(description="The agent backend (prompt_r1.load_agent(...), or any AgentBackend).")
     environment: Any = Field(
@@ -130,6 +137,17 @@ class PromptR1Chat(BaseChatModel):
     model_name: str = Field(
         default="prompt-r1", description="The name shown in traces and response metadata."
     )
+    # LangChain's standard parameters (see chat_options.py): stop and streaming are honoured, the rest ignored.
+    stop: list[str] | None = Field(
+        default=None, description="Stop sequences: the answer is cut before the first (a call's stop= wins)."
+    )
+    streaming: bool = Field(default=False, description="invoke streams the episode (LangChain's own flag).")
+    temperature: float | None = Field(default=None, description="Ignored (the agent's own settings sample).")
+    max_tokens: int | None = Field(
+        default=None, description="Ignored (the episode sets the answer's length)."
+    )
+    timeout: float | None = Field(default=None, description="Ignored (the environment client has its own).")
+    max_retries: int | None = Field(default=None, description="Ignored (the environment client has its own).")
 
     @model_validator(mode="after")
     def _one_loop(self) -> PromptR1Chat:
@@ -148,6 +166,7 @@ class PromptR1Chat(BaseChatModel):
         for name, field_name in _LOOP_KEYWORDS.items():
             object.__setattr__(self, name, getattr(loop, field_name))
         object.__setattr__(self, "loop", loop)
+        call_options(self, self.stop, {})  # the standard parameters' values, checked
         return self
 
     _runner: Any = PrivateAttr(default=None)
@@ -162,8 +181,11 @@ class PromptR1Chat(BaseChatModel):
         return {"model_name": self.model_name, "max_turns": self.max_turns}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params.update(ls_provider="prompt-r1", ls_model_name=self.model_name)
+        params = super()._get_ls_params(stop=stop if stop is not None else self.stop, **kwargs)
+        # Traced as what they are: the ignored parameters are not the episode's sampling settings.
+        for name in ("ls_temperature", "ls_max_tokens"):
+            params.pop(name, None)
+        params.update(ls_provider="prompt-r1", ls_model_name=kwargs.get("model", self.model_name))
         return params
 
     @property
@@ -291,12 +313,12 @@ class PromptR1Chat(BaseChatModel):
         async for chunk in _afirst_step_with(_STREAM_PARENT, parent, chunks):
             yield chunk
 
-    def _message(self, episode: Episode) -> AIMessage:
+    def _message(self, episode: Episode, options: CallOptions) -> AIMessage:
         if episode.status == "environment_error":
             raise EnvironmentCallError(redaction.redact(episode.error) or "the environment call failed")
         usage = episode.usage
         return AIMessage(
-            content=episode.answer or "",
+            content=cut_at_stop(episode.answer or "", options.stop),
             response_metadata={
                 "model_name": self.model_name,
                 "status": episode.status,
@@ -304,6 +326,7 @@ class PromptR1Chat(BaseChatModel):
                 "turns": episode.turns,
                 "error": episode.error,
                 "usage": usage,
+                "ignored": options.ignored,
             },
             usage_metadata=_usage_metadata(episode),
         )
@@ -316,11 +339,11 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        question = question_of(messages)
+        question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(run_manager and _parent_of(run_manager), is_async=False)
         with _set(var_child_runnable_config, caller):
             episode = _last(self.runner.stream_sync(question, tags=tags))
-        return ChatResult(generations=[ChatGeneration(message=self._message(episode))])
+        return ChatResult(generations=[ChatGeneration(message=self._message(episode, options))])
 
     async def _agenerate(
         self,
@@ -329,11 +352,11 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        question = question_of(messages)
+        question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(run_manager and _parent_of(run_manager), is_async=True)
         with _set(var_child_runnable_config, caller):
             episode = [item async for item in self.runner.stream(question, tags=tags)][-1]
-        return ChatResult(generations=[ChatGeneration(message=self._message(episode))])
+        return ChatResult(generations=[ChatGeneration(message=self._message(episode, options))])
 
     # ---- streaming ------------------------------------------------------------------------------------------
     def _event_chunk(self, event: dict) -> ChatGenerationChunk:
@@ -341,8 +364,8 @@ class PromptR1Chat(BaseChatModel):
             message=AIMessageChunk(content="", additional_kwargs={EVENTS_KEY: [event]})
         )
 
-    def _final_chunk(self, episode: Episode) -> ChatGenerationChunk:
-        message = self._message(episode)
+    def _final_chunk(self, episode: Episode, options: CallOptions) -> ChatGenerationChunk:
+        message = self._message(episode, options)
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=message.content,
@@ -359,12 +382,12 @@ class PromptR1Chat(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        question = question_of(messages)
+        question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(self._stream_parent(run_manager), is_async=False)
         items = self.runner.stream_sync(question, tags=tags)
         for item in _first_step_with(var_child_runnable_config, caller, items):
             if isinstance(item, Episode):
-                yield self._final_chunk(item)
+                yield self._final_chunk(item, options)
             else:
                 yield self._event_chunk(item)
 
@@ -375,12 +398,12 @@ class PromptR1Chat(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        question = question_of(messages)
+        question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(self._stream_parent(run_manager), is_async=True)
         items = self.runner.stream(question, tags=tags)
         async for item in _afirst_step_with(var_child_runnable_config, caller, items):
             if isinstance(item, Episode):
-                yield self._final_chunk(item)
+                yield self._final_chunk(item, options)
             else:
                 yield self._event_chunk(item)
 

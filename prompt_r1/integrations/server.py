@@ -23,89 +23,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hmac
 import json
 import logging
+import signal
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from prompt_r1.core import redaction
+from prompt_r1.core import redaction, signals
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import AgentError, ConfigError
+from prompt_r1.integrations.server_requests import ChatRequest, RequestError, read_request
 from prompt_r1.loop.graph import finish_reason as _finish_reason
-from prompt_r1.runs.episode import Episode, EpisodeRunner, question_from_messages
+from prompt_r1.runs.episode import Episode, EpisodeRunner, cut_at_stop
 
 __all__ = ["build_app", "serve", "serving_in_thread"]
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any question, small enough that a flood cannot exhaust memory
-
-
-class RequestError(Exception):
-    """A request the server refuses, with its HTTP status and OpenAI-style error fields."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind, self.headers = status, param, code, kind, headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def _question(body: dict[str, Any]) -> str:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "`messages` must be a non-empty list of chat messages", param="messages")
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-        raise RequestError(400, "every message must be an object with a string `role`", param="messages")
-    try:
-        return question_from_messages(messages)
-    except ValueError as exc:
-        raise RequestError(400, str(exc), param="messages") from None
-
-
-def validate(body: Any, model_name: str) -> tuple[str, bool, bool, int | None]:
-    """(question, stream, include_usage, max_turns) of a chat-completions body, or a RequestError."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the body must be a JSON object")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError(400, "`model` must be a string", param="model")
-    if model is not None and model != model_name:
-        raise RequestError(404, f"model {model!r} is not served here; use {model_name!r}", param="model",
-                           code="model_not_found")  # fmt: skip
-    if body.get("tools"):
-        raise RequestError(
-            400, "Prompt-R1 does not make tool calls; send the request without tools", param="tools"
-        )
-    # "auto" and "none" with no tools both mean a plain text answer, which is what every reply is.
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise RequestError(400, "Prompt-R1 does not make tool calls; `tool_choice` can only be \"none\" or "
-                           "\"auto\" (with no tools)", param="tool_choice")  # fmt: skip
-    n = body.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n != 1):
-        raise RequestError(400, "only n=1 is supported", param="n")
-    # null is what several clients send for a parameter they leave unset: the default, not an error.
-    stream = False if body.get("stream") is None else body["stream"]
-    if not isinstance(stream, bool):
-        raise RequestError(400, "`stream` must be true or false", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not stream:  # as OpenAI answers it
-        raise RequestError(
-            400, "`stream_options` is only allowed when `stream` is true", param="stream_options"
-        )
-    options = options or {}
-    if not isinstance(options, dict):
-        raise RequestError(400, "`stream_options` must be an object", param="stream_options")
-    max_turns = body.get("max_turns")
-    if max_turns is not None and (
-        isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 0 <= max_turns <= 20
-    ):
-        raise RequestError(400, "`max_turns` must be an integer from 0 to 20", param="max_turns")
-    return _question(body), stream, bool(options.get("include_usage")), max_turns
+SHUTDOWN_TIMEOUT = 60.0  # seconds the requests in flight get to finish once a stop signal arrives
 
 
 def _usage(episode: Episode) -> dict[str, int]:
@@ -113,11 +52,13 @@ def _usage(episode: Episode) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _extension(episode: Episode, keys: tuple[str, ...], trajectory: bool) -> dict[str, Any]:
-    """The `prompt_r1` field of a response; with `prompt_r1_trajectory: true` in the request, the token ids the
-    agent read and wrote (`prompt_ids`, `completion_ids`, `env_mask`, `logprobs`), null for an agent without them."""
+def _extension(episode: Episode, keys: tuple[str, ...], request: ChatRequest) -> dict[str, Any]:
+    """The `prompt_r1` field of a response: `ignored`, the request's fields the server ignored (see
+    server_requests.py); with `prompt_r1_trajectory: true` in the request, the token ids the agent read and wrote
+    (`prompt_ids`, `completion_ids`, `env_mask`, `logprobs`), null for an agent without them."""
     extension = {k: getattr(episode, k) for k in keys}
-    if trajectory:
+    extension["ignored"] = list(request.ignored)
+    if request.trajectory:
         extension["trajectory"] = episode.trajectory
     return extension
 
@@ -164,6 +105,14 @@ class _Slots:
     async def __aexit__(self, *exc: object) -> None:
         self.in_flight -= 1
         self._semaphore.release()
+
+
+@functools.cache
+def _slots_key():
+    """The app's key of its _Slots (the requests running and waiting), which serve reads when it stops."""
+    from aiohttp import web
+
+    return web.AppKey("prompt_r1_slots", _Slots)
 
 
 def build_app(
@@ -248,20 +197,19 @@ def build_app(
             raise RequestError(400, "the body is not valid JSON") from None
         except RecursionError:  # deeply nested arrays fit in the size limit but not in json's recursion
             raise RequestError(400, "the body is nested too deeply") from None
-        question, stream, include_usage, max_turns = validate(body, model_name)
-        trajectory = body.get("prompt_r1_trajectory", False)
-        if not isinstance(trajectory, bool):
-            raise RequestError(
-                400, "`prompt_r1_trajectory` must be true or false", param="prompt_r1_trajectory"
-            )
+        asked = read_request(body, model_name)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         # The episode's events as they happen, then the Episode (prompt_r1.runs.episode).
-        items = runner_for(max_turns).stream(
-            question, id=completion_id, metadata={"served_model": model_name}
+        items = runner_for(asked.max_turns).stream(
+            asked.question, id=completion_id, metadata={"served_model": model_name}
         )
+
+        def answer(episode: Episode) -> str:
+            return cut_at_stop(episode.answer or "", asked.stop)
+
         head = {"id": completion_id, "created": int(time.time()), "model": model_name}
         async with slots:
-            if not stream:
+            if not asked.stream:
                 try:
                     episode = [item async for item in items][-1]
                 except Exception as exc:
@@ -272,9 +220,9 @@ def build_app(
                     **head,
                     "object": "chat.completion",
                     "choices": [{"index": 0, "finish_reason": _finish_reason(episode.status),
-                                 "message": {"role": "assistant", "content": episode.answer or ""}}],
+                                 "message": {"role": "assistant", "content": answer(episode)}}],
                     "usage": _usage(episode),
-                    "prompt_r1": _extension(episode, ("status", "turns", "usage", "error"), trajectory),
+                    "prompt_r1": _extension(episode, ("status", "turns", "usage", "error"), asked),
                 })  # fmt: skip
             response = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -331,10 +279,10 @@ def build_app(
             if failure is not None:
                 await send(failure.body())
             else:
-                await send(chunk({"content": episode.answer or ""}))
+                await send(chunk({"content": answer(episode)}))
                 await send(chunk({}, _finish_reason(episode.status),
-                                 prompt_r1=_extension(episode, ("status", "usage", "error"), trajectory)))  # fmt: skip
-                if include_usage:
+                                 prompt_r1=_extension(episode, ("status", "usage", "error"), asked)))  # fmt: skip
+                if asked.include_usage:
                     await send(
                         {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(episode)}
                     )
@@ -343,30 +291,85 @@ def build_app(
             return response
 
     app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY_BYTES)
+    app[_slots_key()] = slots
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", completions)
     return app
 
 
-async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None) -> None:
-    """Serve `app` until cancelled (Ctrl-C). `ready(url)` is called once the socket listens."""
+class _MalformedRequests(logging.Filter):
+    """aiohttp answers a request it cannot parse (a bad Content-Length, a broken header) with a 400 itself, and
+    logs it with a traceback as if the server had failed: here it is one line naming the client and the fault."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            peer = record.getMessage().rpartition(" from ")[2] or "a client"
+            problem = str(exc.message).strip().splitlines()[0].rstrip(":") if exc.message else "malformed"
+            record.msg, record.args = "prompt-r1: answered %s to a malformed request from %s: %s", (exc.code, peer,
+                                                                                                     problem)  # fmt: skip
+            record.exc_info, record.exc_text, record.levelno, record.levelname = (
+                None,
+                None,
+                logging.WARNING,
+                "WARNING",
+            )
+        return True
+
+
+async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None, stopping=None) -> str:
+    """Serve `app` until SIGINT or SIGTERM (or until cancelled); return the signal's name ("" if cancelled).
+
+    `ready(url)` is called once the socket listens. On the first signal the server stops taking connections,
+    calls `stopping(name, requests in flight)`, and lets the requests in flight finish (up to
+    SHUTDOWN_TIMEOUT seconds, then they are cancelled); a second signal cancels them at once. Signals are
+    handled in the main thread only: from another thread (serving_in_thread) the caller stops it by cancelling."""
     from aiohttp import web
 
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _MalformedRequests) for f in server_log.filters):
+        server_log.addFilter(_MalformedRequests())
     # aiohttp cancels a handler whose client went away, which cancels the episode and its environment calls.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    try:
-        if ready is not None:
-            bound_host, bound_port = runner.addresses[0][:2]  # port 0 asks the system for a free port
-            if ":" in bound_host:  # an IPv6 address goes in brackets in a URL
-                bound_host = f"[{bound_host}]"
-            ready(f"http://{bound_host}:{bound_port}/v1")
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    loop, main = asyncio.get_running_loop(), asyncio.current_task()
+    stop, received, installed = asyncio.Event(), [], []
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        signals.note(name)
+        if received:  # the second: the requests in flight are cancelled
+            main.cancel()
+            return
+        received.append(name)
+        if stopping is not None:
+            stopping(name, app[_slots_key()].in_flight + app[_slots_key()].waiting)
+        stop.set()
+
+    with signals.restoring(signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                loop.add_signal_handler(signum, on_signal, signum)
+                installed.append(signum)
+        try:
+            if ready is not None:
+                bound_host, bound_port = runner.addresses[0][:2]  # port 0 asks the system for a free port
+                if ":" in bound_host:  # an IPv6 address goes in brackets in a URL
+                    bound_host = f"[{bound_host}]"
+                ready(f"http://{bound_host}:{bound_port}/v1")
+            await stop.wait()
+        finally:
+            try:
+                await runner.cleanup()  # stops listening, then waits for the handlers still running
+            finally:
+                for signum in installed:
+                    loop.remove_signal_handler(signum)
+    return received[0] if received else ""
 
 
 @contextlib.contextmanager

@@ -26,6 +26,9 @@ follows. Each rule below names the release file it comes from; `graph.py` applie
   as `<|im_end|>\\n<|im_start|>user\\n<interaction_response>\\n…\\n</interaction_response><|im_end|>\\n<|im_start|>
   assistant\\n<think>\\n` (`nous.py`, `format_tool_response`), after the agent's own sampled `<|im_end|>`: two
   end-of-turn tokens in a row, and `<think>\\n` prefilled for the next turn.
+  The content is not escaped (`format_tool_response` wraps it as it is, and `json.dumps` escapes neither `<` nor
+  `/`): a reply holding `</interaction_response>` or `<|im_end|>` reaches the agent as written, as in the release;
+  only the paper protocol defuses such tags (protocol.py).
 - `max_turns` counts agent generations (`generation.py`, `run_llm_loop`); a call in the last one is still
   answered, then the episode ends unanswered. Before each generation the episode stops when prompt and trajectory
   exceed the prompt limit (8,192 tokens; token path only). The trajectory the trainer gets is cut at the same

@@ -164,6 +164,8 @@ def scan_input(source: str | Path, limit: int | None = None) -> int:
                 f"input row {sample.index}: id {sample.id!r} repeats row {earlier[1]} with another question; "
                 "give each question its own id"
             )
+    if rows == 0 and limit != 0:  # a run of nothing would end 'complete' with exit 0 and no word
+        raise DataError(f"{resolve_source(source)[0]} has no rows: nothing to run")
     return rows
 
 

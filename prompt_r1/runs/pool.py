@@ -11,7 +11,7 @@
 - **Stops.** `max_failures` failed rows (prompt_r1.runs.episode's `FAILED_STATUSES`) stop the run and cancel the items
   in flight; `stop()` (a surface's own rule, e.g. a budget) is asked before each item starts and stops starting
   new ones when it gives a reason; a `DataError` from the input stops it likewise, its message kept; SIGINT and
-  SIGTERM stop at once, cancelling the items in flight (a second Ctrl-C quits at once). A cancelled item leaves
+  SIGTERM stop at once, cancelling the items in flight (a second signal quits at once). A cancelled item leaves
   no row: the next run does it again. Every stop keeps the rows written, and the tally says why it stopped.
 - **No half-written rows.** Only a worker inside `work` is cancelled; one writing its row, or running
   `after_write` (batch drops a finished episode's checkpoint thread there), finishes that first.
@@ -29,7 +29,9 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from prompt_r1.core.errors import ConfigError, DataError
+from prompt_r1.core import signals
+from prompt_r1.core.checks import number
+from prompt_r1.core.errors import DataError
 from prompt_r1.runs.results import ResultStore
 from prompt_r1.runs.results_file import FAILED_STATUSES
 
@@ -47,12 +49,10 @@ def check_limits(
     def name(keyword: str) -> str:
         return "--" + keyword.replace("_", "-") if flags else keyword
 
-    if concurrency < 1:
-        raise ConfigError(f"{name('concurrency')} must be ≥ 1, got {concurrency}")
-    if max_failures is not None and max_failures < 1:
-        raise ConfigError(f"{name('max_failures')} must be ≥ 1, got {max_failures}")
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"{name('budget')} must be > 0 dollars, got {budget}")
+    number(concurrency, name("concurrency"), integer=True, minimum=1)
+    number(max_failures, name("max_failures"), integer=True, minimum=1, none_ok=True)
+    # nan would pass every `cost >= budget` test and run with no budget at all; inf is no budget either.
+    number(budget, name("budget") + " (dollars)", above=0, none_ok=True)
 
 
 def named_keys(keys: list, most: int = MAX_NAMED) -> str:
@@ -213,21 +213,34 @@ class _Pool:
 
 @contextlib.contextmanager
 def _stop_on_signals(pool: _Pool, log: TextIO):
-    """SIGINT/SIGTERM stop the run and cancel the items in flight; a second SIGINT quits at once."""
+    """SIGINT/SIGTERM stop the run and cancel the items in flight; a second one quits at once. Each signal's
+    handler from before the run is put back after it, and after the first signal (asyncio alone would leave
+    SIGTERM at its default, which ends the process without a word)."""
     loop = asyncio.get_running_loop()
+    signums = (signal.SIGINT, signal.SIGTERM)
     installed = []
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+
+    def put_back() -> None:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+            if previous[signum] is not None:
+                signal.signal(signum, previous[signum])
+        installed.clear()
 
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
+        signals.note(name)
+        again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         print(
             f"\nprompt-r1: {name}: stopping; {pool.in_flight} episode(s) in flight are cancelled and rerun "
-            "next time (Ctrl-C again to quit at once)",
+            f"next time ({again} again to quit at once)",
             file=log,
         )
         pool.stop(f"interrupted ({name})", cancel=True)
-        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C raises KeyboardInterrupt as usual
+        put_back()  # the next signal takes the road it took before the run: KeyboardInterrupt, at once
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in signums:
         try:
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
@@ -236,8 +249,7 @@ def _stop_on_signals(pool: _Pool, log: TextIO):
     try:
         yield
     finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
+        put_back()
 
 
 async def run_many(

@@ -64,11 +64,15 @@ class ResultStore:
         what: str = "--out",
         key: Callable[[dict], Hashable] = row_id,
         redact: Redactor | None = None,
+        check: Callable[[dict], str | None] | None = None,
     ) -> ResultStore:
         """Check `path` and read what it holds (see `open_results_file`); `row_prefix` is how this writer's rows
-        begin (`{"id": ` for rows whose first key is the id), by which a row cut mid-write is known."""
+        begin (`{"id": ` for rows whose first key is the id), by which a row cut mid-write is known; `check(row)`:
+        what makes a row unusable for this writer (refused, naming its line), or None."""
         path = Path(path)
-        state = open_results_file(path, row_prefix=row_prefix, protected=protected, what=what, key=key)
+        state = open_results_file(
+            path, row_prefix=row_prefix, protected=protected, what=what, key=key, check=check
+        )
         return cls(path, state, key=key, redact=redact, what=what)
 
     # ---- reading --------------------------------------------------------------------------------------------

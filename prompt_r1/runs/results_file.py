@@ -126,6 +126,7 @@ def open_results_file(
     protected: Iterable[tuple[str, Path | None]] = (),
     what: str = "--out",
     key: Callable[[dict], Hashable] = row_id,
+    check: Callable[[dict], str | None] | None = None,
 ) -> OutputState:
     """Check `path` as the results file of a run and read what it holds, touching nothing that is not ours.
 
@@ -134,7 +135,8 @@ def open_results_file(
     (`row_prefix`) is what a killed run leaves: it is cut off; one that is a complete row only gets its newline.
     `protected`: (name, path) pairs the output must not be (the input, the summary, the checkpoint). A last line
     that is complete JSON but not a row (someone else's file) is refused like any other. `key` names what a row
-    is the result of (its id; eval's rows: method, dataset and id): a later row of a key supersedes earlier ones."""
+    is the result of (its id; eval's rows: method, dataset and id): a later row of a key supersedes earlier ones.
+    `check(row)`: why a complete row cannot be used by this writer (refused with its line), or None."""
     path = Path(path)
     _refuse_protected(path, what, protected)
     _check_writable(path, what)
@@ -159,6 +161,12 @@ def open_results_file(
                 raise OutputError(
                     f"{what} {path} line {line_no} is not a results row: it is not a file this command "
                     "wrote, and was left untouched; name another file"
+                )
+            problem = check(parsed) if check is not None else None
+            if problem is not None:
+                raise OutputError(
+                    f"{what} {path} line {line_no}: {problem}; a rerun would keep it as done: fix or delete the "
+                    "line, or name another folder"
                 )
             row, row_key = parsed, key(parsed)
             if row_key in seen:

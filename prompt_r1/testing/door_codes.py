@@ -8,20 +8,23 @@ reward (the `reference` preset's format gate):
 - asking well-formed but naming another door, or not copying the code back, earns 0 (a guessed code rarely hits);
 - asking about the question's own door and copying the reply's code earns 1.
 
-The facts are 24 doors' codes (8 possible codes), fixed for a run: few enough to ask about, too many to learn by
-heart in a short run (with 4 doors, GRPO learned the table and stopped reading the reply).
+The facts are 24 doors' codes (8 possible codes), and training redraws the whole table at every step
+(`DoorTable.draw`; the environment and the golden answers read the same table, see `prompt_r1.testing.door_training`): no
+policy that ignores the reply can do better than a guess (1 in 8). With a table fixed for a run, agents learned to
+answer the run's most common code, or to ask another door that happened to share the question's code.
 
 The agent starts from `build_door_model`, a tiny model fine-tuned in two stages in which every reply's code is
-drawn afresh: fine-tuning holds no facts, so it can teach copying a reply but never a code to recall (fine-tuned
-on the run's own table, the agent learned the table and answered from memory). First on episodes that ask about
-the question's door and copy the reply's code: the skills of reading the question and the reply, which a
-pretrained model has and a tiny one does not learn from a mixture of behaviours alone (fine-tuned on the mixture
-only, it named a door with no regard to the question, and GRPO did not change that in 150 steps). Then on the
-mixture, which undoes that stage's preference (in GRPO's first ten steps 21-32% of episodes asked about the right
-door over three seeds, where no preference gives 25%): each behaviour equally often (answer at once with any
+drawn afresh: fine-tuning holds no facts, so it can teach copying a reply but never a code to recall. First on
+episodes that ask about the question's door and copy the reply's code: the skills of reading the question and the
+reply, which a pretrained model has and a tiny one does not learn from a mixture of behaviours alone. This stage
+runs until the greedy agent names the question's door in its first turn for nearly every door
+(`READING_TARGET`): a fixed number of steps left some seeds' agents naming random doors, and GRPO never fixed them.
+Then on the mixture, which undoes that stage's preference: each behaviour equally often (answer at once with any
 code, ask without naming a door, ask about the question's door, ask about the door after it in `DOORS`), and
-given a reply, the reply's code or as often another one. What GRPO adds is the choice. How far it gets, per seed, and what the
-ablations do, is in `evals/bench/learning.py` and its results; `tests/test_learning.py` checks the gain in CI.
+given a reply, the reply's code or as often another one. The build checks that the sampled agent still names the
+question's door in at least `READING_FLOOR` of its first turns (the mixture gives a quarter), and fails otherwise:
+an agent that cannot read the question is never trained silently. What GRPO adds is the choice. How far it gets,
+per seed, is in `evals/bench/learning.py` and its results; `tests/test_learning.py` checks it in CI.
 
 Needs the `dev` extra (the tokenizer and the scripted environment).
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,15 +41,19 @@ from typing import Any
 __all__ = [
     "CODES",
     "DOORS",
+    "READING_FLOOR",
+    "READING_TARGET",
+    "DoorBuildError",
+    "DoorTable",
     "build_door_model",
     "door_codes",
     "door_environment",
     "door_rows",
     "format_episodes",
-    "grpo_config",
     "named_doors",
-    "training_rows",
     "question_for",
+    "reading_share",
+    "training_rows",
 ]
 
 # Many doors, so that the facts are not learned by heart in a short run: the agent has to ask.
@@ -64,9 +72,48 @@ def question_for(door: str) -> str:
 
 
 def door_codes(seed: int = 0) -> dict[str, str]:
-    """The environment's facts: one code per door, fixed for a run (drawn from `seed`)."""
+    """One code per door, drawn from `seed`."""
     rng = random.Random(seed)
     return {door: rng.choice(CODES) for door in DOORS}
+
+
+REPLIES = ("honest", "lying", "withheld")
+WITHHELD = "The code is secret."
+
+
+class DoorTable:
+    """The environment's facts, redrawn at each training step: `draw(step)` makes `codes` the step's table (a
+    function of the run's seed and the step alone, so a rerun or a resumed run sees the same tables).
+
+    `reply` sets what the environment tells, for the controls: "honest" (the table's code), "lying" (for every
+    door a code other than its own, drawn per step: an agent that copies the reply is then never right, one that
+    knew the codes without asking would not be hurt) or "withheld" (no code at all: any agent can only guess, right
+    1 time in 8). The environment runs in a server thread; the trainer sets these between steps, while no episode
+    runs.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.reply = "honest"
+        self.draw(0)
+
+    def draw(self, step: int) -> dict[str, str]:
+        from prompt_r1.agents.batching import derive_seed
+
+        self.step = step
+        self.codes = door_codes(derive_seed(self.seed, step))
+        rng = random.Random(derive_seed(self.seed, step, 1))
+        self._lies = {door: rng.choice([c for c in CODES if c != code]) for door, code in self.codes.items()}
+        return self.codes
+
+    def tell(self, door: str) -> str:
+        """The environment's reply about `door` (see `reply`)."""
+        if self.reply not in REPLIES:
+            raise ValueError(f"reply must be one of {', '.join(REPLIES)}, got {self.reply!r}")
+        if self.reply == "withheld":
+            return WITHHELD
+        code = self._lies[door] if self.reply == "lying" else self.codes[door]
+        return f"The {door} door code is {code}."
 
 
 def door_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -86,8 +133,9 @@ def named_doors(text: str) -> list[str]:
     return [door for door in DOORS if re.search(rf"\b{door}\b", text, re.IGNORECASE)]
 
 
-def door_environment(codes: dict[str, str]) -> Callable[[dict[str, Any]], str]:
-    """The environment as a `ScriptedServer` responder: it reads the agent's prompt (the last user message)."""
+def door_environment(codes: dict[str, str] | DoorTable) -> Callable[[dict[str, Any]], str]:
+    """The environment as a `ScriptedServer` responder: it reads the agent's prompt (the last user message), and
+    answers from a fixed table or from a `DoorTable`'s current one."""
 
     def respond(body: dict[str, Any]) -> str:
         messages = body.get("messages") or [{}]
@@ -98,6 +146,8 @@ def door_environment(codes: dict[str, str]) -> Callable[[dict[str, Any]], str]:
             return "Name the door."
         if len(named) > 1:
             return "Name one door."
+        if isinstance(codes, DoorTable):
+            return codes.tell(named[0])
         return f"The {named[0]} door code is {codes[named[0]]}."
 
     return respond
@@ -155,6 +205,55 @@ def reading_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, str, str, s
     return episodes
 
 
+# The greedy agent's share of first turns that name the question's door, reached before the mixture stage.
+READING_TARGET = 0.95
+# The sampled agent's share after the mixture stage, below which the build fails (the mixture gives about 0.25).
+READING_FLOOR = 0.2
+MAX_READING_STEPS = 3000
+MIXTURE_ATTEMPTS = 3
+
+
+class DoorBuildError(RuntimeError):
+    """The agent's fine-tuning did not give it the skills the task needs (see `build_door_model`)."""
+
+
+def reading_share(path: str | Path, *, samples: int = 0, seed: int = 0) -> float:
+    """The share of first turns that name the question's door, over every door: greedy when `samples` is 0, else
+    `samples` sampled turns per door (temperature 1, no top-k, as GRPO samples)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prompt_r1.core.prompts import question_message
+    from prompt_r1.core.tokens import initial_prompt_ids
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    rows = [
+        initial_prompt_ids(tok, [{"role": "user", "content": question_message(question_for(d))}])
+        for d in DOORS
+    ]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    attention = torch.zeros_like(ids)
+    for i, row in enumerate(rows):  # left padding: every row's next token in the last column
+        ids[i, width - len(row) :], attention[i, width - len(row) :] = torch.tensor(row), 1
+    repeats = max(1, samples)
+    sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if samples else dict(do_sample=False)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        out = model.generate(
+            input_ids=ids.repeat(repeats, 1),
+            attention_mask=attention.repeat(repeats, 1),
+            max_new_tokens=16,
+            pad_token_id=tok.pad_token_id,
+            **sampling,
+        )
+    turns = tok.batch_decode(out[:, width:], skip_special_tokens=False)
+    asked = [turn.split("</interaction_prompt>")[0] for turn in turns]
+    hits = sum(named_doors(text) == [door] for text, door in zip(asked, DOORS * repeats, strict=True))
+    return hits / len(asked)
+
+
 def build_door_model(
     path: str | Path,
     *,
@@ -162,14 +261,19 @@ def build_door_model(
     steps: int = 300,
     episodes: int = 512,
     batch_size: int = 64,
+    max_reading_steps: int = MAX_READING_STEPS,
     **shape: Any,
 ) -> Path:
-    """The tiny agent for the task, fine-tuned in two stages of `steps` each: `reading_episodes` give it the skills
-    (a tiny model does not learn to read the question from the mixture alone), then `format_episodes` undo any
-    preference (see the module docstring). No code in either stage is a fact: each reply's is drawn afresh.
-    Its tokenizer knows the protocol's tags and its instruction as one
-    token each, and the doors and codes as words, so a prompt is about thirty tokens and the model fine-tunes
-    and trains in seconds."""
+    """The tiny agent for the task, fine-tuned in two stages (see the module docstring): `reading_episodes`, in
+    rounds of `steps` until the greedy agent names the question's door in `READING_TARGET` of first turns (at most
+    `max_reading_steps`), then `steps` on `format_episodes`, after which the sampled agent must still name it in
+    `READING_FLOOR` of them (the stage is redone with other batches, `MIXTURE_ATTEMPTS` in all, when it does not).
+    Raises DoorBuildError when either check still fails. No code in either stage is a fact:
+    each reply's is drawn afresh. Its tokenizer knows the protocol's tags and its instruction as one token each,
+    and the doors and codes as words, so a prompt is about thirty tokens and the model fine-tunes and trains in
+    seconds. The figures go to PATH/door_build.json."""
+    import json
+
     from prompt_r1.core.prompts import INSTRUCTION_TEMPLATE
     from prompt_r1.testing.tiny_models import build_protocol_model
 
@@ -180,17 +284,66 @@ def build_door_model(
     ]
     tags = [f"<{t}>" for t in ("think", "interaction_prompt", "answer", "interaction_response")]
     tags += [t.replace("<", "</") for t in tags]
-    common = dict(seed=seed, batch_size=batch_size, steps=steps)
     path = Path(path)
+    reading = reading_episodes(episodes // 2, seed=seed)
     build_protocol_model(
         path,
-        reading_episodes(episodes // 2, seed=seed),
+        reading,
         corpus=corpus,
         added_tokens=[INSTRUCTION_TEMPLATE, *tags],
-        **common,
+        seed=seed,
+        batch_size=batch_size,
+        steps=steps,
         **shape,
     )
-    return build_protocol_model(path, format_episodes(episodes, seed=seed), start_from=path, **common)
+    reading_steps, greedy = steps, reading_share(path)
+    while greedy < READING_TARGET and reading_steps < max_reading_steps:
+        # Each round draws its own batches (seed + round) and starts a fresh optimizer from the saved weights.
+        build_protocol_model(
+            path, reading, start_from=path, seed=seed + reading_steps, batch_size=batch_size, steps=steps
+        )
+        reading_steps += steps
+        greedy = reading_share(path)
+    if greedy < READING_TARGET:
+        raise DoorBuildError(
+            f"seed {seed}: after {reading_steps} fine-tuning steps the agent names the question's door in "
+            f"{greedy:.0%} of first turns (greedy), short of {READING_TARGET:.0%}: it cannot read the question"
+        )
+    # The mixture's share of asking about the question's door comes out of fine-tuning at 25% give or take a few
+    # points, and some seeds land under the floor; such a stage is redone from the reading stage's weights with
+    # other batches (`MIXTURE_ATTEMPTS` in all), never trained on.
+    reading_stage = path.with_name(path.name + ".reading")
+    shutil.rmtree(reading_stage, ignore_errors=True)
+    shutil.copytree(path, reading_stage)
+    try:
+        for attempt in range(MIXTURE_ATTEMPTS):
+            build_protocol_model(
+                path,
+                format_episodes(episodes, seed=seed),
+                start_from=reading_stage,
+                seed=seed + 7919 * attempt,
+                batch_size=batch_size,
+                steps=steps,
+            )
+            sampled = reading_share(path, samples=16, seed=seed)
+            if sampled >= READING_FLOOR:
+                break
+    finally:
+        shutil.rmtree(reading_stage, ignore_errors=True)
+    if sampled < READING_FLOOR:
+        raise DoorBuildError(
+            f"seed {seed}: after {MIXTURE_ATTEMPTS} tries of the mixture stage the agent names the question's door "
+            f"in {sampled:.0%} of sampled first turns, under {READING_FLOOR:.0%}: it has stopped reading the question"
+        )
+    figures = {
+        "seed": seed,
+        "reading_steps": reading_steps,
+        "greedy_reading": greedy,
+        "mixture_attempts": attempt + 1,
+        "sampled_reading": sampled,
+    }
+    (path / "door_build.json").write_text(json.dumps(figures) + "\n")  # last: marks a finished, checked agent
+    return path
 
 
 def training_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -204,34 +357,3 @@ def training_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) ->
         }
         for r in door_rows(n, seed=seed, codes=codes)
     ]
-
-
-def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **settings: Any) -> Any:
-    """The GRPO settings the learning benchmark and its CI test train with (the `train` extra): two turns, the
-    `reference` reward preset (its gate lets a two-turn episode through), no KL term; `settings` override them."""
-    from prompt_r1.training.config import PromptR1GRPOConfig
-
-    defaults: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        model_name_or_path=str(model),
-        env_model="env",
-        env_base_url=env_base_url,
-        env_api_key_env="PROMPT_R1_DOOR_TASK_NO_KEY",
-        env_rate_limit=1_000_000,  # the scripted environment has no provider's limit
-        per_device_train_batch_size=32,
-        num_generations=8,
-        max_turns=2,
-        max_turn_tokens=32,  # a turn that asks is 14 tokens; room to go wrong
-        max_total_tokens=128,
-        learning_rate=2e-3,
-        beta=0.0,
-        temperature=1.0,
-        reward_preset="reference",
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        seed=0,
-        data_seed=0,
-    )
-    return PromptR1GRPOConfig(**{**defaults, **settings})

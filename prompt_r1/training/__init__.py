@@ -2,7 +2,8 @@
 
 - `GraphRollout`: a `rollout_func` for `trl.GRPOTrainer`, one episode per prompt, token-exact trajectories.
 - `PromptR1GRPOConfig`: `GRPOConfig` plus the agent, data, loop, environment and reward settings.
-- `build_trainer`, `train`, `merge_adapter`: what `prompt-r1 train` and `prompt-r1 merge` run.
+- `build_trainer`, `train`, `merge_adapter`: what `prompt-r1 train` and `prompt-r1 merge` run; `checks`: a
+  recipe's whole configuration checked before any model loads.
 
 May import: runs, loop, agents, clients, data, scoring, core. Never evaluation, integrations, cli or testing; and
 no inference layer imports training.

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prompt_r1.core.checks import number
+
 __all__ = ["OproSettings", "meta_prompt", "opro_search", "parse_instruction"]
 
 # Scores an instruction on the training rows: (mean score 0-1, metric calls spent).
@@ -36,6 +38,13 @@ class OproSettings:
     exemplars: int = 3  # training problems shown per step
     temperature: float = 1.0  # the optimiser model's sampling temperature
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # nan here would also make a folder's recorded settings unequal to themselves (nan != nan).
+        for name in ("candidates", "steps", "keep", "exemplars"):
+            number(getattr(self, name), f"OPRO {name}", integer=True, minimum=1)
+        number(self.temperature, "OPRO temperature", minimum=0, maximum=2)
+        number(self.seed, "OPRO seed", integer=True)
 
 
 @dataclass

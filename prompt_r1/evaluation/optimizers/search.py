@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError, ContextOverflow, EnvironmentCallError
 from prompt_r1.core.prompts import DIRECT_ANSWER_TEMPLATE
 from prompt_r1.core.protocol import last_answer
@@ -62,6 +63,10 @@ class SearchSettings:
     )
     opro: OproSettings = field(default_factory=OproSettings)
 
+    def __post_init__(self) -> None:
+        number(self.budget, "search budget", integer=True, minimum=1)
+        number(self.train_rows, "search train_rows", integer=True, minimum=1)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -79,14 +84,33 @@ def instruction_request(instruction: str, question: str) -> str:
 
 
 def training_rows(
-    name: str, evaluated: int, settings: SearchSettings, exclude: Collection[str] = ()
+    name: str,
+    evaluated: int,
+    settings: SearchSettings,
+    exclude: Collection[str] = (),
+    *,
+    log: TextIO | None = None,
 ) -> list[Sample]:
     """The rows a search learns from: `settings.train_file`'s first rows, else `name`'s rows after the first
     `evaluated` (the evaluated ones), at most `train_rows`; never a row whose question, normalised, is in
-    `exclude` (the evaluated questions: a dataset may hold one question twice)."""
+    `exclude` (the evaluated questions: a dataset may hold one question twice). A training file that holds
+    evaluated questions (it may be the evaluated file itself) is warned about on `log`: they are left out, so
+    the search learns from fewer or other rows than the file's first ones."""
     excluded = {normalize_answer(q) for q in exclude}
     source = load_samples(settings.train_file) if settings.train_file else load_samples(name)[evaluated:]
-    rows = [s for s in source if normalize_answer(s.question) not in excluded][: settings.train_rows]
+    kept = [s for s in source if normalize_answer(s.question) not in excluded]
+    if settings.train_file and len(kept) < len(source):
+        from prompt_r1.data.datasets import resolve_source
+
+        same = resolve_source(settings.train_file)[0].resolve() == resolve_source(name)[0].resolve()
+        print(
+            f"prompt-r1: warning: --optimizer-train {settings.train_file} "
+            + (f"is the evaluated file {name}" if same else f"shares questions with the evaluated {name}")
+            + f": {len(source) - len(kept)} of its rows are evaluated questions and are left out of the search "
+            f"(it learns from {min(len(kept), settings.train_rows)} other rows); give a file of other questions",
+            file=log if log is not None else sys.stderr,
+        )
+    rows = kept[: settings.train_rows]
     if not rows:
         raise ConfigError(
             f"{settings.train_file or name} has no rows apart from the {evaluated} evaluated ones for the optimiser "
@@ -262,7 +286,7 @@ async def search_instructions(
     for method in chosen:
         for label, name in sources.items():
             mine = [s.question for s in samples if s.dataset == label]
-            train = training_rows(name, len(mine), settings, exclude=mine)
+            train = training_rows(name, len(mine), settings, exclude=mine, log=log)
 
             async def find(method=method, label=label, train=train) -> dict[str, Any]:
                 return await find_instruction(

@@ -1,0 +1,103 @@
+"""`prompt-r1 serve`: the command around `prompt_r1.integrations.server` (flags, key, start-up checks, stopping)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from prompt_r1.cli.flags import EXIT_OK, _prepare, configs_from_args
+from prompt_r1.core.checks import flag_number, number
+from prompt_r1.core.errors import ConfigError
+
+__all__ = ["add_serve_parser", "cmd_serve"]
+
+
+def add_serve_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
+    sv = sub.add_parser(
+        "serve",
+        help="serve the loop as an OpenAI-compatible model: /v1/chat/completions (streamed or not), /v1/models",
+        description="Each chat completion runs one episode on the last user message. The agent and the "
+        "environment client (with its rate limit) are shared by every request. Ctrl-C or SIGTERM stops taking "
+        "requests and lets those in flight finish (exit 0); a second signal cancels them.",
+    )
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    sv.add_argument(
+        "--port",
+        type=flag_number(integer=True, minimum=0, maximum=65535),
+        default=8000,
+        help="port to listen on (default: 8000; 0: any free port)",
+    )
+    sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
+    sv.add_argument(
+        "--max-concurrency",
+        type=flag_number(integer=True, minimum=1),
+        default=32,
+        metavar="N",
+        help="episodes running at once (default: 32)",
+    )
+    sv.add_argument(
+        "--max-queue",
+        type=flag_number(integer=True, minimum=0),
+        default=256,
+        metavar="N",
+        help="requests waiting for a slot before the server answers 429 (default: 256)",
+    )
+    sv.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="require `Authorization: Bearer <key>` with the key held in environment variable VAR",
+    )
+    sv.add_argument(
+        "--keepalive",
+        type=flag_number(minimum=0),
+        default=15.0,
+        metavar="SECONDS",
+        help="in a streamed response, send an SSE comment line after this long without an event, so proxies do "
+        "not cut the idle connection (default: 15; 0: never)",
+    )
+    add_run_flags(sv)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prompt_r1.integrations.server import SHUTDOWN_TIMEOUT, build_app, serve
+
+    # Parsed by prompt_r1.core.checks already; checked again for callers that build the namespace themselves.
+    number(args.max_concurrency, "--max-concurrency", integer=True, minimum=1)
+    number(args.max_queue, "--max-queue", integer=True, minimum=0)
+    number(args.port, "--port", integer=True, minimum=0, maximum=65535)
+    number(args.keepalive, "--keepalive", minimum=0)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ConfigError(
+                f"--api-key-env {args.api_key_env}: that environment variable is empty or unset"
+            )
+    agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
+    agent, environment = _prepare(agent_cfg, env_cfg)
+    app = build_app(
+        agent,
+        environment,
+        loop=loop_cfg,
+        model_name=args.served_model_name,
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        api_key=api_key,
+        keepalive=args.keepalive,
+    )
+
+    def ready(url: str) -> None:
+        print(f"prompt-r1: serving {args.served_model_name} on {url}", flush=True)
+
+    def stopping(name: str, in_flight: int) -> None:
+        print(f"prompt-r1: {name}: no new requests; finishing the {in_flight} in flight (up to "
+              f"{SHUTDOWN_TIMEOUT:.0f} s; {name} again to stop at once)", file=sys.stderr, flush=True)  # fmt: skip
+
+    try:
+        name = asyncio.run(serve(app, args.host, args.port, ready=ready, stopping=stopping))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    print(f"prompt-r1: {name}: stopped", file=sys.stderr)
+    return EXIT_OK
