@@ -134,8 +134,8 @@ class GraphRollout:
         key = (step, bool(trainer.model.training))
         self._calls_at_step = self._calls_at_step + 1 if key == self._last_step else 0
         self._last_step = key
-        rank = trainer.accelerator.process_index
-        return derive_seed(trainer.args.seed, step, key[1], rank, self._calls_at_step)
+        parts = (trainer.args.seed, step, trainer.accelerator.process_index, self._calls_at_step)
+        return derive_seed(*parts) if key[1] else derive_seed(*parts, 1)  # evaluation: seeds of its own
 
     def run_episodes(self, agent: Any, questions: list[str]) -> list[Episode]:
         """Run one episode per question concurrently on the process-wide event loop; episodes in input order.
