@@ -140,7 +140,7 @@ class Recording(DoorRollout):
         return output
 
 
-def _run(model, tmp_path, name, *, latency_seed, steps, seed=0):
+def _run(model, tmp_path, name, *, latency_seed, steps, seed=0, **settings):
     rng = random.Random(latency_seed)
     table = DoorTable(seed)
     # Replies take 0-30 ms, drawn per run: they arrive in a different order each time.
@@ -173,9 +173,14 @@ def test_the_same_seed_gives_the_same_run_whatever_order_replies_arrive_in(door_
         first.model.state_dict().items(), second.model.state_dict().values(), strict=True
     ):
         assert torch.equal(a, b), name
-    # A different seed is a different run.
-    other, _ = _run(door_model, tmp_path, "c", latency_seed=1, steps=1, seed=1)
-    assert other.rollout_func.outputs[0]["completion_ids"] != ids[0][0]
+    # The control: batched as replies arrive, the two reply orders give two different runs.
+    loose = [
+        _run(door_model, tmp_path, f"loose-{n}", latency_seed=n, steps=2, reproducible_rollouts=False)[0]
+        for n in (1, 2)
+    ]
+    assert [o["completion_ids"] for o in loose[0].rollout_func.outputs] != [
+        o["completion_ids"] for o in loose[1].rollout_func.outputs
+    ]
 
 
 @BUILD_TIMEOUT

@@ -655,3 +655,24 @@ def test_the_step_lines_say_when_the_policy_is_stuck():
         step(**{"episode/env_calls": 0.0, "frac_reward_zero_std": 0.5})
     assert "no episode called the environment" in lines.warnings[-1]
     assert stream.getvalue().count("warning: the policy looks stuck") == 2
+
+
+def test_each_rollout_call_gets_its_own_seed_and_evaluation_does_not_shift_trainings():
+    rollout = GraphRollout(object(), max_turn_tokens=8)
+
+    def trainer(step, training=True, seed=0, reproducible=True):
+        return SimpleNamespace(
+            args=SimpleNamespace(seed=seed, reproducible_rollouts=reproducible),
+            state=SimpleNamespace(global_step=step),
+            model=SimpleNamespace(training=training),
+            accelerator=SimpleNamespace(process_index=0),
+        )
+
+    first = rollout.step_seed(trainer(3))
+    assert rollout.step_seed(trainer(3)) != first  # a second call in the same step samples afresh
+    fresh = GraphRollout(object(), max_turn_tokens=8)
+    fresh.step_seed(trainer(3, training=False))  # an evaluation at that step first
+    assert fresh.step_seed(trainer(3)) == first  # leaves training's seed as it was
+    assert len({rollout.step_seed(trainer(s)) for s in range(50)}) == 50
+    assert GraphRollout(object(), max_turn_tokens=8).step_seed(trainer(3, seed=1)) != first
+    assert rollout.step_seed(trainer(3, reproducible=False)) is None

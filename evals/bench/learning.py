@@ -8,7 +8,7 @@ preset) pays 1 for asking about the question's door and copying the reply's code
 does not, and −0.4 for answering at once (one turn never reaches the format gate). Each seed builds its own tiny
 agent (fine-tuned to read the question and the reply, to prefer no behaviour, and checked for both), and trains it
 with GRPO against the scripted environment on 127.0.0.1. A run is reproducible: the same seed and flags give the
-same figures. `--work DIR` keeps the agents, so that a later run with other flags reuses them.
+same figures on the same machine and thread count. `--work DIR` keeps the agents, so that a later run with other flags reuses them.
 
 Per seed (one line each, after the trainer's own progress lines on stderr):
 - the mean total reward of the first ten and the last ten steps, and their difference (the gain);
@@ -43,20 +43,40 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 WINDOW = 10  # steps averaged at each end of the curve
 HELD_OUT_STEP = 10**9  # the evaluation's table: one no training run reaches
 COLLAPSE = 0.3  # reward drop from the best ten-step window that counts as a collapse
+GRPO_FIELDS = (
+    "learning_rate",
+    "beta",
+    "loss_type",
+    "epsilon",
+    "num_iterations",
+    "mask_truncated_completions",
+    "temperature",
+)
 SERIES = ("door/asked_right", "door/correct", "door/correct_from_reply", "frac_reward_zero_std")
 
 
 def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
     """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.testing.door_codes import DoorTable, build_door_model, door_environment, training_rows
+    from prompt_r1.testing.door_codes import (
+        DoorBuildError,
+        DoorTable,
+        build_door_model,
+        door_environment,
+        training_rows,
+    )
     from prompt_r1.testing.door_training import control, door_trainer, grpo_config
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.progress import step_series
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
-    if not (model / "door_build.json").is_file():  # written last: a half-built agent is rebuilt
-        build_door_model(model, seed=seed, steps=args.sft_steps)
-    build = json.loads((model / "door_build.json").read_text())
+    marker = model / "door_build.json"  # written last: a half-built agent, or one built otherwise, is rebuilt
+    build = json.loads(marker.read_text()) if marker.is_file() else {}
+    if build.get("steps") != args.sft_steps:
+        try:
+            build_door_model(model, seed=seed, steps=args.sft_steps)
+        except DoorBuildError as exc:  # reported with the seed's figures, not a lost run
+            return {"seed": seed, "build_error": str(exc)}
+        build = json.loads(marker.read_text())
     table = DoorTable(seed)
     rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed)
     with ScriptedServer({"env": door_environment(table)}, record=False) as server:
@@ -90,6 +110,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
     return {
         "seed": seed,
         "build": build,
+        "grpo": {k: getattr(config, k) for k in GRPO_FIELDS},
         "series": series,
         "first": first,
         "last": last,
@@ -111,6 +132,8 @@ def _threads(n: int) -> None:
 
 
 def seed_line(name: str, r: dict) -> str:
+    if "build_error" in r:
+        return f"{name} seed {r['seed']}: not trained: {r['build_error']}"
     (a0, a1), (c0, c1) = r["asked_right"], r["from_reply"]
     return (
         f"{name} seed {r['seed']}: reward {r['first']:+.2f} -> {r['last']:+.2f} (gain {r['gain']:+.2f}); asked the "
@@ -124,6 +147,15 @@ def seed_line(name: str, r: dict) -> str:
 def summary_line(results: list[dict]) -> str:
     from prompt_r1.testing.door_training import CHANCE
 
+    failed = [r["seed"] for r in results if "build_error" in r]
+    results = [r for r in results if "build_error" not in r]
+    unbuilt = (
+        f"; agent build failed on seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
+        if failed
+        else ""
+    )
+    if not results:
+        return "no seed trained" + unbuilt
     gains = [r["gain"] for r in results]
     rises = [100 * (r["after"]["from_reply"] - r["before"]["from_reply"]) for r in results]
     controls = [r["after"]["withheld"] for r in results]
@@ -135,7 +167,7 @@ def summary_line(results: list[dict]) -> str:
         f"(min {min(rises):+.0f}, >= 30 on {sum(r >= 30 for r in rises)}/{n}); reply withheld "
         f"{statistics.fmean(controls):.0%} (max {max(controls):.0%}, chance {CHANCE:.0%}), lied to "
         f"{statistics.fmean(lied):.0%} (max {max(lied):.0%}); "
-        f"{sum(r['collapsed'] for r in results)} collapsed"
+        f"{sum(r['collapsed'] for r in results)} collapsed" + unbuilt
     )
 
 
@@ -201,7 +233,7 @@ def main() -> int:
                 print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
                 results.append(train_seed(seed, args, work, **settings))
                 print(seed_line(name, results[-1]), flush=True)
-        else:  # seeds in parallel processes, the cores shared out; a seed's run is the same either way
+        else:  # seeds in parallel processes, the cores shared out (a thread count of its own: see the README)
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -218,7 +250,7 @@ def main() -> int:
                     print(seed_line(name, results[-1]), flush=True)
             results.sort(key=lambda r: r["seed"])
     draw_curves(
-        [r["series"] for r in results],
+        [r["series"] for r in results if "series" in r],
         args.out / "curves.png",
         title=f"door codes, {name}: mean and range over {len(results)} seeds",
         curves=(*CURVES, ("correct from the reply", "door/correct_from_reply")),

@@ -337,6 +337,7 @@ def build_door_model(
         )
     figures = {
         "seed": seed,
+        "steps": steps,
         "reading_steps": reading_steps,
         "greedy_reading": greedy,
         "mixture_attempts": attempt + 1,

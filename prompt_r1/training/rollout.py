@@ -32,7 +32,7 @@ from prompt_r1.core.tokens import turn_end_ids
 from prompt_r1.loop import release
 from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
-from prompt_r1.training.policy import trainer_policy
+from prompt_r1.training.policy import VLLMServerPolicy, trainer_policy
 
 __all__ = ["GraphRollout", "question_of"]
 
@@ -88,7 +88,7 @@ class GraphRollout:
         self.calls = 0
         self.last_results: list[Episode] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
-        self._last_step: int | None = None
+        self._last_step: tuple[int, bool] | None = None  # (step, training) of the latest call
         self._calls_at_step = 0
 
     @property
@@ -117,23 +117,25 @@ class GraphRollout:
         """One episode per question with the trainer's current policy, sampling from `seed` in lockstep batches
         (None: unseeded, batched as replies arrive); the episodes and the policy's tokenizer."""
         with trainer_policy(trainer, max_new_tokens=self.max_turn_tokens) as agent, _sampling_rng(seed):
-            if seed is not None:
+            # vLLM's server batches every rank's requests as they arrive: lockstep would cost time and buy nothing.
+            if seed is not None and not isinstance(agent, VLLMServerPolicy):
                 agent.lockstep, agent.sampling_seed = True, seed
             results = self.run_episodes(agent, questions)
         self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
         return results, agent.tokenizer
 
     def step_seed(self, trainer: Any) -> int | None:
-        """The seed of this call's sampling, from the run's seed, the step, the process and the call within the
-        step; None when `reproducible_rollouts` is off. A step's episodes then sample the same numbers in every run
-        of the same seed, and in a run resumed from a checkpoint."""
+        """The seed of this call's sampling, from the run's seed, the step, training or evaluation, the process and
+        the call within them; None when `reproducible_rollouts` is off. A step's episodes then sample the same
+        numbers in every run of the same seed, and evaluating between steps does not change training's seeds."""
         if not getattr(trainer.args, "reproducible_rollouts", True):
             return None
         step = trainer.state.global_step
-        self._calls_at_step = self._calls_at_step + 1 if step == self._last_step else 0
-        self._last_step = step
-        rank = trainer.accelerator.process_index
-        return derive_seed(trainer.args.seed, step, rank, self._calls_at_step)
+        key = (step, bool(trainer.model.training))
+        self._calls_at_step = self._calls_at_step + 1 if key == self._last_step else 0
+        self._last_step = key
+        parts = (trainer.args.seed, step, trainer.accelerator.process_index, self._calls_at_step)
+        return derive_seed(*parts) if key[1] else derive_seed(*parts, 1)  # evaluation: seeds of its own
 
     def run_episodes(self, agent: Any, questions: list[str]) -> list[Episode]:
         """Run one episode per question concurrently on the process-wide event loop; episodes in input order.
