@@ -45,6 +45,25 @@ def server():
         yield s
 
 
+@pytest.fixture(scope="module")
+def served():
+    """`prompt-r1 serve`'s app on 127.0.0.1 (a URL), with a served agent and an environment on a scripted server
+    that echoes (the upstream, for counting what reached it)."""
+    from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+    from prompt_r1.integrations.server import build_app, serving_in_thread
+    from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
+
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as upstream:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=upstream.base_url), api_key="k"
+        )
+        agent = ServedAgent(AgentConfig(model="agent", base_url=upstream.base_url), api_key="k")
+        with serving_in_thread(build_app(agent, environment)) as url:
+            yield url, upstream
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
     """A tiny random Qwen2 model with an in-process tokenizer, saved for `from_pretrained`."""

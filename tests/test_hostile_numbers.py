@@ -22,7 +22,7 @@ from prompt_r1.clients.environment import EnvironmentPool
 from prompt_r1.core.checks import flag_number, number, parse_number
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig, configs_from_env
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
+from prompt_r1.testing.servers import ScriptedServer, echo_environment
 
 NAN, INF = float("nan"), float("inf")
 
@@ -186,21 +186,6 @@ def test_a_nan_search_temperature_cannot_reach_a_folder_record(tmp_path):
 
 
 # ---- serve's request body ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def served():
-    from prompt_r1.agents.served import ServedAgent
-    from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.integrations.server import build_app, serving_in_thread
-
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as upstream:
-        environment = EnvironmentClient(
-            EnvironmentConfig(model="env", base_url=upstream.base_url), api_key="k"
-        )
-        agent = ServedAgent(AgentConfig(model="agent", base_url=upstream.base_url), api_key="k")
-        with serving_in_thread(build_app(agent, environment)) as url:
-            yield url, upstream
 
 
 def post(url: str, raw: bytes) -> tuple[int, dict]:

@@ -20,26 +20,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from prompt_r1.agents.served import ServedAgent
-from prompt_r1.clients.environment import EnvironmentClient
-from prompt_r1.core.config import AgentConfig, EnvironmentConfig
-from prompt_r1.integrations.server import build_app, serving_in_thread
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSWER = "Response 2: Capital of France? / part 2"
 MESSAGES = [{"role": "user", "content": "Capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def served():
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as upstream:
-        environment = EnvironmentClient(
-            EnvironmentConfig(model="env", base_url=upstream.base_url), api_key="k"
-        )
-        agent = ServedAgent(AgentConfig(model="agent", base_url=upstream.base_url), api_key="k")
-        with serving_in_thread(build_app(agent, environment)) as url:
-            yield url, upstream
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
