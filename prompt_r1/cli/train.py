@@ -10,7 +10,10 @@ from prompt_r1.cli.flags import EXIT_OK, EXIT_UNREACHABLE, _Failure, check_reach
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.checks import check_training_config
 
-__all__ = ["add_train_parsers", "cmd_merge", "cmd_train"]
+__all__ = ["EXIT_SPEND_CAP", "add_train_parsers", "cmd_merge", "cmd_train"]
+
+# A run stopped by max_env_cost or max_env_calls (with a checkpoint, or at one), resumable with a higher cap.
+EXIT_SPEND_CAP = 4
 
 
 def add_train_parsers(sub: argparse._SubParsersAction) -> None:
@@ -64,12 +67,21 @@ def cmd_train(argv: list[str]) -> int:
     except ConfigError as exc:
         raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
-    trainer = train(config, resume=flags.resume)
+    from prompt_r1.training.spend import SpendCapReached, stop_reason
+
+    try:
+        trainer = train(config, resume=flags.resume)
+    except SpendCapReached as exc:
+        raise _Failure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
+    stopped = stop_reason(trainer)
     if trainer.accelerator.is_main_process:
         steps = trainer.state.global_step
         print(
             f"trained {steps} step{'' if steps == 1 else 's'}; saved to {config.output_dir}", file=sys.stderr
         )
+        if stopped:
+            print(f"prompt-r1: stopped by the spend cap: {stopped}; resume with --resume and a higher cap",
+                  file=sys.stderr)  # fmt: skip
     # Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
     # exit can abort a rank ("terminate called without an active exception") after the run succeeded.
     import torch.distributed as dist
@@ -77,7 +89,7 @@ def cmd_train(argv: list[str]) -> int:
     if dist.is_available() and dist.is_initialized():
         trainer.accelerator.wait_for_everyone()
         dist.destroy_process_group()
-    return EXIT_OK
+    return EXIT_SPEND_CAP if stopped else EXIT_OK
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

@@ -116,6 +116,26 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         "and vLLM.",
         default=True,
     )
+    # Spending on the environment (prompt_r1/training/ledger.py and spend.py; docs: the training ledger).
+    call_ledger: bool = _help(
+        "Record every environment call in OUTPUT_DIR/call_ledger/ (SQLite, one file per process), and answer the "
+        "calls a resumed run repeats from it instead of paying for them again.",
+        default=True,
+    )
+    prices: str | None = _help(
+        "A price table (YAML, MODEL: {input: $, output: $} per 1M tokens) over the bundled one, for env/cost "
+        "and max_env_cost.",
+        default=None,
+    )
+    max_env_cost: float | None = _help(
+        "Stop, with a checkpoint, before the step that would take the environment's cost (dollars, all "
+        "processes, all restarts) past this; the next step is estimated from the mean of the last ones.",
+        default=None,
+    )
+    max_env_calls: int | None = _help(
+        "Stop, with a checkpoint, before the step that would take the environment calls past this.",
+        default=None,
+    )
     # The reward.
     reward_preset: str | None = _help(
         "Reward coefficients: paper or release (reference, its former name); unset: the protocol's.",
@@ -159,6 +179,9 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
             raise ConfigError(
                 f"agent_dtype must be auto, bfloat16, float16 or float32, got {self.agent_dtype!r}"
             )
+        for name, value in (("max_env_cost", self.max_env_cost), ("max_env_calls", self.max_env_calls)):
+            if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
+                raise ConfigError(f"{name} must be a positive number (or unset for no cap), got {value!r}")
         if isinstance(self.lora_target_modules, str):
             self.lora_target_modules = [self.lora_target_modules]
         # TRL sizes vLLM's generations and its truncation logging by max_completion_length: one trajectory.

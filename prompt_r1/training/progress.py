@@ -134,6 +134,9 @@ class StepLines(TrainerCallback):
             f"tokens {_number(logs.get('episode/agent_completion_tokens'), '.0f')}  "
             f"{_number(seconds, '.1f')} s"
         )
+        if "env/cost" in logs:  # prompt_r1.training.spend: what the environment cost
+            cost, total = _number(logs["env/cost"], ".4f"), _number(logs.get("env/total_cost"), ".2f")
+            line += f"  ${cost} this step, ${total} total"
         from tqdm.auto import tqdm
 
         tqdm.write(line, file=self.stream or sys.stderr)  # above transformers' progress bar, not inside it

@@ -32,6 +32,7 @@ from prompt_r1.core.tokens import turn_end_ids
 from prompt_r1.loop import release
 from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
+from prompt_r1.training.ledger import call_scope
 from prompt_r1.training.policy import VLLMServerPolicy, trainer_policy
 
 __all__ = ["GraphRollout", "question_of"]
@@ -90,6 +91,7 @@ class GraphRollout:
         self.last_batch_sizes: list[int] = []
         self._last_step: tuple[int, bool] | None = None  # (step, training) of the latest call
         self._calls_at_step = 0
+        self._last_call: tuple[int, bool, int] | None = None
 
     @property
     def max_turns(self) -> int:
@@ -106,21 +108,29 @@ class GraphRollout:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         _check_trainer(trainer)
         questions = [question_of(p) for p in prompts]
-        results, tokenizer = self.sample(trainer, questions, self.step_seed(trainer))
+        seed = self.step_seed(trainer)
+        results, tokenizer = self.sample(trainer, questions, seed, call=self._last_call)
         output = self.to_trajectories(results, tokenizer)
         self.calls += 1
         self.last_results = results
         log_episode_metrics(trainer, results, generate_calls=len(self.last_batch_sizes))
         return output
 
-    def sample(self, trainer: Any, questions: list[str], seed: int | None) -> tuple[list[Episode], Any]:
+    def sample(
+        self,
+        trainer: Any,
+        questions: list[str],
+        seed: int | None,
+        *,
+        call: tuple[int, bool, int] | None = None,
+    ) -> tuple[list[Episode], Any]:
         """One episode per question with the trainer's current policy, sampling from `seed` in lockstep batches
         (None: unseeded, batched as replies arrive); the episodes and the policy's tokenizer."""
         with trainer_policy(trainer, max_new_tokens=self.max_turn_tokens) as agent, _sampling_rng(seed):
             # vLLM's server batches every rank's requests as they arrive: lockstep would cost time and buy nothing.
             if seed is not None and not isinstance(agent, VLLMServerPolicy):
                 agent.lockstep, agent.sampling_seed = True, seed
-            results = self.run_episodes(agent, questions)
+            results = self.run_episodes(agent, questions, call=call)
         self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
         return results, agent.tokenizer
 
@@ -128,17 +138,23 @@ class GraphRollout:
         """The seed of this call's sampling, from the run's seed, the step, training or evaluation, the process and
         the call within them; None when `reproducible_rollouts` is off. A step's episodes then sample the same
         numbers in every run of the same seed, and evaluating between steps does not change training's seeds."""
-        if not getattr(trainer.args, "reproducible_rollouts", True):
-            return None
         step = trainer.state.global_step
         key = (step, bool(trainer.model.training))
         self._calls_at_step = self._calls_at_step + 1 if key == self._last_step else 0
         self._last_step = key
+        # What the call ledger keys this call's episodes by (prompt_r1.training.ledger).
+        self._last_call = (step, key[1], self._calls_at_step)
+        if not getattr(trainer.args, "reproducible_rollouts", True):
+            return None
         parts = (trainer.args.seed, step, trainer.accelerator.process_index, self._calls_at_step)
         return derive_seed(*parts) if key[1] else derive_seed(*parts, 1)  # evaluation: seeds of its own
 
-    def run_episodes(self, agent: Any, questions: list[str]) -> list[Episode]:
+    def run_episodes(
+        self, agent: Any, questions: list[str], *, call: tuple[int, bool, int] | None = None
+    ) -> list[Episode]:
         """Run one episode per question concurrently on the process-wide event loop; episodes in input order.
+        `call`: (step, training, call within the step) of a trainer's rollout call, which keys the episodes'
+        environment calls in the call ledger (prompt_r1.training.ledger); None: not recorded.
 
         An episode that failed in the agent or in this code (`agent_error`, `internal_error`) stops training with
         its error: it has no trajectory to learn from, and the policy is local, so it is a bug, not a fault."""
@@ -149,7 +165,12 @@ class GraphRollout:
             # Registered episodes let the batcher wait for each other's turns, and order them by index in lockstep
             # batches (see prompt_r1.agents.batching).
             registered = getattr(agent, "episode", None)
-            with registered(index) if registered else contextlib.nullcontext():
+            scope = (
+                call_scope(step=call[0], training=call[1], call=call[2], episode=index)
+                if call is not None
+                else contextlib.nullcontext()
+            )
+            with registered(index) if registered else contextlib.nullcontext(), scope:
                 return await runner.run(question)
 
         async def run_all() -> list[Episode]:

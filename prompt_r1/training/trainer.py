@@ -86,9 +86,11 @@ def build_trainer(
 
     from prompt_r1.agents.local import _check_loadable
     from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.training import spend
 
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
+    environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
     _check_loadable(config.model_name_or_path)
@@ -120,6 +122,7 @@ def build_trainer(
             callbacks=callbacks,
         )
     progress.install(trainer)  # a line per step, curves.png at the end
+    spend.install(trainer, environment, config)  # env/cost per step; max_env_cost and max_env_calls
     install_cpu_weight_sync(trainer)  # without CUDA TRL's own sync cannot reach vLLM's (prepacked) weights
     if config.vllm_sync_check:
         from prompt_r1.core.tokens import initial_prompt_ids

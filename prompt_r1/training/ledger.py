@@ -1,0 +1,302 @@
+"""The call ledger: every environment call a training run pays for, kept so that a resumed run never pays twice.
+
+A rollout's environment is wrapped in `LedgerEnvironment`. Each call is keyed by where it falls in the run: the
+global step, training or evaluation, the rollout call within the step, the episode's index among the call's
+episodes, the turn (the number of earlier prompt/response pairs) and a hash of the request (the environment's model
+and every message it is sent). Before a call goes out the key is looked up: a recorded call is answered from the
+ledger and costs nothing. A call that went out is written, and committed, before its reply is handed to the episode,
+so a reply the agent has seen is a reply on disk.
+
+    ledger = CallLedger.open(ledger_path(output_dir, rank), identity)      # refuses a foreign or broken file
+    environment = LedgerEnvironment(client, ledger, prices)
+    with call_scope(step=3, training=True, call=0, episode=5):             # what the rollout sets per episode
+        reply = await environment.respond(prompt, history)
+
+The file is SQLite in WAL mode with synchronous=FULL: one row per call, each commit on disk before the reply is
+used (a SIGKILL or a lost machine keeps every row committed before it). Each process (rank) writes its own file,
+`OUTPUT_DIR/call_ledger/rank-NNNNN.sqlite`, and reads only its own on resume: no SQLite writer is shared between
+processes, and the files live beside the checkpoints they go with. The scope is a context variable, so any
+rollout (the synchronous `GraphRollout`, or a worker that runs episodes its own way) keys its calls by entering
+`call_scope` around each episode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.clients.costs import PriceTable
+from prompt_r1.clients.environment import EnvironmentReply, environment_messages
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
+
+__all__ = [
+    "LEDGER_FOLDER",
+    "CallKey",
+    "CallLedger",
+    "LedgerEnvironment",
+    "LedgerError",
+    "StepSpend",
+    "call_scope",
+    "ledger_path",
+    "request_hash",
+]
+
+LEDGER_FOLDER = "call_ledger"
+FORMAT = "prompt-r1 call ledger"
+VERSION = "1"
+
+
+class LedgerError(ConfigError):
+    """A ledger file this run cannot use: not a ledger, damaged, or another run's. The message is one line."""
+
+
+def ledger_path(output_dir: str | Path, rank: int) -> Path:
+    """Where process `rank` of a run keeps its ledger: beside the run's checkpoints."""
+    return Path(output_dir) / LEDGER_FOLDER / f"rank-{rank:05d}.sqlite"
+
+
+def request_hash(model: str, messages: Sequence[Any]) -> str:
+    """A hash of what the environment is sent: its model, then each message's role and text, in order.
+
+    >>> request_hash("m", []) == request_hash("m", []) != request_hash("n", [])
+    True
+    """
+    body = [model, [[getattr(m, "type", ""), m.content if isinstance(m.content, str) else repr(m.content)]
+                    for m in messages]]  # fmt: skip
+    return hashlib.blake2b(json.dumps(body, ensure_ascii=False).encode(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """Where a call falls in the run; the same when the same step is replayed with the same seed."""
+
+    step: int
+    phase: str  # "train" or "eval"
+    call: int  # the rollout call within the step and phase (TRL may generate more than once per step)
+    episode: int  # the episode's index among the call's episodes
+    turn: int  # earlier prompt/response pairs in the episode
+    request: str  # request_hash of the messages
+
+    def as_row(self) -> tuple:
+        return (self.step, self.phase, self.call, self.episode, self.turn, self.request)
+
+
+@dataclass(frozen=True)
+class _Scope:
+    step: int
+    phase: str
+    call: int
+    episode: int
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("ledger_scope", default=None)
+
+
+@contextlib.contextmanager
+def call_scope(*, step: int, training: bool, call: int, episode: int) -> Iterator[None]:
+    """Key the environment calls made inside the block (in this task and the tasks it starts) as those of one
+    episode of one rollout call. Calls made outside any scope go out unrecorded."""
+    token = _scope.set(_Scope(int(step), "train" if training else "eval", int(call), int(episode)))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS calls (
+    step INTEGER NOT NULL, phase TEXT NOT NULL, call INTEGER NOT NULL, episode INTEGER NOT NULL,
+    turn INTEGER NOT NULL, request TEXT NOT NULL,
+    reply TEXT NOT NULL,          -- the EnvironmentReply as JSON
+    model TEXT NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    cost REAL,                    -- dollars from the price table; NULL when the model has no price
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (step, phase, call, episode, turn, request)
+);
+"""
+
+
+class CallLedger:
+    """One process's ledger file. `identity` names the run (seed, processes, rank, models): a file written under
+    another identity is refused, since its keys would answer calls of a different run."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self.connection, self.path = connection, path
+
+    @classmethod
+    def open(cls, path: str | Path, identity: Mapping[str, Any]) -> CallLedger:
+        path = Path(path)
+        identity = {k: str(v) for k, v in identity.items()}
+        existed = path.exists() and path.stat().st_size > 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            connection.execute("PRAGMA busy_timeout = 5000")
+            if existed:
+                _check(connection, path, identity)
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute(
+                "PRAGMA synchronous = FULL"
+            )  # each commit reaches the disk before the reply is used
+            if not existed:
+                connection.executescript(_SCHEMA)
+                rows = [("format", FORMAT), ("version", VERSION), *sorted(identity.items())]
+                with connection:
+                    connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(
+                f"{path} is not a readable call ledger ({exc}): move it away to start a new one "
+                "(its recorded calls are then paid again)"
+            ) from None
+        return cls(connection, path)
+
+    def lookup(self, key: CallKey) -> dict[str, Any] | None:
+        row = self.connection.execute(
+            "SELECT reply, cost FROM calls WHERE step=? AND phase=? AND call=? AND episode=? AND turn=? "
+            "AND request=?",
+            key.as_row(),
+        ).fetchone()
+        if row is None:
+            return None
+        return {"reply": json.loads(row[0]), "cost": row[1]}
+
+    def record(self, key: CallKey, reply: EnvironmentReply, cost: float | None) -> None:
+        """Write one paid call and commit it (on disk when this returns)."""
+        with self.connection:
+            self.connection.execute(
+                "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    *key.as_row(),
+                    json.dumps(reply.to_dict(), ensure_ascii=False),
+                    reply.model,
+                    reply.input_tokens,
+                    reply.output_tokens,
+                    cost,
+                    time.time(),
+                ),
+            )
+
+    def totals(self) -> dict[str, float]:
+        """Every call this process has paid for in the run, over all its restarts."""
+        calls, tokens_in, tokens_out, cost = self.connection.execute(
+            "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
+            "COALESCE(SUM(cost), 0.0) FROM calls"
+        ).fetchone()
+        return {"calls": calls, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost": cost}
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _check(connection: sqlite3.Connection, path: Path, identity: dict[str, str]) -> None:
+    """Refuse a damaged file, a database that is not a ledger, and another run's ledger, each in one line."""
+    problem = connection.execute("PRAGMA quick_check").fetchone()[0]
+    if problem != "ok":
+        raise LedgerError(f"{path} is damaged ({problem}): move it away to start a new ledger")
+    tables = {r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    meta = dict(connection.execute("SELECT name, value FROM meta")) if "meta" in tables else {}
+    if meta.get("format") != FORMAT or "calls" not in tables:
+        raise LedgerError(
+            f"{path} is an SQLite file but not a call ledger: move it away or use another output_dir"
+        )
+    if meta.get("version") != VERSION:
+        raise LedgerError(
+            f"{path} is a call ledger of version {meta.get('version')}, this one reads {VERSION}"
+        )
+    differ = [
+        f"{k} {meta.get(k)!r} (this run: {v!r})" for k, v in sorted(identity.items()) if meta.get(k) != v
+    ]
+    if differ:
+        raise LedgerError(
+            f"{path} belongs to another run: {'; '.join(differ)}. Resume with the same settings, or use another "
+            "output_dir (or call_ledger false)"
+        )
+
+
+@dataclass
+class StepSpend:
+    """What this process's environment calls came to since the counters were last taken."""
+
+    calls: int = 0  # answered, sent or replayed
+    replayed: int = 0  # answered from the ledger, not sent
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0  # priced calls only
+    unpriced: int = 0  # calls whose model has no price
+
+    def as_list(self) -> list[float]:
+        return [float(self.calls), float(self.replayed), float(self.tokens_in), float(self.tokens_out),
+                self.cost, float(self.unpriced)]  # fmt: skip
+
+
+class LedgerEnvironment:
+    """An environment whose calls are priced, counted, and (with a ledger) recorded and replayed.
+
+    ledger: None to count and price only (call_ledger false): every call is then sent, also on resume.
+    The wrapped environment keeps its rate limiting and retries; a call that fails after its retries is not
+    recorded (no reply was paid for) and is sent again when its step is replayed.
+    """
+
+    def __init__(self, inner: Any, ledger: CallLedger | None, prices: PriceTable) -> None:
+        self.inner, self.ledger, self.prices = inner, ledger, prices
+        self.spend = StepSpend()
+        self.model = str(
+            getattr(inner, "model_name", None) or getattr(getattr(inner, "config", None), "model", "")
+        )
+
+    def take(self) -> StepSpend:
+        """The counters since the last take, reset."""
+        spend, self.spend = self.spend, StepSpend()
+        return spend
+
+    async def respond(
+        self, prompt: str, history: Sequence[tuple[str, str]] = (), *, run_config: Any = None, **options: Any
+    ) -> EnvironmentReply:
+        key = self._key(prompt, history, options.get("system_prompt"))
+        if key is not None and self.ledger is not None:
+            found = self.ledger.lookup(key)
+            if found is not None:
+                reply = EnvironmentReply(**found["reply"])
+                self._count(reply, found["cost"], replayed=True)
+                return reply
+        reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
+        cost = self.prices.cost(reply.model or self.model, reply.input_tokens, reply.output_tokens)
+        if key is not None and self.ledger is not None:
+            self.ledger.record(key, reply, cost)  # committed before the episode sees the reply
+        self._count(reply, cost, replayed=False)
+        return reply
+
+    def _key(
+        self, prompt: str, history: Sequence[tuple[str, str]], system_prompt: str | None
+    ) -> CallKey | None:
+        scope = _scope.get()
+        if scope is None:
+            return None
+        system = system_prompt or getattr(self.inner, "system_prompt", ENVIRONMENT_SYSTEM_PROMPT)
+        messages = environment_messages(prompt, history, system)
+        return CallKey(scope.step, scope.phase, scope.call, scope.episode, len(history),
+                       request_hash(self.model, messages))  # fmt: skip
+
+    def _count(self, reply: EnvironmentReply, cost: float | None, *, replayed: bool) -> None:
+        spend = self.spend
+        spend.calls += 1
+        spend.replayed += int(replayed)
+        spend.tokens_in += reply.input_tokens
+        spend.tokens_out += reply.output_tokens
+        if cost is None:
+            spend.unpriced += 1
+        else:
+            spend.cost += cost
+
+    def __getattr__(self, name: str) -> Any:  # retries, members, config, name ...: the wrapped environment's
+        return getattr(self.inner, name)
