@@ -6,6 +6,7 @@ environment client, SQLite files, TRL and DeepSpeed ZeRO-2 over 2 CPU processes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -229,16 +230,50 @@ def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
     command = [str(accelerate), "launch", "--main_process_port", str(port),
                "--config_file", str(ROOT / "training/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2",
                "-m", "prompt_r1", *args]  # fmt: skip
-    return subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # its own process group: the launcher and both ranks are killed together
-    )  # fmt: skip
+    # Output to a file: a pipe nobody reads while the test waits would fill and stall the ranks.
+    log = (cwd / f"launch-{port}.log").open("w")
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    process.log = Path(log.name)
+    log.close()
+    return process
+
+
+def _tree(pid: int) -> list[int]:
+    """The process and its descendants (the launcher's ranks run in sessions of their own, so a process group
+    does not hold them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [pid], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank at once, as a lost machine would."""
+    for pid in _tree(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
 
 
 def _finish(process: subprocess.Popen, timeout: float = 600) -> str:
-    _, err = process.communicate(timeout=timeout)
-    assert process.returncode == 0, err[-3000:]
-    return err
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.returncode is None:
+            _kill(process)
+    output = process.log.read_text()
+    assert process.returncode == 0, output[-3000:]
+    return output
 
 
 def _ledger_rows(out: Path) -> list[tuple]:
@@ -282,18 +317,20 @@ def test_a_run_killed_mid_step_and_resumed_pays_no_call_twice_and_ends_with_the_
 
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, fault_rule=hold_after) as server:
         process = _launch([*_train_args(protocol_model_path, tmp_path, server, broken), *steps], tmp_path)
-        deadline = time.monotonic() + 600
-        # Every answered call is in a ledger, a call is held, and step 1's checkpoint is whole: kill the run.
-        while not (
-            len(seen) > answer
-            and len(_ledger_rows(broken)) == answer
-            and (broken / "checkpoint-1/trainer_state.json").is_file()
-        ):
-            assert process.poll() is None, process.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the run never reached the middle of its second step"
-            time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        try:
+            deadline = time.monotonic() + 600
+            # Every answered call is in a ledger, a call is held, and step 1's checkpoint is whole: kill the run.
+            while not (
+                len(seen) > answer
+                and len(_ledger_rows(broken)) == answer
+                and (broken / "checkpoint-1/trainer_state.json").is_file()
+            ):
+                assert process.poll() is None, process.log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the run never reached the middle of its second step"
+                time.sleep(0.2)
+        finally:
+            _kill(process)
+        assert not (broken / "checkpoint-2").exists()
         killed = _bodies(server.requests)
         server.fault_rule = None
         assert sum(killed.values()) == answer

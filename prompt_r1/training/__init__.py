@@ -4,6 +4,8 @@
 - `PromptR1GRPOConfig`: `GRPOConfig` plus the agent, data, loop, environment and reward settings.
 - `build_trainer`, `train`, `merge_adapter`: what `prompt-r1 train` and `prompt-r1 merge` run; `checks`: a
   recipe's whole configuration checked before any model loads.
+- `ledger`, `spend`: every environment call of a rollout recorded and never paid twice on resume; the cost per step
+  and the `max_env_cost` / `max_env_calls` caps.
 
 May import: runs, loop, agents, clients, data, scoring, core. Never evaluation, integrations, cli or testing; and
 no inference layer imports training.
