@@ -280,7 +280,7 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
         captured = capsys.readouterr()
         lines = re.findall(
             r"step (\d+/\d+)  reward [-+][\d.]+ \(format [\d.]+, answer [\d.]+\)  turns [\d.]+  "
-            r"env calls [\d.]+  tokens \d+  [\d.]+ s\n",
+            r"env calls [\d.]+  tokens \d+  [\d.]+ s  \$- this step, \$- total\n",  # "env" has no price
             captured.err,
         )
         assert lines == ["1/2", "2/2"], captured.err[-2000:]

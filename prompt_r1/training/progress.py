@@ -135,7 +135,11 @@ class StepLines(TrainerCallback):
             f"{_number(seconds, '.1f')} s"
         )
         if "env/cost" in logs:  # prompt_r1.training.spend: what the environment cost
-            cost, total = _number(logs["env/cost"], ".4f"), _number(logs.get("env/total_cost"), ".2f")
+            total = logs.get("env/total_cost")
+            cost = _number(logs["env/cost"], ".4f")
+            total = _number(
+                total, ".2f" if total is not None and total >= 1 else ".4f"
+            )  # cents show under $1
             line += f"  ${cost} this step, ${total} total"
         from tqdm.auto import tqdm
 
