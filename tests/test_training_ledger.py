@@ -218,6 +218,26 @@ def test_a_cap_stops_the_run_with_a_checkpoint_and_a_higher_cap_goes_on(
         assert steps[-1]["env/total_cost"] == pytest.approx(sum(row["env/cost"] for row in steps))
 
 
+def test_a_step_that_passes_the_cap_is_finished_not_cut(protocol_model_path, tmp_path, capsys):
+    out = tmp_path / "run"
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        args = [
+            *_train_args(protocol_model_path, tmp_path, server, out),
+            "--max_steps",
+            "3",
+            "--save_steps",
+            "100",
+        ]
+        code = cli_main([*args, "--max_env_calls", "2"])  # the first step's estimate (none) lets it start
+        paid = len(server.requests_for("env"))
+    err = capsys.readouterr().err
+    assert code == 4, err[-2000:]
+    (step,) = _logged(out, 1)
+    # Every episode of the step made its call (4 episodes, one call each at most), past the cap: none was dropped.
+    assert step["env/calls"] == paid == 4 > 2
+    assert f"max_env_calls 2 reached: {paid} calls spent; stopped after step 1 of 3" in err
+
+
 # -- a 2-process ZeRO-2 run killed in the middle of a step, then resumed -----------------------------------------
 
 

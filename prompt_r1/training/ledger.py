@@ -27,6 +27,7 @@ import contextvars
 import hashlib
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,8 @@ class CallLedger:
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self.connection, self.path = connection, path
+        # Episodes call from the event loop's thread, the trainer reads totals from its own: one at a time.
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str | Path, identity: Mapping[str, Any]) -> CallLedger:
@@ -161,18 +164,19 @@ class CallLedger:
         return cls(connection, path)
 
     def lookup(self, key: CallKey) -> dict[str, Any] | None:
-        row = self.connection.execute(
-            "SELECT reply, cost FROM calls WHERE step=? AND phase=? AND call=? AND episode=? AND turn=? "
-            "AND request=?",
-            key.as_row(),
-        ).fetchone()
+        with self._lock:
+            row = self.connection.execute(
+                "SELECT reply, cost FROM calls WHERE step=? AND phase=? AND call=? AND episode=? AND turn=? "
+                "AND request=?",
+                key.as_row(),
+            ).fetchone()
         if row is None:
             return None
         return {"reply": json.loads(row[0]), "cost": row[1]}
 
     def record(self, key: CallKey, reply: EnvironmentReply, cost: float | None) -> None:
         """Write one paid call and commit it (on disk when this returns)."""
-        with self.connection:
+        with self._lock, self.connection:
             self.connection.execute(
                 "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -188,10 +192,11 @@ class CallLedger:
 
     def totals(self) -> dict[str, float]:
         """Every call this process has paid for in the run, over all its restarts."""
-        calls, tokens_in, tokens_out, cost = self.connection.execute(
-            "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
-            "COALESCE(SUM(cost), 0.0) FROM calls"
-        ).fetchone()
+        with self._lock:
+            calls, tokens_in, tokens_out, cost = self.connection.execute(
+                "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
+                "COALESCE(SUM(cost), 0.0) FROM calls"
+            ).fetchone()
         return {"calls": calls, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost": cost}
 
     def close(self) -> None:
