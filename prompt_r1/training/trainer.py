@@ -86,7 +86,11 @@ def build_trainer(
 
     from prompt_r1.agents.local import _check_loadable
     from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.training.checks import check_training_config
 
+    # The same checks as `prompt-r1 train`'s, for a config built in Python: a bad number is one line naming the
+    # field here, not a traceback deep in TRL or torch minutes later.
+    check_training_config(config, train_data=train_rows is None)
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     if train_rows is None:
