@@ -84,7 +84,7 @@ def build_trainer(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from prompt_r1.agents.local import _check_loadable
+    from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.checks import check_training_config
 
@@ -95,7 +95,7 @@ def build_trainer(
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
-    _check_loadable(config.model_name_or_path)
+    check_model_source(config.model_name_or_path, "model_name_or_path")
     if config.model_init_kwargs is None:
         config.model_init_kwargs = {}
     config.model_init_kwargs.setdefault("dtype", config.agent_dtype)
