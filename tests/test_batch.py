@@ -22,7 +22,7 @@ from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import EnvironmentClient, EnvironmentPool
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.runs.batch import run_batch
+from prompt_r1.runs.batch import BatchSettings, run_batch
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, max_in_window, relay_agent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,12 +149,9 @@ def test_faults_leave_every_answer_as_a_fault_free_run_and_the_rate_limit_holds(
             out = tmp_path / f"{label}.jsonl"
             summary = asyncio.run(
                 run_batch(
-                    inp,
-                    out,
+                    BatchSettings(inp, out, concurrency=48, progress=False),
                     agent=served_agent(server),
                     environment=environment,
-                    concurrency=48,
-                    progress=False,
                 )
             )
             env_requests = server.requests_for("env")
@@ -186,12 +183,9 @@ def test_an_episode_that_keeps_failing_is_recorded_and_the_batch_goes_on(tmp_pat
         server.inject(*[Fault("500")] * 2, model="env")
         summary = asyncio.run(
             run_batch(
-                inp,
-                tmp_path / "r.jsonl",
+                BatchSettings(inp, tmp_path / "r.jsonl", concurrency=1, progress=False),
                 agent=served_agent(server),
                 environment=environment,
-                concurrency=1,
-                progress=False,
             )
         )
     rows = rows_of(tmp_path / "r.jsonl")
@@ -241,7 +235,11 @@ def test_an_unexpected_exception_fails_its_episode_only_and_a_rerun_retries_it(t
 
         def go(agent, source=inp, dest=out, **kwargs):
             return asyncio.run(
-                run_batch(source, dest, agent=agent, environment=env, concurrency=4, progress=False, **kwargs)
+                run_batch(
+                    BatchSettings(source, dest, concurrency=4, progress=False, **kwargs),
+                    agent=agent,
+                    environment=env,
+                )
             )
 
         first = go(BrokenAgent(config, "item 3?"))
@@ -268,12 +266,20 @@ def test_rerun_skips_finished_retries_failed_and_compacts(tmp_path):
         env = EnvironmentClient(env_config(server, max_retries=0))
         server.inject(*[Fault("400")] * 3, model="env")
         first = asyncio.run(
-            run_batch(inp, out, agent=served_agent(server), environment=env, concurrency=1, progress=False)
+            run_batch(
+                BatchSettings(inp, out, concurrency=1, progress=False),
+                agent=served_agent(server),
+                environment=env,
+            )
         )
         assert first.failed == 3
         calls_before = len(server.requests_for("agent"))
         second = asyncio.run(
-            run_batch(inp, out, agent=served_agent(server), environment=env, concurrency=4, progress=False)
+            run_batch(
+                BatchSettings(inp, out, concurrency=4, progress=False),
+                agent=served_agent(server),
+                environment=env,
+            )
         )
         # Only the 3 failed episodes ran again: 3 agent turns each.
         assert len(server.requests_for("agent")) - calls_before == 9
@@ -362,13 +368,9 @@ def test_checkpoint_resumes_a_failed_episode_at_the_call_that_failed(tmp_path):
         def go():
             return asyncio.run(
                 run_batch(
-                    inp,
-                    out,
+                    BatchSettings(inp, out, concurrency=6, checkpoint=checkpoint, progress=False),
                     agent=served_agent(server),
                     environment=env,
-                    concurrency=6,
-                    checkpoint=checkpoint,
-                    progress=False,
                 )
             )
 
@@ -691,12 +693,14 @@ def test_pool_routes_sessions_by_weight_and_falls_back(tmp_path):
         pool = EnvironmentPool(members, [1, 1], names=["bad", "good"], trip_after=2, cooldown=60)
         summary = asyncio.run(
             run_batch(
-                write_questions(tmp_path / "f.q.jsonl", 60),
-                tmp_path / "f.jsonl",
+                BatchSettings(
+                    write_questions(tmp_path / "f.q.jsonl", 60),
+                    tmp_path / "f.jsonl",
+                    concurrency=4,
+                    progress=False,
+                ),
                 agent=served_agent(good),
                 environment=pool,
-                concurrency=4,
-                progress=False,
             )
         )
         assert summary.complete and summary.fallbacks > 0
@@ -704,17 +708,17 @@ def test_pool_routes_sessions_by_weight_and_falls_back(tmp_path):
     assert all(r["status"] == "answered" for r in rows_of(tmp_path / "f.jsonl"))
 
 
-def test_the_readme_names_every_batch_flag():
-    """Every flag `prompt-r1 batch` takes is in the README's batch section (its own) or the `run` flag table."""
+def test_the_docs_name_every_batch_flag():
+    """Every flag `prompt-r1 batch` takes is on the docs' batch page (its own) or in the `run` page's flag table."""
     import argparse
 
     from prompt_r1.cli.main import build_parser
 
     (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Batch inference") : readme.index("## OpenAI-compatible server")]
-    run_table = readme[
-        readme.index("| flag | meaning (default) |") : readme.index("Exit codes: 0 the episode ran")
+    section = (ROOT / "docs" / "batch.md").read_text(encoding="utf-8")
+    run_page = (ROOT / "docs" / "run.md").read_text(encoding="utf-8")
+    run_table = run_page[
+        run_page.index("| flag | meaning (default) |") : run_page.index("Exit codes: 0 the episode ran")
     ]
     missing = []
     for action in commands.choices["batch"]._actions:

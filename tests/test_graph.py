@@ -230,10 +230,10 @@ def test_topology_snapshot():
     ]
 
 
-def test_the_readme_drawing_is_the_graph():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+def test_the_docs_drawing_is_the_graph():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text(encoding="utf-8")
     drawn = mermaid()
-    assert f"```mermaid\n{drawn}```" in readme, "redraw it: python -m prompt_r1.loop.graph"
+    assert f"```mermaid\n{drawn}```" in page, "redraw it: python -m prompt_r1.loop.graph"
 
 
 @pytest.mark.parametrize("bad", [{}, {"question": "  "}, {"question": 3}])

@@ -272,6 +272,18 @@ def test_the_default_training_config_passes_and_an_output_dir_that_is_a_file_is_
             check_training_config(grpo_config(tmp_path, output_dir=str(tmp_path / out)))
 
 
+def test_a_training_config_built_in_python_is_checked_by_build_trainer(grpo_config, tmp_path):
+    from prompt_r1.training.trainer import build_trainer
+
+    with pytest.raises(ConfigError, match="learning_rate must be a finite number > 0, got nan"):
+        build_trainer(grpo_config(tmp_path, learning_rate=NAN), environment=object())
+    # Rows handed over in Python stand in for train_data, which is then not looked for.
+    with pytest.raises(ConfigError, match="max_grad_norm"):
+        build_trainer(grpo_config(tmp_path, train_data="no-such.parquet", max_grad_norm=INF),
+                      environment=object(), train_rows=[{"prompt": "q", "golden_answers": ["a"]}])  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", ["train", "run"])
 def test_a_model_folder_that_does_not_exist_is_one_line_before_anything_loads(command, tmp_path, capsys,
                                                                                monkeypatch):  # fmt: skip

@@ -127,3 +127,15 @@ def test_settings_files_that_cannot_be_read_are_one_line(flag, problem, server, 
     line = one_error_line(capsys.readouterr().err)
     assert code == 2 and str(path) in line
     assert ("is not UTF-8 text" if problem == "not-utf8" else "is not valid YAML/JSON") in line
+
+
+@pytest.mark.parametrize("name", ["./my-trained-agent", "no//such//id", "/no/such/folder"])
+def test_loading_a_model_that_is_not_there_is_one_line_from_any_caller(name, tmp_path, monkeypatch):
+    """Not only the CLI: a Python caller of the loader gets the same one line naming the model, never the hub
+    client's HFValidationError for a path that is no hub id."""
+    from prompt_r1.agents.local import load_transformers_model
+    from prompt_r1.core.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="agent model .*no such model folder"):
+        load_transformers_model(name)

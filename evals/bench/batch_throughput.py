@@ -181,7 +181,7 @@ async def run_ours(
     key: str = "ours",
     clients=None,
 ) -> dict:
-    from prompt_r1.runs.batch import run_batch
+    from prompt_r1.runs.batch import BatchSettings, run_batch
 
     agent, env = clients or make_clients(
         base_url, rate_limit=rate_limit, period=period, concurrency=concurrency, key=key
@@ -190,7 +190,9 @@ async def run_ours(
         inp = write_input(Path(tmp) / "q.jsonl", n)
         cpu = time.process_time()
         summary = await run_batch(
-            inp, Path(tmp) / "r.jsonl", agent=agent, environment=env, concurrency=concurrency, progress=False
+            BatchSettings(inp, Path(tmp) / "r.jsonl", concurrency=concurrency, progress=False),
+            agent=agent,
+            environment=env,
         )
         cpu = time.process_time() - cpu
         finished = sorted(json.loads(line)["finished_at"] for line in (Path(tmp) / "r.jsonl").open())
@@ -329,7 +331,7 @@ async def in_process_ms_per_env_turn(n: int = 300, rounds: int = 5) -> dict[str,
     loop), the episode runner (`EpisodeRunner.run`), and the whole batch surface (`run_batch`: runner, worker
     pool, results file, metering), in alternating rounds; medians."""
     from prompt_r1.loop.graph import build_graph
-    from prompt_r1.runs.batch import run_batch
+    from prompt_r1.runs.batch import BatchSettings, run_batch
     from prompt_r1.runs.episode import EpisodeRunner
     from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment, echo_environment, relay_agent
 
@@ -353,7 +355,9 @@ async def in_process_ms_per_env_turn(n: int = 300, rounds: int = 5) -> dict[str,
         with tempfile.TemporaryDirectory() as tmp:
             inp = write_input(Path(tmp) / "q.jsonl", n)
             await run_batch(
-                inp, Path(tmp) / "r.jsonl", agent=agent, environment=env, concurrency=1, progress=False
+                BatchSettings(inp, Path(tmp) / "r.jsonl", concurrency=1, progress=False),
+                agent=agent,
+                environment=env,
             )
 
     samples: dict[str, list[float]] = {"graph": [], "runner": [], "batch": []}

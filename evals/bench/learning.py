@@ -233,7 +233,7 @@ def main() -> int:
                 print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
                 results.append(train_seed(seed, args, work, **settings))
                 print(seed_line(name, results[-1]), flush=True)
-        else:  # seeds in parallel processes, the cores shared out (a thread count of its own: see the README)
+        else:  # seeds in parallel processes, the cores shared out (a thread count of its own: see docs/benchmarks.md)
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
 

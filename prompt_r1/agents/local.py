@@ -8,7 +8,6 @@ its sampled ids and their log-probabilities under the sampling distribution are 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,7 +15,8 @@ from transformers import StoppingCriteria, StopStringCriteria
 
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest
-from prompt_r1.core.config import AgentConfig, hub_endpoint, unreachable_reason
+from prompt_r1.agents.model_source import check_model_source
+from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 
 __all__ = ["TransformersAgent", "load_transformers_model"]
@@ -26,7 +26,7 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
     """(model, tokenizer) through the real `from_pretrained` path; a clear ConfigError when it cannot load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _check_loadable(name_or_path)
+    check_model_source(name_or_path, "agent model (--agent-model)")  # one line from any caller, not only the CLI
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype, None)
     if torch_dtype is None:
@@ -50,22 +50,6 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
             f"cannot place the agent model on device {device!r}: {exc}; try --agent-device cpu"
         ) from exc
     return model, tokenizer
-
-
-def _check_loadable(name_or_path: str) -> None:
-    """Fail in seconds, not after the hub client's minute of retries, when a hub id is neither cached nor reachable."""
-    if Path(name_or_path).exists():
-        return
-    from huggingface_hub import try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
-        return  # cached: from_pretrained loads it offline
-    endpoint = hub_endpoint()
-    if endpoint is None or unreachable_reason(endpoint) is not None:
-        raise ConfigError(
-            f"cannot load agent model {name_or_path!r}: it is not a local folder, not in the Hugging Face cache, and "
-            "the hub cannot be reached; pass --agent-model /path/to/model, or --agent-base-url URL for a served agent"
-        )
 
 
 class _StopRecorder(StoppingCriteria):

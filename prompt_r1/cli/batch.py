@@ -14,17 +14,16 @@ from prompt_r1.cli.flags import (
     _prepare,
     add_stop_flags,
     check_reachable,
-    check_run_flags,
     configs_from_args,
 )
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
 from prompt_r1.core import redaction, signals
 from prompt_r1.core.checks import flag_number
-from prompt_r1.core.errors import ConfigError, OutputError
-from prompt_r1.data.datasets import resolve_source
+from prompt_r1.core.errors import OutputError
 from prompt_r1.runs.batch import run_batch
-from prompt_r1.runs.results_file import check_folder_of, check_log_file, check_summary_path, write_text_file
+from prompt_r1.runs.batch_settings import BatchSettings
+from prompt_r1.runs.results_file import write_text_file
 
 __all__ = ["add_batch_parser", "cmd_batch"]
 
@@ -84,7 +83,7 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
     add_run_flags(bt)
 
 
-def _log_to_file(path: str) -> None:
+def _log_to_file(path: Path) -> None:
     import logging
 
     from prompt_r1.core.redaction import RedactingFilter
@@ -102,22 +101,22 @@ def _log_to_file(path: str) -> None:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    """Check every path first (nothing contacted, loaded or written before), then run, then report."""
-    check_run_flags(args)
-    out = Path(args.out)
-    if out.suffix != ".jsonl":
-        raise ConfigError(f"--out must be a .jsonl file, got {out}")
-    summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    # Checked before any endpoint is contacted or model loaded; the input, --out and --checkpoint by run_batch.
-    source = resolve_source(args.input)[0]
-    check_folder_of(out, "--out")
-    check_summary_path(
-        summary_path, [("input file", source), ("--out file", out), ("--checkpoint file", checkpoint)]
+    """Parse the flags once into typed settings, check every path (nothing contacted, loaded or written before),
+    then run, then report."""
+    settings = BatchSettings(
+        source=args.input,
+        out=Path(args.out),
+        concurrency=args.concurrency,
+        checkpoint=args.checkpoint,
+        max_failures=args.max_failures,
+        budget=args.budget,
+        limit=args.limit,
+        summary=args.summary,
+        log_file=args.log_file,
+        progress=not args.no_progress,
+        flags=True,
     )
-    if args.log_file:
-        files = [("input file", source), ("--out file", out), ("--summary file", summary_path)]
-        check_log_file(args.log_file, [*files, ("--checkpoint file", checkpoint)])
+    settings.check_files()
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
     if args.env_pool:
@@ -129,27 +128,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
         agent, _ = _prepare(agent_cfg, None)
     else:
         agent, environment = _prepare(agent_cfg, env_cfg)
-    if args.log_file:
-        _log_to_file(args.log_file)
+    if settings.log_file is not None:
+        _log_to_file(settings.log_file)
     summary = asyncio.run(
-        run_batch(
-            args.input,
-            out,
-            agent=agent,
-            environment=environment,
-            loop=loop_cfg,
-            concurrency=args.concurrency,
-            checkpoint=checkpoint,
-            max_failures=args.max_failures,
-            budget=args.budget,
-            prices=prices,
-            limit=args.limit,
-            progress=not args.no_progress,
-        )
+        run_batch(settings, agent=agent, environment=environment, loop=loop_cfg, prices=prices)
     )
-    write_text_file(summary_path, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
+    write_text_file(settings.summary, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
     print(summary.render(), file=sys.stderr)
-    print(f"summary: {summary_path}", file=sys.stderr)
+    print(f"summary: {settings.summary}", file=sys.stderr)
     if summary.input_error:
         print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
         return EXIT_USAGE

@@ -456,7 +456,7 @@ def build_graph(
 
 
 def mermaid() -> str:
-    """The loop's topology as Mermaid, drawn from the compiled graph (the README's drawing is this text:
+    """The loop's topology as Mermaid, drawn from the compiled graph (the drawing in docs/concepts.md is this text:
     `python -m prompt_r1.loop.graph` prints it)."""
     return build_graph(_Unplayed(), _Unplayed()).get_graph().draw_mermaid()
 

@@ -1,9 +1,10 @@
 """Many episodes against rate-limited environments: the engine of `prompt-r1 batch`.
 
-    summary = await run_batch("questions.jsonl", "results.jsonl", agent=agent, environment=environment)
+    settings = BatchSettings("questions.jsonl", "results.jsonl", concurrency=64)   # prompt_r1.runs.batch_settings
+    summary = await run_batch(settings, agent=agent, environment=environment)
 
 How it runs:
-- **Independent episodes.** `concurrency` workers each take the next question, run its whole episode through
+- **Independent episodes.** `settings.concurrency` workers each take the next question, run its whole episode through
   the graph and write its row; nothing waits for a slow or failing neighbour (no per-turn lockstep). The
   environment's process-wide limiter (requests per period, tokens per minute, requests in flight) is the only
   thing episodes share, so throughput is what the rate limit allows.
@@ -35,11 +36,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from prompt_r1.agents.base import AgentBackend
-from prompt_r1.core.config import LoopConfig
 from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.errors import DataError
+from prompt_r1.core.redaction import RedactedStream, Redactor
 from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
+from prompt_r1.runs.batch_settings import BatchSettings
 from prompt_r1.runs.episode import FAILED_STATUSES, Episode, EpisodeRunner, as_environment, describe_exception
-from prompt_r1.core.errors import ConfigError, DataError
 from prompt_r1.runs.metering import (
     MeteredAgent,
     MeteredEnvironment,
@@ -47,12 +50,11 @@ from prompt_r1.runs.metering import (
     check_budget_prices,
     episode_cost,
 )
-from prompt_r1.runs.pool import RunTally, check_limits, named_keys
-from prompt_r1.core.redaction import RedactedStream, Redactor
+from prompt_r1.runs.pool import RunTally, named_keys
 from prompt_r1.runs.results import ResultStore
 from prompt_r1.runs.results_file import check_checkpoint, crc
 
-__all__ = ["FAILED_STATUSES", "BatchSummary", "run_batch", "scan_input"]
+__all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
 
 _ROW_PREFIX = (
     '{"id": '  # how every row this module writes begins (json.dumps of a dict whose first key is id)
@@ -170,49 +172,39 @@ def scan_input(source: str | Path, limit: int | None = None) -> int:
 
 
 async def run_batch(
-    source: str | Path,
-    out: str | Path,
+    settings: BatchSettings,
     *,
     agent: AgentBackend,
     environment: Any,
     loop: LoopConfig | None = None,
-    concurrency: int = 32,
-    checkpoint: str | Path | None = None,
-    max_failures: int | None = None,
-    budget: float | None = None,
     prices: PriceTable | None = None,
-    limit: int | None = None,
-    progress: bool = True,
     log: TextIO | None = None,
     secrets: Sequence[str] = (),
 ) -> BatchSummary:
-    """Run the loop on every question of `source` (a bundled set's name or a parquet/JSONL/JSON file) not yet
-    finished in `out`, appending one JSON row per episode. Returns the summary (also when stopped early).
+    """Run the loop on every question of `settings.source` not yet finished in `settings.out`, appending one
+    JSON row per episode. Returns the summary (also when stopped early).
 
     Before anything runs, the input is read through once (a bad row, or an id repeated for another question, stops
-    it with a `DataError`), and `out` and `checkpoint` are checked (`OutputError`: the input, a folder, a file
-    that is not a results file or a SQLite database, an unwritable path) without being changed.
+    it with a `DataError`), and the results file and the checkpoints are checked (`OutputError`: the input, a
+    folder, a file that is not a results file or a SQLite database, an unwritable path) without being changed.
 
     Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
     written: rows, the summary, `log`."""
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
-    check_limits(concurrency, max_failures, budget)
-    out = Path(out)
-    if out.suffix != ".jsonl":
-        raise ConfigError(f"the output must be a .jsonl file, got {out}")
+    source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
     prices = prices or PriceTable.load()
 
     environment = as_environment(environment)
     agent_config = getattr(agent, "config", None)
     agent_model = str(getattr(agent_config, "model", None) or "agent")
-    if budget is not None:
+    if settings.budget is not None:
         check_budget_prices(prices, environment, agent)
     path, _ = resolve_source(source)
     input_rows = scan_input(source, limit)
     samples = iter_samples(source, limit=limit, require_answers=False)
-    protected = [("input file", path), ("--checkpoint file", Path(checkpoint) if checkpoint else None)]
+    protected = [("input file", path), ("--checkpoint file", checkpoint)]
     if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
         check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
     store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
@@ -224,7 +216,7 @@ async def run_batch(
 
     summary = BatchSummary(out=str(out), input_rows=input_rows)
     bar = None
-    if progress:
+    if settings.progress:
         from tqdm.auto import tqdm
 
         total = None if input_rows is None else max(0, input_rows - store.finished)
@@ -292,9 +284,9 @@ async def run_batch(
                 store,
                 work=work,
                 failure_row=failure_row,
-                concurrency=concurrency,
-                max_failures=max_failures,
-                stop=budget_rule(meter, budget),
+                concurrency=settings.concurrency,
+                max_failures=settings.max_failures,
+                stop=budget_rule(meter, settings.budget),
                 after_write=forget_finished,
                 on_row=postfix,
                 tally=summary,

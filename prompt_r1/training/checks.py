@@ -84,9 +84,10 @@ def _check_output_dir(output_dir: str) -> None:
             )
 
 
-def check_training_config(config: Any) -> None:
+def check_training_config(config: Any, *, train_data: bool = True) -> None:
     """Refuse, with one line naming the field, a `PromptR1GRPOConfig` that cannot train (see the module
-    docstring). Reads only the config and the file system: nothing is loaded or contacted."""
+    docstring). Reads only the config and the file system: nothing is loaded or contacted. `train_data=False`
+    leaves out the training file, for a caller that hands the rows over itself."""
     for f in fields(config):
         _check_number(f.name, getattr(config, f.name), RANGES.get(f.name))
     # -1 (the default) lets num_train_epochs decide; 0 or a negative count would too, silently.
@@ -99,6 +100,8 @@ def check_training_config(config: Any) -> None:
     _check_output_dir(config.output_dir)
     config.environment_config()  # the env_* fields, by EnvironmentConfig's own checks
     config.loop_config()  # the loop's, by LoopConfig's
+    if not train_data:
+        return
     from prompt_r1.data.datasets import resolve_source
 
     source, _ = resolve_source(config.resolved_train_data())  # an unknown set's name, or a folder, named

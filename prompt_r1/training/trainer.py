@@ -84,16 +84,20 @@ def build_trainer(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from prompt_r1.agents.local import _check_loadable
+    from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training import spend
+    from prompt_r1.training.checks import check_training_config
 
+    # The same checks as `prompt-r1 train`'s, for a config built in Python: a bad number is one line naming the
+    # field here, not a traceback deep in TRL or torch minutes later.
+    check_training_config(config, train_data=train_rows is None)
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
-    _check_loadable(config.model_name_or_path)
+    check_model_source(config.model_name_or_path, "model_name_or_path")
     if config.model_init_kwargs is None:
         config.model_init_kwargs = {}
     config.model_init_kwargs.setdefault("dtype", config.agent_dtype)
