@@ -364,7 +364,12 @@ def test_a_run_killed_mid_step_and_resumed_pays_no_call_twice_and_ends_with_the_
     assert sorted(_ledger_rows(broken)) == sorted(reference)
     logged = _logged(broken, 3)
     assert logged[1]["env/replayed_calls"] == answer - sum(1 for row in reference if row[1] == 0) > 0
-    # The replayed step's replies came from the ledger, its sampling from the step's seed: the same weights.
+    # The replayed step's replies came from the ledger, its sampling from the step's seed: the same rewards and
+    # losses step by step, and the same weights.
+    signals = [
+        [(row["step"], row["reward"], row["loss"]) for row in _logged(out, 3)] for out in (whole, broken)
+    ]
+    assert signals[0] == signals[1]
     before, after = load_file(whole / "model.safetensors"), load_file(broken / "model.safetensors")
     assert before.keys() == after.keys()
     for name in before:
