@@ -52,10 +52,8 @@ class SpendCap(TrainerCallback):
         self.trainer, self.environment = trainer, environment
         self.max_cost, self.max_calls = max_cost, max_calls
         self.base = {"cost": 0.0, "calls": 0.0}  # without a ledger: the totals of the checkpoint resumed from
-        self.run_total = {
-            "cost": 0.0,
-            "calls": 0.0,
-        }  # without a ledger: paid by this process group since start
+        # Without a ledger: paid by these processes since they started.
+        self.run_total = {"cost": 0.0, "calls": 0.0}
         self.steps: list[tuple[float, float]] = []  # (cost, calls) per step, all processes
         self.stopped: str | None = None
         self.saved: Path | None = None  # the checkpoint saved at the stop
