@@ -13,6 +13,7 @@ from prompt_r1.cli.flags import (
     EXIT_USAGE,
     _prepare,
     add_stop_flags,
+    check_rate_store,
     check_reachable,
     check_run_flags,
     configs_from_args,
@@ -25,8 +26,9 @@ from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.data.datasets import resolve_source
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.results_file import check_folder_of, check_log_file, check_summary_path, write_text_file
+from prompt_r1.runs.shards import Shard, merge_shards
 
-__all__ = ["add_batch_parser", "cmd_batch"]
+__all__ = ["add_batch_parser", "cmd_batch", "cmd_batch_merge"]
 
 
 def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
@@ -80,8 +82,25 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         metavar="FILE",
         help="write debug logs (HTTP requests, retries) to FILE; API keys are redacted",
     )
+    bt.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only shard I of N of the input (rows chosen by a stable hash of their id), writing its own "
+        "results file beside --out (NAME.shard-I-of-N.jsonl); run every shard, on any machines, then "
+        "`prompt-r1 batch-merge --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
+    )
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_run_flags(bt)
+    merge = sub.add_parser(
+        "batch-merge",
+        help="merge the results files of `batch --shard I/N` into one",
+        description="Writes --out with the last row of each id from NAME.shard-1-of-N.jsonl … "
+        "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not.",
+    )
+    merge.add_argument("--out", required=True, metavar="FILE.jsonl", help="the merged results file to write")
+    merge.add_argument(
+        "--shards", required=True, type=flag_number(integer=True, minimum=1), metavar="N", help="N of --shard"
+    )
 
 
 def _log_to_file(path: str) -> None:
@@ -107,6 +126,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"--out must be a .jsonl file, got {out}")
+    shard = Shard.parse(args.shard) if args.shard else None
+    if shard is not None:
+        out = shard.path(out)
     summary_path = Path(args.summary) if args.summary else out.with_name(out.stem + ".summary.json")
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     # Checked before any endpoint is contacted or model loaded; the input, --out and --checkpoint by run_batch.
@@ -126,6 +148,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             check_reachable(
                 member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
             )
+            check_rate_store(member.config.rate_store)
         agent, _ = _prepare(agent_cfg, None)
     else:
         agent, environment = _prepare(agent_cfg, env_cfg)
@@ -145,6 +168,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             prices=prices,
             limit=args.limit,
             progress=not args.no_progress,
+            shard=shard,
         )
     )
     write_text_file(summary_path, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
@@ -175,4 +199,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_batch_merge(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix != ".jsonl":
+        raise ConfigError(f"--out must be a .jsonl file, got {out}")
+    summary = merge_shards(out, args.shards)
+    print(f"merged {args.shards} shards into {out}: {summary.render()}", file=sys.stderr)
     return EXIT_OK

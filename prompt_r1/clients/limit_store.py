@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["Limits", "RedisLimitStore", "StoreUnreachable", "key_prefix", "store_label"]
+__all__ = ["Limits", "RedisLimitStore", "check_store", "key_prefix", "store_errors", "store_label"]
 
 # Seconds a process stays counted among the store's processes after its last request (for the local share).
 PROCESS_SEEN_SECONDS = 30.0
@@ -42,7 +42,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 
 # KEYS: flight, done, tok, lease_tok, state, procs.
 # ARGV: lease, tokens, rate_limit, period, token_limit (0: none), token_period, lease_ttl, max_in_flight, process.
-# Returns {granted 0/1, wait seconds as text (-1: poll, a slot frees only when a request completes), processes}.
+# Returns {granted 0/1, wait seconds as text (-1: poll, a slot frees only when a request completes), processes,
+# and when granted the requests now in the window, this one included}.
 _ACQUIRE = (
     _PRELUDE
     + """
@@ -60,7 +61,7 @@ for _, id in ipairs(dead) do
   redis.call('ZADD', KEYS[2], now, id)
   local est = tonumber(redis.call('HGET', KEYS[4], id) or '0')
   redis.call('HDEL', KEYS[4], id)
-  redis.call('HINCRBY', KEYS[5], 'tok_res', -est)
+  redis.call('HINCRBY', KEYS[5], 'tok_res', 0 - est)
   redis.call('ZADD', KEYS[3], now, id .. '|' .. est)
   redis.call('HINCRBY', KEYS[5], 'tok_sum', est)
 end
@@ -68,10 +69,14 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - period)
 local old = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tperiod)
 for _, m in ipairs(old) do
-  redis.call('HINCRBY', KEYS[5], 'tok_sum', -tonumber(string.match(m, '|(%-?%d+)$')))
+  redis.call('HINCRBY', KEYS[5], 'tok_sum', 0 - tonumber(string.match(m, '|(%-?%d+)$')))
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tperiod)
-local st = redis.call('HMGET', KEYS[5], 'cool_until', 'tok_sum', 'tok_res', 'hdr_req', 'hdr_tok', 'hdr_until')
+local st = redis.call('HMGET', KEYS[5], 'cool_until', 'tok_sum', 'tok_res', 'hdr_req', 'hdr_tok', 'hdr_until',
+  'lim_req', 'lim_tok')
+-- Where the provider announced its limits (x-ratelimit-limit-*), the lower of theirs and ours.
+if st[7] then limit = math.min(limit, tonumber(st[7])) end
+if st[8] and tlimit > 0 then tlimit = math.min(tlimit, tonumber(st[8])) end
 local cool = tonumber(st[1] or '0')
 if cool > now then return {0, tostring(cool - now), procs} end
 local flying = redis.call('ZCARD', KEYS[1])
@@ -105,12 +110,13 @@ redis.call('HSET', KEYS[4], lease, tokens)
 redis.call('HINCRBY', KEYS[5], 'tok_res', tokens)
 local keep = math.ceil(1000 * (math.max(period, tperiod) + ttl + 60))
 for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], keep) end
-return {1, '0', procs}
+return {1, '0', procs, redis.call('ZCARD', KEYS[2]) + flying + 1}
 """
 )
 
 # KEYS as above. ARGV: lease, actual tokens (-1: unknown, keep the estimate), remaining requests, reset
-# seconds for them, remaining tokens, reset seconds for them ('' where the reply had no such header).
+# seconds for them, remaining tokens, reset seconds for them, the provider's request and token limits ('' where
+# the reply had no such header).
 _RELEASE = (
     _PRELUDE
     + """
@@ -119,7 +125,7 @@ if redis.call('ZREM', KEYS[1], lease) == 1 then
   redis.call('ZADD', KEYS[2], now, lease)
   local est = tonumber(redis.call('HGET', KEYS[4], lease) or '0')
   redis.call('HDEL', KEYS[4], lease)
-  redis.call('HINCRBY', KEYS[5], 'tok_res', -est)
+  redis.call('HINCRBY', KEYS[5], 'tok_res', 0 - est)
   local n = est
   if actual >= 0 then n = actual end
   redis.call('ZADD', KEYS[3], now, lease .. '|' .. n)
@@ -139,6 +145,8 @@ elseif until_ > 0 then
   redis.call('HSET', KEYS[5], 'hdr_tok', -1)
 end
 if until_ > 0 then redis.call('HSET', KEYS[5], 'hdr_until', tostring(until_)) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], 'lim_req', math.max(1, math.floor(tonumber(ARGV[7])))) end
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[5], 'lim_tok', math.max(1, math.floor(tonumber(ARGV[8])))) end
 return 1
 """
 )
@@ -164,8 +172,12 @@ return 1
 )
 
 
-class StoreUnreachable(ConnectionError):
-    """The limit store did not answer (at start, or during a run)."""
+def store_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean the store did not answer (a script's own error is a bug, and is raised)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return (RedisConnectionError, RedisTimeoutError, OSError, ConnectionError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,24 @@ def key_prefix(endpoint: str, api_key: str | None) -> str:
     return f"prompt-r1:limit:{endpoint}:key-{digest}:"
 
 
+# KEYS: done, tok, state. ARGV: process, then (age in seconds, tokens) pairs: requests this process completed on
+# its local share while the store was away (a restarted store has forgotten the window the provider remembers).
+_SEED = (
+    _PRELUDE
+    + """
+for i = 2, #ARGV, 2 do
+  local id = 'seed:' .. ARGV[1] .. ':' .. i
+  local at, n = now - tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  if redis.call('ZADD', KEYS[1], 'NX', at, id) == 1 then
+    redis.call('ZADD', KEYS[2], at, id .. '|' .. n)
+    redis.call('HINCRBY', KEYS[3], 'tok_sum', n)
+  end
+end
+return 1
+"""
+)
+
+
 class RedisLimitStore:
     """One endpoint's shared state in one Redis database, through the asyncio `redis` client (one per event
     loop: its connections belong to the loop that opened them)."""
@@ -213,10 +243,12 @@ class RedisLimitStore:
     def __init__(self, client: Any, prefix: str) -> None:
         self.client, self.prefix = client, prefix
         self.keys = [prefix + s for s in self.SUFFIXES]
+        self.last_used = 0  # requests in the window at this process's last grant
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
         self._renew = client.register_script(_RENEW)
         self._cool = client.register_script(_COOL_DOWN)
+        self._seed = client.register_script(_SEED)
 
     @classmethod
     def connect(
@@ -245,7 +277,7 @@ class RedisLimitStore:
     async def acquire(self, lease: str, tokens: int, limits: Limits, process: str) -> tuple[bool, float, int]:
         """Take a lease when every window has room: (granted, seconds to wait before asking again (-1: soon),
         processes seen lately)."""
-        granted, wait, procs = await self._acquire(
+        granted, wait, procs, *used = await self._acquire(
             keys=self.keys,
             args=[
                 lease,
@@ -260,6 +292,7 @@ class RedisLimitStore:
                 PROCESS_SEEN_SECONDS,
             ],
         )
+        self.last_used = int(used[0]) if used else self.last_used
         return bool(granted), float(wait), int(procs)
 
     async def release(self, lease: str, actual: int | None, headers: dict[str, float] | None = None) -> None:
@@ -278,6 +311,8 @@ class RedisLimitStore:
                 arg("reset_requests"),
                 arg("remaining_tokens"),
                 arg("reset_tokens"),
+                arg("limit_requests"),
+                arg("limit_tokens"),
             ],
         )
 
@@ -288,6 +323,14 @@ class RedisLimitStore:
 
     async def cool_down(self, seconds: float) -> None:
         await self._cool(keys=[self.keys[4]], args=[float(seconds)])
+
+    async def seed(self, process: str, recent: list[tuple[float, int]]) -> None:
+        """Add (age, tokens) of requests made while the store was away to its windows."""
+        if recent:
+            args: list = [process]
+            for age, tokens in recent:
+                args += [repr(float(age)), int(tokens)]
+            await self._seed(keys=[self.keys[1], self.keys[2], self.keys[4]], args=args)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -259,6 +259,15 @@ class EndpointLimiter:
                     # A failed call's tokens are unknown: count the estimate, as the provider may have.
                     self._tokens.release(tokens, handle.actual if handle.actual is not None else tokens)
 
+    def seed(self, completed: list[tuple[float, int]]) -> None:
+        """Count requests completed elsewhere, as (time.monotonic() stamp, tokens), in both windows (a process that
+        loses its shared store goes on here with what it sent lately)."""
+        for stamp, tokens in sorted(completed):
+            self._throttler._task_logs.append(stamp)
+            if self._tokens is not None:
+                self._tokens._log.append((stamp, tokens))
+                self._tokens._logged += tokens
+
     def cool_down(self, seconds: float) -> None:
         """No request of this limiter starts in the next `seconds` (a later cool-down never shortens one)."""
         self._cool_until = max(self._cool_until, time.monotonic() + seconds)

@@ -30,10 +30,11 @@ import os
 import socket
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 
-from prompt_r1.clients.limit_store import Limits, RedisLimitStore, key_prefix, store_label
+from prompt_r1.clients.limit_store import Limits, RedisLimitStore, key_prefix, store_errors, store_label
 from prompt_r1.clients.ratelimit import EndpointLimiter, LimiterStats, TokenSlot
 from prompt_r1.core.aio import PerLoop
 
@@ -69,7 +70,7 @@ def parse_reset(value: str | None) -> float | None:
 
 
 def rate_headers(headers: dict | None) -> dict[str, float]:
-    """The provider's x-ratelimit-remaining-* and x-ratelimit-reset-* headers, as numbers (absent: left out)."""
+    """The provider's x-ratelimit-remaining-*, -reset-* and -limit-* headers, as numbers (absent: left out)."""
     if not headers:
         return {}
     lower = {str(k).lower(): v for k, v in headers.items()}
@@ -80,9 +81,16 @@ def rate_headers(headers: dict | None) -> dict[str, float]:
         try:
             if remaining is not None and reset is not None:
                 out[f"remaining_{kind}"], out[f"reset_{kind}"] = float(remaining), reset
+            if lower.get(f"x-ratelimit-limit-{kind}") is not None:
+                out[f"limit_{kind}"] = float(lower[f"x-ratelimit-limit-{kind}"])
         except ValueError:
             continue
     return out
+
+
+@asynccontextmanager
+async def _no_slot(tokens: int) -> AsyncIterator[TokenSlot]:
+    yield TokenSlot(tokens)
 
 
 class SharedLimiter:
@@ -108,11 +116,22 @@ class SharedLimiter:
             lambda: RedisLimitStore.connect(url, prefix, password=password, timeout=timeout)
         )
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Within a process only the first waiter asks the store; the others queue behind it (first come, first
+        # served). With every waiter polling, each freed slot woke all of a process's episodes at once.
+        self._gates: PerLoop[asyncio.Lock] = PerLoop(asyncio.Lock)
         self._leases = 0
         self.processes_seen = 1
         self.stats = LimiterStats()
         self._local: EndpointLimiter | None = None  # the local share while the store is lost
         self._lost_at: float | None = None
+        self._lost_since = 0.0
+        self._transition_until = 0.0
+        # This process's completed requests of the last window, (monotonic time, tokens): what the local share
+        # starts from when the store is lost, and what the store is told when it is back (a restarted store has
+        # forgotten the window the provider still counts).
+        self._recent: deque[tuple[float, int]] = deque()
+        self._flying: dict[str, int] = {}  # leases in flight: their token estimates
+        self._store_seen = (0.0, 0)  # (monotonic time, requests in the store's window) at the last grant
         self._probing = False
         self.losses = 0  # times the store was lost (each reported once)
 
@@ -139,7 +158,23 @@ class SharedLimiter:
                 max(1, limits.token_limit // share) if limits.token_limit else None,
                 token_period=limits.token_period,
             )
+            now = time.monotonic()
+            # Requests still in flight under the store count too: the provider has them, or soon will.
+            mine = [*self._recent, *[(now, n) for n in self._flying.values()]]
+            # And this process's share of what every process had in the window at its last grant: one that sent
+            # less than its share must not fill the window the others filled.
+            used_at, used = self._store_seen
+            missing = -(-used // share) - len(mine)
+            self._local.seed(mine + [(used_at, 0)] * max(0, missing))
+            self._lost_since = time.monotonic()
         self._lost_at = time.monotonic()
+
+    def _remember(self, tokens: int) -> None:
+        now = time.monotonic()
+        self._recent.append((now, tokens))
+        horizon = max(self.limits.period, self.limits.token_period if self.limits.token_limit else 0.0)
+        while self._recent and now - self._recent[0][0] >= horizon:
+            self._recent.popleft()
 
     async def _rejoined(self) -> bool:
         """While lost: try the store again at most every `rejoin_every` seconds (one probe at a time)."""
@@ -149,14 +184,21 @@ class SharedLimiter:
             return False
         self._probing = True
         try:
-            await self._stores.get().ping()
-        except Exception:
+            store = self._stores.get()
+            # A restarted server closed every pooled connection: start afresh rather than fail on each of them.
+            await store.client.connection_pool.disconnect()
+            await store.ping()
+            now = time.monotonic()
+            await store.seed(self.process, [(now - t, n) for t, n in self._recent if t >= self._lost_since])
+        except store_errors():
             self._lost_at = time.monotonic()
             return False
         finally:
             self._probing = False
         logger.warning("rate store %s answers again: rejoining the shared limit", self.label)
         self._lost_at = None
+        window = max(self.limits.period, self.limits.token_period if self.limits.token_limit else 0.0)
+        self._transition_until = time.monotonic() + self.rejoin_every + window
         return True
 
     async def _acquire(self, store: RedisLimitStore, lease: str, tokens: int) -> None:
@@ -164,6 +206,7 @@ class SharedLimiter:
             granted, wait, procs = await store.acquire(lease, tokens, self.limits, self.process)
             self.processes_seen = max(1, procs)
             if granted:
+                self._store_seen = (time.monotonic(), store.last_used)
                 return
             await asyncio.sleep(_POLL if wait < 0 else min(max(wait, 0.001), 5.0))
 
@@ -171,29 +214,48 @@ class SharedLimiter:
         # Renew well before expiry: a third of the lease, so two missed renewals still leave it alive.
         while True:
             await asyncio.sleep(self.limits.lease_seconds / 3)
-            with suppress(Exception):  # a lost store is noticed (and reported) by the next acquire
+            with suppress(*store_errors()):  # a lost store is noticed (and reported) by the next acquire
                 await store.renew(lease, self.limits, self.process)
 
     @asynccontextmanager
     async def slot(self, tokens: int = 0) -> AsyncIterator[TokenSlot]:
         """Hold a lease (in-flight slot, request-window slot and `tokens` of the token window) for one request;
         set `.actual` on the yielded slot to the tokens the server reported, `.headers` to its rate headers."""
+        use_store = await self._rejoined()
+        guard = self._local if time.monotonic() < self._transition_until else None
+        if guard is None or not use_store:
+            async with self._slot(tokens, use_store, local_taken=False) as handle:
+                yield handle
+            return
+        # Just rejoined: processes still on their local share do not show in the store yet, so for one window
+        # (and one probe interval) this process keeps to its share as well as to the store.
+        async with guard.slot(tokens) as local_handle, self._slot(tokens, True, local_taken=True) as handle:
+            try:
+                yield handle
+            finally:
+                local_handle.actual = handle.actual
+
+    @asynccontextmanager
+    async def _slot(self, tokens: int, use_store: bool, local_taken: bool) -> AsyncIterator[TokenSlot]:
         lease = None
         store = None
-        if await self._rejoined():
+        if use_store:
             store = self._stores.get()
             self._leases += 1
             lease = f"{self.process}:{self._leases}"
             self.stats.waiting += 1
             started = time.monotonic()
             try:
-                await self._acquire(store, lease, tokens)
+                async with self._gates.get():
+                    if self._lost_at is not None:  # lost while this request queued: no second timeout
+                        raise ConnectionError("the rate store was lost")
+                    await self._acquire(store, lease, tokens)
             except asyncio.CancelledError:
                 # Cancelled between a grant and its return, the lease would linger until it expires: end it.
                 with suppress(Exception):
                     await asyncio.shield(store.release(lease, 0))
                 raise
-            except Exception as exc:  # the store did not answer: this request goes on the local share
+            except store_errors() as exc:  # the store did not answer: this request goes on the local share
                 self._lost(exc)
                 store = lease = None
             finally:
@@ -202,10 +264,14 @@ class SharedLimiter:
                 self.stats.rate_waited += 1
         if store is None or lease is None:
             assert self._local is not None
-            async with self._local.slot(tokens) as handle:
-                yield handle
+            async with self._local.slot(tokens) if not local_taken else _no_slot(tokens) as handle:
+                try:
+                    yield handle
+                finally:
+                    self._remember(handle.actual if handle.actual is not None else tokens)
             return
         handle = TokenSlot(tokens)
+        self._flying[lease] = tokens
         renewal = asyncio.create_task(self._renew(store, lease))
         self.stats.acquired += 1
         self.stats.in_flight += 1
@@ -214,15 +280,17 @@ class SharedLimiter:
             yield handle
         finally:
             renewal.cancel()
+            self._flying.pop(lease, None)
             self.stats.in_flight -= 1
             self.stats.completed += 1
             self.stats.held_seconds += time.monotonic() - held_from
+            self._remember(handle.actual if handle.actual is not None else tokens)
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
                 await asyncio.shield(store.release(lease, handle.actual, getattr(handle, "headers", None)))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the lease expires by itself; later requests use the local share
+            except store_errors() as exc:  # the lease expires by itself; later requests use the local share
                 self._lost(exc)
 
     async def cool_down(self, seconds: float) -> None:
@@ -234,7 +302,7 @@ class SharedLimiter:
         if self._lost_at is None:
             try:
                 await self._stores.get().cool_down(seconds)
-            except Exception as exc:
+            except store_errors() as exc:
                 self._lost(exc)
 
     def same_limits(self, limits: Limits, url: str) -> bool:

