@@ -249,3 +249,17 @@ def test_an_unreachable_store_stops_the_command_before_anything_is_sent(tmp_path
     assert len(lines) == 1 and "cannot reach the rate store at " + dead.url in lines[0], proc.stderr
     assert "pw-not-printed" not in proc.stderr
     assert sum(server.counts.values()) == 0
+
+
+def test_training_ranks_share_the_store_instead_of_splitting():
+    from prompt_r1.training.config import PromptR1GRPOConfig
+
+    common = dict(output_dir="/tmp/unused", env_rate_limit=800, env_token_limit=40_000, report_to=[])
+    split = PromptR1GRPOConfig(**common).environment_config(num_processes=8)
+    shared = PromptR1GRPOConfig(**common, env_rate_store="redis://127.0.0.1:6379/0").environment_config(8)
+    assert (split.rate_limit, split.token_limit) == (100, 5_000)
+    assert (shared.rate_limit, shared.token_limit, shared.rate_store) == (
+        800,
+        40_000,
+        "redis://127.0.0.1:6379/0",
+    )
