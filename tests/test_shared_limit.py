@@ -254,7 +254,7 @@ def test_an_unreachable_store_stops_the_command_before_anything_is_sent(tmp_path
 def test_training_ranks_share_the_store_instead_of_splitting():
     from prompt_r1.training.config import PromptR1GRPOConfig
 
-    common = dict(output_dir="/tmp/unused", env_rate_limit=800, env_token_limit=40_000, report_to=[])
+    common = dict(output_dir="unused", use_cpu=True, env_rate_limit=800, env_token_limit=40_000, report_to=[])
     split = PromptR1GRPOConfig(**common).environment_config(num_processes=8)
     shared = PromptR1GRPOConfig(**common, env_rate_store="redis://127.0.0.1:6379/0").environment_config(8)
     assert (split.rate_limit, split.token_limit) == (100, 5_000)
@@ -263,3 +263,23 @@ def test_training_ranks_share_the_store_instead_of_splitting():
         40_000,
         "redis://127.0.0.1:6379/0",
     )
+
+
+def test_the_store_is_one_setting_on_every_surface(tmp_path):
+    """Flag, config-file key and environment variable name the same field."""
+    import argparse
+
+    from prompt_r1.cli.flags import add_run_flags, configs_from_args
+    from prompt_r1.core.config import configs_from_env
+
+    url = "redis://127.0.0.1:6390/2"
+    _, env, _ = configs_from_env({"PROMPT_R1_ENV_RATE_STORE": url, "PROMPT_R1_ENV_TOKEN_LIMIT": "900"})
+    assert (env.rate_store, env.token_limit) == (url, 900)
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"environment: {{rate_store: '{url}', token_limit: 900}}\n")
+    _, env, _ = configs_from_args(parser.parse_args(["--config", str(config)]))
+    assert (env.rate_store, env.token_limit) == (url, 900)
+    _, env, _ = configs_from_args(parser.parse_args(["--env-rate-store", "memory", "--env-token-limit", "5"]))
+    assert (env.rate_store, env.token_limit) == ("memory", 5)

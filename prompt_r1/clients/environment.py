@@ -205,8 +205,11 @@ class EnvironmentClient:
         model = self._model()
         async with self.limiter.slot(self._token_estimate(messages)) as slot:
             try:
-                async with asyncio.timeout(self.config.timeout):
-                    message = await model.ainvoke(messages, config=run_config)
+                try:
+                    async with asyncio.timeout(self.config.timeout):
+                        message = await model.ainvoke(messages, config=run_config)
+                finally:
+                    slot.replied_at = time.monotonic()
                 usage = message.usage_metadata or {}
                 if usage:
                     slot.actual = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))

@@ -116,26 +116,28 @@ return {1, '0', procs, redis.call('ZCARD', KEYS[2]) + flying + 1}
 
 # KEYS as above. ARGV: lease, actual tokens (-1: unknown, keep the estimate), remaining requests, reset
 # seconds for them, remaining tokens, reset seconds for them, the provider's request and token limits ('' where
-# the reply had no such header).
+# the reply had no such header), and the seconds since the reply arrived.
 _RELEASE = (
     _PRELUDE
     + """
 local lease, actual = ARGV[1], tonumber(ARGV[2])
+-- Stamped when the reply arrived, not when this script runs: the provider counted the request before that.
+local at = now - math.max(0, tonumber(ARGV[9]))
 if redis.call('ZREM', KEYS[1], lease) == 1 then
-  redis.call('ZADD', KEYS[2], now, lease)
+  redis.call('ZADD', KEYS[2], at, lease)
   local est = tonumber(redis.call('HGET', KEYS[4], lease) or '0')
   redis.call('HDEL', KEYS[4], lease)
   redis.call('HINCRBY', KEYS[5], 'tok_res', 0 - est)
   local n = est
   if actual >= 0 then n = actual end
-  redis.call('ZADD', KEYS[3], now, lease .. '|' .. n)
+  redis.call('ZADD', KEYS[3], at, lease .. '|' .. n)
   redis.call('HINCRBY', KEYS[5], 'tok_sum', n)
 end
--- What the provider says is left, less the requests still on their way to it (they may not have arrived).
-local flying = redis.call('ZCARD', KEYS[1])
+-- What the provider says is left, as of this reply. (Not less the requests in flight: most of them have
+-- arrived and are counted in it already, and the shared windows bound the few that have not.)
 local until_ = 0
 if ARGV[3] ~= '' and ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[5], 'hdr_req', math.max(0, tonumber(ARGV[3]) - flying))
+  redis.call('HSET', KEYS[5], 'hdr_req', math.max(0, tonumber(ARGV[3])))
   until_ = now + tonumber(ARGV[4])
 end
 if ARGV[5] ~= '' and ARGV[6] ~= '' then
@@ -295,8 +297,11 @@ class RedisLimitStore:
         self.last_used = int(used[0]) if used else self.last_used
         return bool(granted), float(wait), int(procs)
 
-    async def release(self, lease: str, actual: int | None, headers: dict[str, float] | None = None) -> None:
-        """End a lease: stamp the request, replace its estimate by `actual` tokens, note the provider's headers."""
+    async def release(
+        self, lease: str, actual: int | None, headers: dict[str, float] | None = None, ago: float = 0.0
+    ) -> None:
+        """End a lease: stamp the request (`ago` seconds back, when its reply arrived), replace its estimate by
+        `actual` tokens, note the provider's headers."""
         h = headers or {}
 
         def arg(name: str) -> str:
@@ -313,6 +318,7 @@ class RedisLimitStore:
                 arg("reset_tokens"),
                 arg("limit_requests"),
                 arg("limit_tokens"),
+                repr(float(ago)),
             ],
         )
 

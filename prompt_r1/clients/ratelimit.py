@@ -190,12 +190,13 @@ class TokenWindow:
 class TokenSlot:
     """What a request holding a slot tells the limiter when it completes: the tokens the server reported."""
 
-    __slots__ = ("estimate", "actual", "headers")
+    __slots__ = ("estimate", "actual", "headers", "replied_at")
 
     def __init__(self, estimate: int) -> None:
         self.estimate = estimate
         self.actual: int | None = None
         self.headers: dict[str, float] | None = None  # the provider's x-ratelimit-* figures (shared limiters)
+        self.replied_at: float | None = None  # time.monotonic() when the reply (or the error) arrived
 
 
 class EndpointLimiter:

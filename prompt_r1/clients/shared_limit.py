@@ -287,7 +287,8 @@ class SharedLimiter:
             self._remember(handle.actual if handle.actual is not None else tokens)
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
-                await asyncio.shield(store.release(lease, handle.actual, getattr(handle, "headers", None)))
+                ago = time.monotonic() - handle.replied_at if handle.replied_at is not None else 0.0
+                await asyncio.shield(store.release(lease, handle.actual, handle.headers, ago))
             except asyncio.CancelledError:
                 raise
             except store_errors() as exc:  # the lease expires by itself; later requests use the local share

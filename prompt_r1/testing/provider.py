@@ -1,8 +1,9 @@
 """A provider's rate limit, for `ScriptedServer(provider_limit=...)`: requests and tokens per period for each API
 key, counted as providers count them, answered with 429 and the headers providers send.
 
-- A request counts when it **arrives**; its prompt tokens (the server's usage count) count when it arrives, its
-  completion tokens when its reply is sent.
+- A request counts when it **arrives**; its prompt tokens count when it arrives, its completion tokens when its
+  reply is sent. Tokens are counted as a BPE tokenizer of English text averages, one per 4 characters (rounded
+  up, per message), and the reply's `usage` reports the same counts.
 - A request beyond either limit is answered 429 and not counted. With `headers=True` the 429 carries
   `Retry-After` and `x-ratelimit-*`, and every 200 carries `x-ratelimit-limit-*`, `x-ratelimit-remaining-*`
   and `x-ratelimit-reset-*` (OpenAI's names; resets as durations like "1.25s"). With `headers=False` a 429
@@ -62,6 +63,13 @@ class ProviderLimit:
         self.completions: list[tuple[float, str, int]] = []  # (reply sent, key, completion tokens)
         self.rejected = 0
         self.rejected_at: list[float] = []
+
+    @staticmethod
+    def count_tokens(text: str) -> int:
+        """>>> ProviderLimit.count_tokens("What is the capital of France?")
+        8
+        """
+        return -(-len(text) // 4)
 
     def _of(self, key: str) -> tuple[_Window, _Window]:
         if key not in self._windows:

@@ -325,7 +325,8 @@ class ScriptedServer:
         from aiohttp import web
 
         key = request.headers.get("Authorization", "")
-        prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in body.get("messages") or [])
+        count = self.provider_limit.count_tokens
+        prompt_tokens = sum(count(str(m.get("content", ""))) for m in body.get("messages") or [])
         verdict = self.provider_limit.arrive(key, prompt_tokens, arrived)
         if not verdict.accepted:
             self.rejected_by_rate_limit += 1
@@ -334,9 +335,16 @@ class ScriptedServer:
         if self.record:
             self.requests.append(RecordedRequest(arrived, model, body, None, dict(request.headers)))
         response = await self._reply(request, body, model, route, None)
-        completion = json.loads(response.body).get("usage", {}).get("completion_tokens", 0)
-        response.headers.update(self.provider_limit.complete(key, completion, time.monotonic()))
-        return response
+        reply = json.loads(response.body)
+        # The usage reported is what the provider counted, by its own token count.
+        completion = sum(count(c["message"]["content"] or "") for c in reply.get("choices", []))
+        reply["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        }
+        headers = self.provider_limit.complete(key, completion, time.monotonic())
+        return web.json_response(reply, headers=headers)
 
     async def _reply(self, request, body: dict, model: str, route: _Route, fault: Fault | None):
         from aiohttp import web
