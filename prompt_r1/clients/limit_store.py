@@ -72,8 +72,8 @@ for _, m in ipairs(old) do
   redis.call('HINCRBY', KEYS[5], 'tok_sum', 0 - tonumber(string.match(m, '|(%-?%d+)$')))
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tperiod)
-local st = redis.call('HMGET', KEYS[5], 'cool_until', 'tok_sum', 'tok_res', 'hdr_req', 'hdr_tok', 'hdr_until',
-  'lim_req', 'lim_tok')
+local st = redis.call('HMGET', KEYS[5], 'cool_until', 'tok_sum', 'tok_res', 'hdr_req', 'hdr_tok', 'hdr_req_until',
+  'lim_req', 'lim_tok', 'hdr_tok_until')
 -- Where the provider announced its limits (x-ratelimit-limit-*), the lower of theirs and ours.
 if st[7] then limit = math.min(limit, tonumber(st[7])) end
 if st[8] and tlimit > 0 then tlimit = math.min(tlimit, tonumber(st[8])) end
@@ -95,15 +95,16 @@ if tlimit > 0 then
     return {0, '-1', procs}
   end
 end
--- The provider's own count, from its x-ratelimit-remaining-* headers, until the reset it announced.
-local hdr_until = tonumber(st[6] or '0')
-if hdr_until > now then
-  local left_req, left_tok = tonumber(st[4] or '-1'), tonumber(st[5] or '-1')
-  if left_req == 0 or (left_tok >= 0 and left_tok < tokens and tokens > 0) then
-    return {0, tostring(hdr_until - now), procs}
-  end
-  if left_req > 0 then redis.call('HINCRBY', KEYS[5], 'hdr_req', -1) end
-  if left_tok >= 0 then redis.call('HSET', KEYS[5], 'hdr_tok', math.max(0, left_tok - tokens)) end
+-- The provider's own count, from its x-ratelimit-remaining-* headers, each until the reset it announced: none
+-- left, nothing is sent; some left, what is sent is taken off it. (Tokens are taken off as estimates, larger
+-- than the usage, so a request goes out while any tokens are left, as the token window lets one through.)
+local req_until, tok_until = tonumber(st[6] or '0'), tonumber(st[9] or '0')
+local left_req, left_tok = tonumber(st[4] or '-1'), tonumber(st[5] or '-1')
+if req_until > now and left_req == 0 then return {0, tostring(req_until - now), procs} end
+if tok_until > now and left_tok == 0 then return {0, tostring(tok_until - now), procs} end
+if req_until > now and left_req > 0 then redis.call('HINCRBY', KEYS[5], 'hdr_req', -1) end
+if tok_until > now and left_tok > 0 then
+  redis.call('HSET', KEYS[5], 'hdr_tok', math.max(0, left_tok - tokens))
 end
 redis.call('ZADD', KEYS[1], now + ttl, lease)
 redis.call('HSET', KEYS[4], lease, tokens)
@@ -135,18 +136,14 @@ if redis.call('ZREM', KEYS[1], lease) == 1 then
 end
 -- What the provider says is left, as of this reply. (Not less the requests in flight: most of them have
 -- arrived and are counted in it already, and the shared windows bound the few that have not.)
-local until_ = 0
 if ARGV[3] ~= '' and ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[5], 'hdr_req', math.max(0, tonumber(ARGV[3])))
-  until_ = now + tonumber(ARGV[4])
+  redis.call('HSET', KEYS[5], 'hdr_req', math.max(0, math.floor(tonumber(ARGV[3]))),
+    'hdr_req_until', tostring(now + tonumber(ARGV[4])))
 end
 if ARGV[5] ~= '' and ARGV[6] ~= '' then
-  redis.call('HSET', KEYS[5], 'hdr_tok', math.max(0, tonumber(ARGV[5])))
-  until_ = math.max(until_, now + tonumber(ARGV[6]))
-elseif until_ > 0 then
-  redis.call('HSET', KEYS[5], 'hdr_tok', -1)
+  redis.call('HSET', KEYS[5], 'hdr_tok', math.max(0, math.floor(tonumber(ARGV[5]))),
+    'hdr_tok_until', tostring(now + tonumber(ARGV[6])))
 end
-if until_ > 0 then redis.call('HSET', KEYS[5], 'hdr_until', tostring(until_)) end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[5], 'lim_req', math.max(1, math.floor(tonumber(ARGV[7])))) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[5], 'lim_tok', math.max(1, math.floor(tonumber(ARGV[8])))) end
 return 1
