@@ -217,7 +217,9 @@ async def run_batch(
     input_rows = scan_input(source, limit)
     samples = iter_samples(source, limit=limit, require_answers=False)
     if shard is not None:
-        input_rows = sum(shard.contains(s.id) for s in iter_samples(source, limit=limit, require_answers=False))
+        input_rows = sum(
+            shard.contains(s.id) for s in iter_samples(source, limit=limit, require_answers=False)
+        )
         samples = (s for s in samples if shard.contains(s.id))
     protected = [("input file", path), ("--checkpoint file", Path(checkpoint) if checkpoint else None)]
     if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
