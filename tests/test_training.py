@@ -126,14 +126,19 @@ def test_every_environment_setting_reaches_training_with_its_type_and_default():
         assert env_fields[f"env_{f.name}"].default == f.default, f.name
     changed = dict(model="m", base_url="http://127.0.0.1:9/v1", api_key_env="K", rate_limit=90, rate_period=2.0,
                    max_in_flight=3, tokens_per_minute=600, timeout=7.0, max_retries=1, backoff_initial=0.5,
-                   backoff_max=4.0, max_retry_after=9.0, temperature=0.3, max_tokens=77)  # fmt: skip
+                   backoff_max=4.0, max_retry_after=9.0, temperature=0.3, max_tokens=77,
+                   token_limit=None,  # the per-period alternative to tokens_per_minute (test_shared_limit.py)
+                   rate_store="redis://127.0.0.1:9/0")  # fmt: skip
     assert set(changed) == {f.name for f in dataclasses.fields(EnvironmentConfig)}  # a new field: add it here
     config = PromptR1GRPOConfig(
         output_dir="unused", use_cpu=True, report_to=[], **{f"env_{k}": v for k, v in changed.items()}
     )
     assert config.environment_config() == EnvironmentConfig(**changed)
+    # Through a shared store every rank takes from the one limit; in memory each gets its share.
+    assert config.environment_config(num_processes=3) == EnvironmentConfig(**changed)
+    config.env_rate_store = "memory"
     assert config.environment_config(num_processes=3) == EnvironmentConfig(
-        **{**changed, "rate_limit": 30, "tokens_per_minute": 200}
+        **{**changed, "rate_store": "memory", "rate_limit": 30, "tokens_per_minute": 200}
     )
 
 

@@ -13,6 +13,7 @@ from prompt_r1.cli.flags import (
     EXIT_USAGE,
     _prepare,
     add_stop_flags,
+    check_rate_store,
     check_reachable,
     configs_from_args,
 )
@@ -20,12 +21,13 @@ from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
 from prompt_r1.core import redaction, signals
 from prompt_r1.core.checks import flag_number
-from prompt_r1.core.errors import OutputError
+from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.batch_settings import BatchSettings
 from prompt_r1.runs.results_file import write_text_file
+from prompt_r1.runs.shards import Shard, merge_shards
 
-__all__ = ["add_batch_parser", "cmd_batch"]
+__all__ = ["add_batch_parser", "cmd_batch", "cmd_batch_merge"]
 
 
 def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
@@ -79,8 +81,25 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         metavar="FILE",
         help="write debug logs (HTTP requests, retries) to FILE; API keys are redacted",
     )
+    bt.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only shard I of N of the input (rows chosen by a stable hash of their id), writing its own "
+        "results file beside --out (NAME.shard-I-of-N.jsonl); run every shard, on any machines, then "
+        "`prompt-r1 batch-merge --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
+    )
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_run_flags(bt)
+    merge = sub.add_parser(
+        "batch-merge",
+        help="merge the results files of `batch --shard I/N` into one",
+        description="Writes --out with the last row of each id from NAME.shard-1-of-N.jsonl … "
+        "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not.",
+    )
+    merge.add_argument("--out", required=True, metavar="FILE.jsonl", help="the merged results file to write")
+    merge.add_argument(
+        "--shards", required=True, type=flag_number(integer=True, minimum=1), metavar="N", help="N of --shard"
+    )
 
 
 def _log_to_file(path: Path) -> None:
@@ -103,9 +122,11 @@ def _log_to_file(path: Path) -> None:
 def cmd_batch(args: argparse.Namespace) -> int:
     """Parse the flags once into typed settings, check every path (nothing contacted, loaded or written before),
     then run, then report."""
+    shard = Shard.parse(args.shard) if args.shard else None
+    out = Path(args.out)
     settings = BatchSettings(
         source=args.input,
-        out=Path(args.out),
+        out=shard.path(out) if shard is not None else out,  # each shard its own results file, beside --out
         concurrency=args.concurrency,
         checkpoint=args.checkpoint,
         max_failures=args.max_failures,
@@ -114,6 +135,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         summary=args.summary,
         log_file=args.log_file,
         progress=not args.no_progress,
+        shard=shard,
         flags=True,
     )
     settings.check_files()
@@ -125,6 +147,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             check_reachable(
                 member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
             )
+            check_rate_store(member.config.rate_store)
         agent, _ = _prepare(agent_cfg, None)
     else:
         agent, environment = _prepare(agent_cfg, env_cfg)
@@ -161,4 +184,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_batch_merge(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.suffix != ".jsonl":
+        raise ConfigError(f"--out must be a .jsonl file, got {out}")
+    summary = merge_shards(out, args.shards)
+    print(f"merged {args.shards} shards into {out}: {summary.render()}", file=sys.stderr)
     return EXIT_OK

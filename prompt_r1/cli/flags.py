@@ -30,6 +30,7 @@ __all__ = [
     "EXIT_USAGE",
     "add_run_flags",
     "add_stop_flags",
+    "check_rate_store",
     "check_reachable",
     "check_run_flags",
     "configs_from_args",
@@ -162,6 +163,22 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
         )
 
 
+def check_rate_store(url: str) -> None:
+    """Fail fast, with one line and nothing sent to any provider, when a shared rate store does not answer."""
+    if url == "memory":
+        return
+    from prompt_r1.clients.limit_store import check_store, store_label
+    from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV, rate_store_password
+
+    reason = check_store(url, rate_store_password())
+    if reason is not None:
+        raise _Failure(
+            f"cannot reach the rate store at {store_label(url)} ({reason}); start it, set "
+            f"{RATE_STORE_PASSWORD_ENV} if it wants a password, or use --env-rate-store memory",
+            EXIT_UNREACHABLE,
+        )
+
+
 def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
     then model loading."""
@@ -173,6 +190,7 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     if env_cfg is not None:
         environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
         check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+        check_rate_store(env_cfg.rate_store)
     if agent_cfg is not None:
         if agent_cfg.resolved_backend == "served":
             check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")

@@ -189,6 +189,12 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     return cmd_batch(args)
 
 
+def _cmd_batch_merge(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.batch import cmd_batch_merge
+
+    return cmd_batch_merge(args)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from prompt_r1.cli.eval import cmd_eval
 
@@ -226,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         command = {
             "run": cmd_run,
             "batch": _cmd_batch,
+            "batch-merge": _cmd_batch_merge,
             "serve": _cmd_serve,
             "eval": _cmd_eval,
             "score": _cmd_score,

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from prompt_r1.agents.model_source import check_model_source
-from prompt_r1.cli.flags import EXIT_OK, EXIT_UNREACHABLE, _Failure, check_reachable
+from prompt_r1.cli.flags import EXIT_OK, EXIT_UNREACHABLE, _Failure, check_rate_store, check_reachable
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.checks import check_training_config
 
@@ -67,6 +67,7 @@ def cmd_train(argv: list[str]) -> int:
     except ConfigError as exc:
         raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    check_rate_store(config.env_rate_store)
     from prompt_r1.training.spend import SpendCapReached, stop_reason
 
     try:

@@ -31,12 +31,19 @@ from pydantic import SecretStr
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from prompt_r1.clients.http_client import checked_async_client, classify_error, copy_for_this_loop, refusal_of
-from prompt_r1.clients.ratelimit import EndpointLimiter, get_limiter
+from prompt_r1.clients.ratelimit import EndpointLimiter
+from prompt_r1.clients.shared_limit import SharedLimiter, limiter_for, rate_headers
 from prompt_r1.core import redaction
 from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.checks import number
 from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
-from prompt_r1.core.errors import ConfigError, EnvironmentCallError, EnvironmentRefused, is_retryable
+from prompt_r1.core.errors import (
+    ConfigError,
+    EnvironmentCallError,
+    EnvironmentRefused,
+    RateLimited,
+    is_retryable,
+)
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
 from prompt_r1.core.text import repair
 
@@ -134,6 +141,8 @@ class EnvironmentClient:
                 update["streaming"] = False
             chat_model = chat_model.model_copy(update=update)
         self.chat_model = chat_model
+        shared = config.rate_store != "memory"
+        key = None
         if chat_model is None:
             key = api_key or resolve_api_key(config.api_key_env, config.base_url)
             redaction.register(key)
@@ -148,18 +157,14 @@ class EnvironmentClient:
                 api_key=SecretStr(key),
                 max_retries=0,  # one retry layer: ours, which also honours Retry-After and the shared limiter
                 timeout=config.timeout,
+                # A shared limit follows the provider's x-ratelimit-remaining-* headers.
+                include_response_headers=shared,
                 **optional,
             )
         # An async HTTP connection belongs to the event loop that opened it, so each loop gets its own model.
         self._models: PerLoop[BaseChatModel] = PerLoop(self._new_model)
-        key = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
-        self.limiter: EndpointLimiter = get_limiter(
-            key,
-            rate_limit=config.rate_limit,
-            period=config.rate_period,
-            max_in_flight=config.max_in_flight,
-            tokens_per_minute=config.tokens_per_minute,
-        )
+        endpoint = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
+        self.limiter: EndpointLimiter | SharedLimiter = limiter_for(config, endpoint, key)
         self.name = config.base_url or OPENAI_BASE_URL
         self.model_name = config.model
         if chat_model is not None:
@@ -191,7 +196,7 @@ class EnvironmentClient:
     def _token_estimate(self, messages: list[BaseMessage]) -> int:
         """Tokens a provider's per-minute limit counts for a request before it runs: about 4 characters per
         prompt token, plus max_tokens when set."""
-        if self.config.tokens_per_minute is None:
+        if self.config.tokens_per_minute is None and self.config.token_limit is None:
             return 0
         chars = sum(len(m.content) if isinstance(m.content, str) else len(str(m.content)) for m in messages)
         return chars // 4 + 4 * len(messages) + (self.config.max_tokens or 0)
@@ -200,11 +205,15 @@ class EnvironmentClient:
         model = self._model()
         async with self.limiter.slot(self._token_estimate(messages)) as slot:
             try:
-                async with asyncio.timeout(self.config.timeout):
-                    message = await model.ainvoke(messages, config=run_config)
+                try:
+                    async with asyncio.timeout(self.config.timeout):
+                        message = await model.ainvoke(messages, config=run_config)
+                finally:
+                    slot.replied_at = time.monotonic()
                 usage = message.usage_metadata or {}
                 if usage:
                     slot.actual = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+                slot.headers = rate_headers((message.response_metadata or {}).get("headers"))
                 refused = refusal_of(message)
                 if refused is not None:
                     raise EnvironmentRefused(f"environment refused the prompt: {refused}")
@@ -213,6 +222,9 @@ class EnvironmentClient:
                 # A server (or a proxy before it) may repeat the request's Authorization header in an error
                 # body, and the message is written to results, checkpoints and logs: the keys go first.
                 mapped = redaction.redact_exception(classify_error(exc))
+                if isinstance(mapped, RateLimited) and isinstance(self.limiter, SharedLimiter):
+                    # One cool-down for every process: the others wait too instead of each finding out alone.
+                    await self.limiter.cool_down(mapped.retry_after or self.config.backoff_initial)
                 if mapped is exc:
                     raise
                 raise mapped from exc

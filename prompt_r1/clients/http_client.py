@@ -34,6 +34,7 @@ from langchain_core.exceptions import (
 )
 from langchain_core.messages import AIMessage
 
+from prompt_r1.clients.shared_limit import parse_reset
 from prompt_r1.core.errors import (
     ContextOverflow,
     EnvironmentCallError,
@@ -173,7 +174,8 @@ def copy_for_this_loop(model: Any, timeout: float | None) -> Any:
 
 
 def _retry_after_seconds(headers) -> float | None:
-    """Seconds from Retry-After (seconds form) or the retry-after-ms header some providers send."""
+    """Seconds from Retry-After (seconds form) or the retry-after-ms header some providers send, else from the
+    provider's x-ratelimit-reset-requests / -tokens (the later of the two: both windows must have room)."""
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
@@ -184,7 +186,9 @@ def _retry_after_seconds(headers) -> float | None:
             return max(0.0, float(value) * scale)
         except ValueError:
             continue  # the HTTP-date form: fall back to backoff
-    return None
+    resets = [parse_reset(headers.get(f"x-ratelimit-reset-{kind}")) for kind in ("requests", "tokens")]
+    resets = [r for r in resets if r is not None]
+    return max(resets) if resets else None
 
 
 def classify_error(exc: BaseException) -> BaseException:

@@ -190,22 +190,33 @@ class TokenWindow:
 class TokenSlot:
     """What a request holding a slot tells the limiter when it completes: the tokens the server reported."""
 
-    __slots__ = ("estimate", "actual")
+    __slots__ = ("estimate", "actual", "headers", "replied_at")
 
     def __init__(self, estimate: int) -> None:
         self.estimate = estimate
         self.actual: int | None = None
+        self.headers: dict[str, float] | None = None  # the provider's x-ratelimit-* figures (shared limiters)
+        self.replied_at: float | None = None  # time.monotonic() when the reply (or the error) arrived
 
 
 class EndpointLimiter:
     def __init__(
-        self, rate_limit: int, period: float, max_in_flight: int, tokens_per_minute: int | None = None
+        self,
+        rate_limit: int,
+        period: float,
+        max_in_flight: int,
+        tokens_per_minute: int | None = None,
+        *,
+        token_period: float = 60.0,
     ) -> None:
+        """`tokens_per_minute`: the token limit, per `token_period` seconds (a minute unless said otherwise)."""
         self.rate_limit = rate_limit
         self.period = period
         self.max_in_flight = max_in_flight
         self.tokens_per_minute = tokens_per_minute
-        self._tokens = TokenWindow(tokens_per_minute) if tokens_per_minute else None
+        self.token_period = token_period
+        self._tokens = TokenWindow(tokens_per_minute, token_period) if tokens_per_minute else None
+        self._cool_until = 0.0
         # 5 ms polling: fine-grained enough to keep sends close to the window edge without spinning.
         self._throttler = CompletionStampedThrottler(
             rate_limit=rate_limit, period=period, retry_interval=0.005
@@ -218,6 +229,8 @@ class EndpointLimiter:
         """Hold one in-flight slot, `tokens` (an estimate) of the token window and one rate-window slot for the
         duration of a request. Set `.actual` on the yielded slot to the tokens the server reported."""
         handle = TokenSlot(tokens)
+        while (pause := self._cool_until - time.monotonic()) > 0:
+            await asyncio.sleep(pause)
         async with self._semaphores.get():
             self.stats.waiting += 1
             reserved = False
@@ -247,15 +260,29 @@ class EndpointLimiter:
                     # A failed call's tokens are unknown: count the estimate, as the provider may have.
                     self._tokens.release(tokens, handle.actual if handle.actual is not None else tokens)
 
+    def seed(self, completed: list[tuple[float, int]]) -> None:
+        """Count requests completed elsewhere, as (time.monotonic() stamp, tokens), in both windows (a process that
+        loses its shared store goes on here with what it sent lately)."""
+        for stamp, tokens in sorted(completed):
+            self._throttler._task_logs.append(stamp)
+            if self._tokens is not None:
+                self._tokens._log.append((stamp, tokens))
+                self._tokens._logged += tokens
+
+    def cool_down(self, seconds: float) -> None:
+        """No request of this limiter starts in the next `seconds` (a later cool-down never shortens one)."""
+        self._cool_until = max(self._cool_until, time.monotonic() + seconds)
+
     def same_limits(
-        self, rate_limit: int, period: float, max_in_flight: int, tokens_per_minute: int | None = None
+        self,
+        rate_limit: int,
+        period: float,
+        max_in_flight: int,
+        tokens_per_minute: int | None = None,
+        token_period: float = 60.0,
     ) -> bool:
-        return (self.rate_limit, self.period, self.max_in_flight, self.tokens_per_minute) == (
-            rate_limit,
-            period,
-            max_in_flight,
-            tokens_per_minute,
-        )
+        mine = (self.rate_limit, self.period, self.max_in_flight, self.tokens_per_minute, self.token_period)
+        return mine == (rate_limit, period, max_in_flight, tokens_per_minute, token_period)
 
 
 _LIMITERS: dict[str, EndpointLimiter] = {}
@@ -263,7 +290,13 @@ _LOCK = threading.Lock()
 
 
 def get_limiter(
-    key: str, *, rate_limit: int, period: float, max_in_flight: int, tokens_per_minute: int | None = None
+    key: str,
+    *,
+    rate_limit: int,
+    period: float,
+    max_in_flight: int,
+    tokens_per_minute: int | None = None,
+    token_period: float = 60.0,
 ) -> EndpointLimiter:
     """The process-wide limiter for `key` (normally base URL + model), created on first use.
 
@@ -273,12 +306,15 @@ def get_limiter(
     with _LOCK:
         limiter = _LIMITERS.get(key)
         if limiter is None:
-            limiter = _LIMITERS[key] = EndpointLimiter(rate_limit, period, max_in_flight, tokens_per_minute)
-        elif not limiter.same_limits(rate_limit, period, max_in_flight, tokens_per_minute):
+            limiter = _LIMITERS[key] = EndpointLimiter(
+                rate_limit, period, max_in_flight, tokens_per_minute, token_period=token_period
+            )
+        elif not limiter.same_limits(rate_limit, period, max_in_flight, tokens_per_minute, token_period):
             raise ConfigError(
                 f"endpoint {key} already has limits {limiter.rate_limit} requests/{limiter.period}s with "
-                f"{limiter.max_in_flight} in flight and {limiter.tokens_per_minute} tokens/min; got "
-                f"{rate_limit}/{period}s with {max_in_flight} in flight and {tokens_per_minute} tokens/min. "
+                f"{limiter.max_in_flight} in flight and {limiter.tokens_per_minute} tokens/{limiter.token_period}s; "
+                f"got {rate_limit}/{period}s with {max_in_flight} in flight and {tokens_per_minute} tokens/"
+                f"{token_period}s. "
                 "Use the same limits for every client of one endpoint, or give the client its own limiter_key."
             )
         return limiter

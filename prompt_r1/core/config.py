@@ -27,8 +27,10 @@ __all__ = [
     "EnvironmentConfig",
     "LoopConfig",
     "PROTOCOLS",
+    "RATE_STORE_PASSWORD_ENV",
     "configs_from_env",
     "load_config_file",
+    "rate_store_password",
     "hub_endpoint",
     "resolve_api_key",
     "unreachable_reason",
@@ -38,6 +40,8 @@ __all__ = [
 # loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
 DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
 DEFAULT_ENV_MODEL = "gpt-4o-mini"
+# The environment variable holding the rate store's Redis password (never a flag or a file: it is never printed).
+RATE_STORE_PASSWORD_ENV = "PROMPT_R1_RATE_STORE_PASSWORD"
 # The loop's protocols: the paper's text, or the reference release's rollout token for token (loop/release.py).
 PROTOCOLS = ("paper", "release")
 
@@ -82,6 +86,17 @@ class EnvironmentConfig:
         default=None,
         check=AT_LEAST_1,
     )
+    token_limit: int | None = _help(
+        "Tokens (prompt + response) allowed per rate period, shared like rate_limit; counted from the request "
+        "before a call and corrected from the reported usage after it. Set this or tokens_per_minute.",
+        default=None,
+        check=AT_LEAST_1,
+    )
+    rate_store: str = _help(
+        "Where the limits are kept: memory (this process only), or redis://host:port/db (rediss:// for TLS), "
+        f"shared by every process and machine naming it; a password comes from {RATE_STORE_PASSWORD_ENV}.",
+        default="memory",
+    )
     timeout: float = _help(
         "Seconds allowed for one call before it counts as a timeout.", default=60.0, check=POSITIVE
     )
@@ -112,6 +127,11 @@ class EnvironmentConfig:
         _check_types(self)
         if self.base_url is not None:
             _check_url(self.base_url, "--env-base-url")
+        if self.token_limit is not None and self.tokens_per_minute is not None:
+            raise ConfigError(
+                "set one of env token_limit (per rate period) and env tokens_per_minute, not both"
+            )
+        _check_store_url(self.rate_store)
 
 
 @dataclass(frozen=True)
@@ -263,6 +283,29 @@ def _check_url(url: str, flag: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in {"http", "https"} or not parsed.netloc:
         raise ConfigError(f"{flag} must be an http(s) URL such as http://127.0.0.1:8000/v1, got {url!r}")
+
+
+def _check_store_url(url: str) -> None:
+    parsed = urlparse(url)
+    if url != "memory" and (parsed.scheme not in {"redis", "rediss"} or not parsed.hostname):
+        shown = f"{parsed.scheme}://{parsed.hostname}" if parsed.hostname else repr(url.split("@")[-1])
+        raise ConfigError(
+            f"--env-rate-store must be memory or a redis:// / rediss:// URL such as redis://127.0.0.1:6379/0, "
+            f"got {shown}"
+        )
+    if parsed.password:
+        raise ConfigError(
+            f"--env-rate-store: put the Redis password in {RATE_STORE_PASSWORD_ENV}, not in the URL (a URL "
+            "is printed in logs and summaries)"
+        )
+
+
+def rate_store_password() -> str | None:
+    """The Redis password from its environment variable, registered for redaction, or None."""
+    password = os.environ.get(RATE_STORE_PASSWORD_ENV) or None
+    if password:
+        redaction.register(password)
+    return password
 
 
 def unreachable_reason(url: str, timeout: float = 5.0) -> str | None:

@@ -189,7 +189,8 @@ async def run_batch(
     folder, a file that is not a results file or a SQLite database, an unwritable path) without being changed.
 
     Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
-    written: rows, the summary, `log`."""
+    written: rows, the summary, `log`. With `settings.shard`, only that shard's rows run (`limit` applies
+    first)."""
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
@@ -204,6 +205,11 @@ async def run_batch(
     path, _ = resolve_source(source)
     input_rows = scan_input(source, limit)
     samples = iter_samples(source, limit=limit, require_answers=False)
+    if settings.shard is not None:
+        input_rows = sum(
+            settings.shard.contains(s.id) for s in iter_samples(source, limit=limit, require_answers=False)
+        )
+        samples = (s for s in samples if settings.shard.contains(s.id))
     protected = [("input file", path), ("--checkpoint file", checkpoint)]
     if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
         check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)

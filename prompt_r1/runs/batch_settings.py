@@ -20,6 +20,7 @@ from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import resolve_source
 from prompt_r1.runs.pool import check_limits
 from prompt_r1.runs.results_file import check_folder_of, check_log_file, check_summary_path
+from prompt_r1.runs.shards import Shard
 
 __all__ = ["BatchSettings"]
 
@@ -34,6 +35,8 @@ class BatchSettings:
     log_file: debug logs of every HTTP request and retry, keys redacted. concurrency: episodes in flight.
     max_failures: stop after this many failed episodes. budget: stop starting episodes once this run's estimated
     cost reaches it (US $). limit: only the first rows of the input. progress: a progress bar on stderr.
+    shard: run only this shard's rows (`prompt-r1 batch --shard I/N`, prompt_r1.runs.shards); `out` is then that
+    shard's own results file (`Shard.path`).
     flags: name settings in errors as the command line does (`--max-failures`), for the CLI.
     """
 
@@ -47,6 +50,7 @@ class BatchSettings:
     summary: Path | None = None
     log_file: Path | None = None
     progress: bool = True
+    shard: Shard | None = None
     flags: bool = False
 
     def __post_init__(self) -> None:

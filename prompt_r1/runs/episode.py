@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.agents.base import AgentBackend
-from prompt_r1.core.config import LoopConfig
 from prompt_r1.clients.environment import Environment, as_environment
+from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import AgentError
+from prompt_r1.core.text import valid
 from prompt_r1.loop.graph import trajectory_of
 from prompt_r1.runs.results_file import FAILED_STATUSES
-from prompt_r1.core.text import valid
 
 __all__ = [
     "EPISODE_RUN_NAME",

@@ -104,6 +104,7 @@ class ScriptedServer:
         vllm_version: str | None = None,
         model_roots: dict[str, str] | None = None,
         token_ids: Callable[[list[int]], list[int] | None] | None = None,
+        provider_limit: Any = None,
     ) -> None:
         """latency: seconds per reply, or a function giving them (of no argument, or of the request body), for
             every model or per model (a dict).
@@ -114,6 +115,8 @@ class ScriptedServer:
         tokenizer, vllm_version: play a vLLM server: `/version` answers `vllm_version`, and `/v1/completions` takes
             token-id prompts and returns the responder's text with its ids (`return_token_ids`), the stop string
             kept (`include_stop_str_in_output`).
+        provider_limit: a `prompt_r1.testing.provider.ProviderLimit`: requests and tokens per period per API key,
+            as a provider counts them, with its 429s and x-ratelimit-* headers (for `rate_limited_models`).
         model_roots: model name → the `root` its `/v1/models` entry gives (where vLLM loaded it from).
         token_ids: rewrites the ids a completions reply returns (None: the reply has no `token_ids`, as a server
             without `return_token_ids`), to play a server that misbehaves on the token-id path."""
@@ -140,6 +143,7 @@ class ScriptedServer:
         self.version_headers: list[dict] = []  # the headers of each /version request
         self.model_roots = dict(model_roots or {})
         self.token_ids = token_ids
+        self.provider_limit = provider_limit
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests the server was handling at once
@@ -289,6 +293,9 @@ class ScriptedServer:
         model = body.get("model", "")
         route = self.routes.get(model) or self.routes.get("*")
         self.counts[model] = self.counts.get(model, 0) + 1
+        limited = self.rate_limited_models is None or model in self.rate_limited_models
+        if self.provider_limit is not None and limited and route is not None:
+            return await self._as_provider(request, body, model, route, arrived)
         wait = self._over_rate_limit(model, arrived)
         fault = (
             Fault("429", retry_after=round(wait, 3)) if wait is not None else self._next_fault(model, body)
@@ -311,6 +318,33 @@ class ScriptedServer:
             return response
         finally:
             self.in_flight -= 1
+
+    async def _as_provider(self, request, body: dict, model: str, route: _Route, arrived: float):
+        """A request under `provider_limit`: admitted or answered 429 with the provider's headers; a reply's
+        completion tokens counted as it is sent, with the headers that say what is left."""
+        from aiohttp import web
+
+        key = request.headers.get("Authorization", "")
+        count = self.provider_limit.count_tokens
+        prompt_tokens = sum(count(str(m.get("content", ""))) for m in body.get("messages") or [])
+        verdict = self.provider_limit.arrive(key, prompt_tokens, arrived)
+        if not verdict.accepted:
+            self.rejected_by_rate_limit += 1
+            error = {"message": "rate limit reached for requests or tokens", "type": "rate_limit"}
+            return web.json_response({"error": error}, status=429, headers=verdict.headers)
+        if self.record:
+            self.requests.append(RecordedRequest(arrived, model, body, None, dict(request.headers)))
+        response = await self._reply(request, body, model, route, None)
+        reply = json.loads(response.body)
+        # The usage reported is what the provider counted, by its own token count.
+        completion = sum(count(c["message"]["content"] or "") for c in reply.get("choices", []))
+        reply["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        }
+        headers = self.provider_limit.complete(key, completion, time.monotonic())
+        return web.json_response(reply, headers=headers)
 
     async def _reply(self, request, body: dict, model: str, route: _Route, fault: Fault | None):
         from aiohttp import web

