@@ -134,6 +134,13 @@ class StepLines(TrainerCallback):
             f"tokens {_number(logs.get('episode/agent_completion_tokens'), '.0f')}  "
             f"{_number(seconds, '.1f')} s"
         )
+        if (
+            "sample/staleness_max" in logs
+        ):  # the async trainer: how old its samples were, and how many it dropped
+            line += (
+                f"  staleness <= {_number(logs.get('sample/staleness_max'), '.0f')}"
+                f" (dropped {_number(logs.get('sample/dropped_stale_total') or 0.0, '.0f')})"
+            )
         from tqdm.auto import tqdm
 
         tqdm.write(line, file=self.stream or sys.stderr)  # above transformers' progress bar, not inside it

@@ -86,7 +86,13 @@ def build_trainer(
 
     from prompt_r1.agents.local import _check_loadable
     from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.training.async_trainer import check_trainer_keys
 
+    if config.async_grpo:
+        raise ConfigError(
+            "async_grpo is on: build the trainer with prompt_r1.training.async_trainer.build_async_trainer"
+        )
+    check_trainer_keys(config)  # max_staleness belongs to the async trainer
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     if train_rows is None:
@@ -145,7 +151,12 @@ def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: A
             checkpoint = get_last_checkpoint(config.output_dir)
         if checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
-    trainer = build_trainer(config, **build_kwargs)
+    if config.async_grpo:  # TRL's AsyncGRPOTrainer with the loop as its rollout worker
+        from prompt_r1.training.async_trainer import build_async_trainer
+
+        trainer = build_async_trainer(config, **build_kwargs)
+    else:
+        trainer = build_trainer(config, **build_kwargs)
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:

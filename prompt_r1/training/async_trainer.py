@@ -1,0 +1,222 @@
+"""Asynchronous GRPO: TRL's `AsyncGRPOTrainer` with the LangGraph loop as its rollout worker.
+
+    config = PromptR1GRPOConfig(..., async_grpo=True, max_staleness=2, vllm_server_base_url="http://127.0.0.1:8000")
+    trainer = build_async_trainer(config)     # `prompt-r1 train --async` / `async: true` in a recipe
+    trainer.train()
+
+The trainer trains while the worker (`prompt_r1.training.async_worker.GraphRolloutWorker`) keeps episodes flowing
+against a vLLM server, which serves the agent and takes the trainer's weights after every step
+(`prompt_r1.training.weight_transfer`). Samples older than `max_staleness` policy versions are dropped; the rest
+are trained with TRL's clipped importance ratio against the log-probabilities they were sampled with.
+
+One configuration for both trainers: `async_config` copies every field the two share (the same name, the same
+meaning) into an `AsyncGRPOConfig` and refuses, with one line each, the settings the async trainer does not have
+(a KL term `beta`, other loss types, several iterations per batch, the colocated engine, DeepSpeed, ...). The sync
+trainer, for its part, refuses `max_staleness` (see `check_trainer_keys`).
+
+On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
+(`prompt_r1.training.async_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
+the config's `bf16`, as for the sync trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import urllib.request
+from typing import Any
+
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.training.config import PromptR1GRPOConfig
+
+__all__ = ["ASYNC_UNSUPPORTED", "async_config", "build_async_trainer", "check_trainer_keys"]
+
+DEFAULT_MAX_STALENESS = 4  # TRL's default
+
+# GRPOTrainer settings the async trainer does not have, each with what to do instead (refused when not the default).
+ASYNC_UNSUPPORTED: dict[str, str] = {
+    "beta": "the async trainer has no reference model and no KL term: set beta: 0",
+    "loss_type": "the async trainer's loss is dapo's (token-level, normalised over the step): drop loss_type",
+    "num_iterations": "the async trainer takes one gradient step per batch: set num_iterations: 1",
+    "scale_rewards": "the async trainer scales advantages by the group's std: drop scale_rewards",
+    "use_vllm": "the async trainer always samples from a vLLM server (vllm_server_base_url): drop use_vllm",
+    "vllm_mode": "the async trainer always samples from a vLLM server: drop vllm_mode",
+    "mask_truncated_completions": "the async trainer trains on truncated episodes: drop mask_truncated_completions",
+    "importance_sampling_level": "the async trainer's importance ratio is per token: drop importance_sampling_level",
+    "vllm_importance_sampling_correction": "the async trainer always corrects with its clipped ratio",
+    "top_entropy_quantile": "the async trainer has no entropy masking: drop top_entropy_quantile",
+}
+# Prompt-R1 settings the async trainer does not have.
+ASYNC_UNSUPPORTED_OWN: dict[str, str] = {
+    "vllm_sync_check": "the async trainer's sync is checked by its importance ratio (logged as `ratio`): drop it",
+}
+# Sampling settings the served agent does not send (it samples with temperature and top_p).
+ASYNC_SAMPLING = ("top_k", "min_p", "repetition_penalty")
+
+
+def _default(cls: type, name: str) -> Any:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    return dataclasses.MISSING
+
+
+def check_trainer_keys(config: PromptR1GRPOConfig) -> None:
+    """Refuse, in one line, a setting the chosen trainer (`async_grpo` or not) does not support."""
+    from trl import GRPOConfig
+
+    if not config.async_grpo:
+        if config.max_staleness is not None:
+            raise ConfigError(
+                "max_staleness is a setting of the async trainer: add async: true (--async), or drop it"
+            )
+        return
+    refused = []
+    for name, why in ASYNC_UNSUPPORTED.items():
+        if getattr(config, name) != _default(GRPOConfig, name):
+            refused.append(f"{name}: {getattr(config, name)!r} ({why})")
+    for name, why in ASYNC_UNSUPPORTED_OWN.items():
+        if getattr(config, name) != _default(PromptR1GRPOConfig, name):
+            refused.append(f"{name}: {getattr(config, name)!r} ({why})")
+    for name in ASYNC_SAMPLING:
+        if getattr(config, name) != _default(GRPOConfig, name):
+            refused.append(
+                f"{name}: {getattr(config, name)!r} (the served agent samples with temperature and top_p)"
+            )
+    if config.deepspeed:
+        refused.append("deepspeed (the async trainer runs on FSDP2 or one device, not DeepSpeed)")
+    if config.max_staleness is not None and config.max_staleness < 0:
+        refused.append(f"max_staleness: {config.max_staleness} (must be >= 0)")
+    if refused:
+        raise ConfigError("the async trainer does not support " + "; ".join(refused))
+
+
+def async_config(config: PromptR1GRPOConfig) -> Any:
+    """The `AsyncGRPOConfig` of a Prompt-R1 config: every field of the same name copied, and the async settings."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    check_trainer_keys(config)
+    names = {f.name for f in dataclasses.fields(AsyncGRPOConfig) if f.init}
+    values = {n: getattr(config, n) for n in names if hasattr(config, n) and n not in ("dtype",)}
+    values.update(
+        dtype=config.agent_dtype,
+        max_staleness=DEFAULT_MAX_STALENESS if config.max_staleness is None else config.max_staleness,
+        # A fixed number of episodes per step (per_device_train_batch_size x processes x accumulation), as in the
+        # sync trainer, rather than TRL's default of as many as fit a token budget.
+        token_budget=0,
+        max_completion_length=config.max_total_tokens,
+    )
+    # TrainingArguments' derived fields (set in __post_init__) are recomputed by AsyncGRPOConfig's own.
+    for derived in ("logging_dir", "accelerator_config", "model_init_kwargs"):
+        values.pop(derived, None)
+    if config.model_init_kwargs:
+        values["model_init_kwargs"] = {k: v for k, v in config.model_init_kwargs.items() if k != "dtype"}
+    return AsyncGRPOConfig(**values)
+
+
+def _served_model(base_url: str, timeout: float = 30.0) -> str:
+    """The name the vLLM server at `base_url` serves its model under (its first `/v1/models` entry)."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout) as response:
+            return json.loads(response.read())["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        from prompt_r1.training.weight_transfer import server_start_command
+
+        raise ConfigError(
+            f"no vLLM server answers at {base_url} ({exc}): the async trainer's agent is served by one; start it "
+            f"as {server_start_command()} and set vllm_server_base_url"
+        ) from None
+
+
+def build_async_trainer(
+    config: PromptR1GRPOConfig,
+    *,
+    environment: Any = None,
+    train_rows: list[dict[str, Any]] | None = None,
+    callbacks: list | None = None,
+    worker_options: dict[str, Any] | None = None,
+):
+    """An `AsyncGRPOTrainer` whose rollouts are Prompt-R1 episodes (see the module docstring). `environment`,
+    `train_rows` and `callbacks` as for `build_trainer`; `worker_options`: more keywords for the worker."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the documented way in; no banner
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from prompt_r1.agents.local import _check_loadable
+    from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import AgentConfig
+    from prompt_r1.training import async_cpu, progress
+    from prompt_r1.training.async_worker import GraphRolloutWorker
+    from prompt_r1.training.rollout import GraphRollout
+    from prompt_r1.training.trainer import _peft_config, load_training_rows, reward_functions
+    from prompt_r1.training.weight_transfer import weight_transfer_for
+
+    args = async_config(config)
+    if environment is None:
+        environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
+    if train_rows is None:
+        train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
+    _check_loadable(config.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"the agent tokenizer of {config.model_name_or_path!r} has no chat template")
+    root = config.vllm_server_base_url.rstrip("/").removesuffix("/v1")
+    agent = ServedAgent(
+        AgentConfig(
+            model=_served_model(root),
+            base_url=f"{root}/v1",
+            tokenizer=config.model_name_or_path,
+            token_exact="on",
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_new_tokens=config.max_turn_tokens,
+        ),
+        max_in_flight=1024,
+    )
+    rows = list(train_rows)
+    if config.shuffle_dataset:
+        random.Random(config.seed).shuffle(rows)
+    rollout = GraphRollout(
+        environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
+    )
+    holder: dict[str, Any] = {}
+    worker = GraphRolloutWorker(
+        rows,
+        agent=agent,
+        environment=environment,
+        rollout=rollout,
+        rewards=reward_functions(config),
+        num_generations=config.num_generations,
+        max_inflight=lambda: (
+            holder["trainer"].args.max_inflight_tasks
+        ),  # resolved by the trainer's constructor
+        queue_maxsize=args.queue_maxsize,
+        **(worker_options or {}),
+    )
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
+    with async_cpu.cpu_trainer(device):
+        trainer = AsyncGRPOTrainer(
+            model=config.model_name_or_path,
+            reward_funcs=None,  # the worker scores its groups itself
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            peft_config=_peft_config(config),
+            rollout_worker=worker,
+            weight_transfer=weight_transfer_for(device, root, config.output_dir),
+        )
+    holder["trainer"] = trainer
+    async_cpu.install(trainer.accelerator.device)
+    progress.install(trainer)
+    return trainer
