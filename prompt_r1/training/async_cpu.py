@@ -109,13 +109,24 @@ def tree_attention(
 
 
 def install(device: Any) -> bool:
-    """Register `tree_attention` under TRL's tree attention name when `device` is not CUDA (call it after the
-    trainer is built: the trainer registers its own on construction). Returns whether it did."""
+    """Register `tree_attention` under TRL's tree attention name when `device` is not CUDA, or when the kernel
+    cannot be had there (a GPU machine without hub access: said on stderr). Call it after the trainer is built:
+    the trainer registers its own on construction. Returns whether it did."""
+    import sys
+
     import torch
     from transformers import AttentionInterface
-    from trl.experimental.async_grpo.packing import TREE_ATTENTION
+    from trl.experimental.async_grpo import packing
 
     if torch.device(device).type == "cuda":
-        return False
-    AttentionInterface.register(TREE_ATTENTION, tree_attention)
+        try:
+            packing._flash_attn()  # fetched from the hub once, then cached
+            return False
+        except Exception as exc:  # noqa: BLE001 (offline, no `kernels` package, an unsupported GPU: all the same)
+            print(
+                f"the async trainer's flash-attention kernel is not available ({type(exc).__name__}: {exc}); "
+                "training with the torch tree attention instead (slower)",
+                file=sys.stderr,
+            )
+    AttentionInterface.register(packing.TREE_ATTENTION, tree_attention)
     return True

@@ -141,9 +141,11 @@ def build_async_trainer(
     train_rows: list[dict[str, Any]] | None = None,
     callbacks: list | None = None,
     worker_options: dict[str, Any] | None = None,
+    file_weights: bool = False,
 ):
     """An `AsyncGRPOTrainer` whose rollouts are Prompt-R1 episodes (see the module docstring). `environment`,
-    `train_rows` and `callbacks` as for `build_trainer`; `worker_options`: more keywords for the worker."""
+    `train_rows` and `callbacks` as for `build_trainer`; `worker_options`: more keywords for the worker;
+    `file_weights`: sync through a file on CUDA too (a vLLM server sharing the trainer's GPU)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the documented way in; no banner
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -214,7 +216,7 @@ def build_async_trainer(
             callbacks=callbacks,
             peft_config=_peft_config(config),
             rollout_worker=worker,
-            weight_transfer=weight_transfer_for(device, root, config.output_dir),
+            weight_transfer=weight_transfer_for(device, root, config.output_dir, file=file_weights),
         )
     holder["trainer"] = trainer
     async_cpu.install(trainer.accelerator.device)

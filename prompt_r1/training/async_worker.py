@@ -30,7 +30,7 @@ cost, groups in flight. The per-episode figures the progress lines read (reward 
 environment calls, agent tokens) ride on each sample's `metrics`, which the trainer averages per step.
 
 A run must not hang on a dead server. An episode the agent could not finish (the vLLM server gone) stops the
-worker. So does `max_failed_groups` groups in a row whose every episode lost its environment. `check_health`,
+worker. So do `max_failed_groups` groups in a row in which the environment answered no call. `check_health`,
 which the trainer calls whenever it waits, then raises that error as one line.
 """
 
@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prompt_r1.core.aio import background_loop
+from prompt_r1.core.errors import PromptR1Error
 from prompt_r1.loop.graph import build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.rollout import GraphRollout, question_of
@@ -54,7 +55,7 @@ from prompt_r1.training.rollout import GraphRollout, question_of
 __all__ = ["GraphRolloutWorker", "RolloutFailed", "group_advantages"]
 
 
-class RolloutFailed(RuntimeError):
+class RolloutFailed(PromptR1Error, RuntimeError):
     """The rollout worker cannot go on (the agent's server or the environment is gone)."""
 
 
@@ -192,12 +193,15 @@ class GraphRolloutWorker:
             raise RolloutFailed(f"a rollout episode failed ({broken.status}): {broken.error}")
         samples, metrics = self.score(group_id, row, version, episodes)
         failed = sum(1 for e in episodes if e.status == "environment_error")
-        self._failed_in_a_row = self._failed_in_a_row + 1 if failed == len(episodes) else 0
+        # The environment is gone when it answered none of a group's calls (episodes that never called it, such
+        # as a malformed first turn, still score and would keep a run going on nothing but them).
+        answered = sum(e.usage.get("env_calls", 0) for e in episodes)
+        self._failed_in_a_row = self._failed_in_a_row + 1 if failed and not answered else 0
         if self._failed_in_a_row >= self.max_failed_groups:
             error = next(e.error for e in episodes if e.status == "environment_error")
             raise RolloutFailed(
-                f"the environment failed every episode of {self._failed_in_a_row} groups in a row, after its "
-                f"retries: {error}"
+                f"the environment answered none of the calls of {self._failed_in_a_row} groups in a row, after "
+                f"its retries: {error}"
             )
         for sample in samples:
             sample.enqueued_at = time.time()

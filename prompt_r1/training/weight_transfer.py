@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.errors import ConfigError, PromptR1Error
 
 __all__ = ["FileWeightTransfer", "WeightSyncError", "server_start_command", "weight_transfer_for"]
 
@@ -49,7 +49,7 @@ def server_start_command(model: str = "MODEL") -> str:
     return f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.cli.main serve {model} {CPU_SERVER_FLAGS}"
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(PromptR1Error, RuntimeError):
     """The vLLM server did not take the trainer's weights (gone, or without the file route)."""
 
 
@@ -163,13 +163,14 @@ def _logprobs_mode(base_url: str, timeout: float) -> str | None:
 
 
 def weight_transfer_for(
-    trainer_device: Any, base_url: str, output_dir: str | Path
+    trainer_device: Any, base_url: str, output_dir: str | Path, *, file: bool = False
 ) -> FileWeightTransfer | None:
     """The weight transfer for a trainer on `trainer_device`: None on CUDA (the trainer then builds TRL's NCCL
     `WeightTransferClient` itself, and with a LoRA adapter and a server started with `--enable-lora` syncs the
-    adapter alone), else a `FileWeightTransfer` writing to OUTPUT_DIR/vllm_weights."""
+    adapter alone), else, or with `file` (a server sharing the trainer's only GPU: NCCL cannot join two
+    processes on one device), a `FileWeightTransfer` writing to OUTPUT_DIR/vllm_weights."""
     import torch
 
-    if torch.device(trainer_device).type == "cuda":
+    if torch.device(trainer_device).type == "cuda" and not file:
         return None
     return FileWeightTransfer(base_url, Path(output_dir) / "vllm_weights")
