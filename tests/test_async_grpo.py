@@ -123,7 +123,8 @@ def _config(tmp_path: Path, **overrides):
 
 
 def test_one_config_for_both_trainers_shared_keys_copied_and_unsupported_ones_refused(tmp_path):
-    from prompt_r1.training.async_trainer import async_config, check_trainer_keys
+    from prompt_r1.training.async_trainer import async_config
+    from prompt_r1.training.trainer_keys import check_trainer_keys
 
     args = async_config(_config(tmp_path, async_grpo=True, max_staleness=2, epsilon=0.3, learning_rate=3e-4))
     assert (args.max_staleness, args.epsilon, args.learning_rate, args.num_generations) == (2, 0.3, 3e-4, 8)
@@ -314,7 +315,9 @@ def test_an_environment_killed_mid_run_fails_the_run_with_one_line(agent_server,
     )
     trainer = build_async_trainer(config, train_rows=_rows(), callbacks=[KillEnvironment()])
     started = time.monotonic()
-    with pytest.raises(RolloutFailed, match="the environment answered none of the calls of 3 groups in a row"):
+    with pytest.raises(
+        RolloutFailed, match="the environment answered none of the calls of 3 groups in a row"
+    ):
         trainer.train()
     assert time.monotonic() - started < 300
     assert 1 <= trainer.state.global_step < 50

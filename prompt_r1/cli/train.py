@@ -42,9 +42,9 @@ def cmd_train(argv: list[str]) -> int:
     from trl import TrlParser
 
     from prompt_r1.clients.environment import OPENAI_BASE_URL
-    from prompt_r1.training.async_trainer import check_trainer_keys
     from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.trainer import train
+    from prompt_r1.training.trainer_keys import check_trainer_keys
 
     @dataclass
     class TrainFlags:
@@ -72,7 +72,10 @@ def cmd_train(argv: list[str]) -> int:
     except ConfigError as exc:
         raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
-    trainer = train(config, resume=flags.resume)
+    build = None
+    if config.async_grpo:  # TRL's AsyncGRPOTrainer, the loop as its rollout worker
+        from prompt_r1.training.async_trainer import build_async_trainer as build
+    trainer = train(config, resume=flags.resume, build=build)
     if trainer.accelerator.is_main_process:
         steps = trainer.state.global_step
         print(

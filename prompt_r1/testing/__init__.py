@@ -2,7 +2,8 @@
 
 - `scripted`: responders and in-process agent and environment doubles; `servers`: a scripted OpenAI-compatible
   HTTP server with fault injection;
-- `tiny_models`: tiny transformers models and tokenizers built in process; `door_codes`: a task a tiny model learns,
+- `tiny_models`: tiny transformers models and tokenizers built in process; `vllm_process`: `vllm serve` of one
+  for the async trainer's CPU route; `door_codes`: a task a tiny model learns,
   `door_training`: its GRPO trainer, rollout, controls and figures (the learning benchmark's).
 
 May import: every layer below the surfaces (training included); never cli or integrations. Nothing of the

@@ -11,8 +11,8 @@ are trained with TRL's clipped importance ratio against the log-probabilities th
 
 One configuration for both trainers: `async_config` copies every field the two share (the same name, the same
 meaning) into an `AsyncGRPOConfig` and refuses, with one line each, the settings the async trainer does not have
-(a KL term `beta`, other loss types, several iterations per batch, the colocated engine, DeepSpeed, ...). The sync
-trainer, for its part, refuses `max_staleness` (see `check_trainer_keys`).
+(a KL term `beta`, other loss types, several iterations per batch, the colocated engine, DeepSpeed, ...), and the
+sync trainer refuses `max_staleness` (`prompt_r1.training.trainer_keys`).
 
 On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
 (`prompt_r1.training.async_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
@@ -30,70 +30,9 @@ from typing import Any
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.config import PromptR1GRPOConfig
+from prompt_r1.training.trainer_keys import DEFAULT_MAX_STALENESS, check_trainer_keys
 
-__all__ = ["ASYNC_UNSUPPORTED", "async_config", "build_async_trainer", "check_trainer_keys"]
-
-DEFAULT_MAX_STALENESS = 4  # TRL's default
-
-# GRPOTrainer settings the async trainer does not have, each with what to do instead (refused when not the default).
-ASYNC_UNSUPPORTED: dict[str, str] = {
-    "beta": "the async trainer has no reference model and no KL term: set beta: 0",
-    "loss_type": "the async trainer's loss is dapo's (token-level, normalised over the step): drop loss_type",
-    "num_iterations": "the async trainer takes one gradient step per batch: set num_iterations: 1",
-    "scale_rewards": "the async trainer scales advantages by the group's std: drop scale_rewards",
-    "use_vllm": "the async trainer always samples from a vLLM server (vllm_server_base_url): drop use_vllm",
-    "vllm_mode": "the async trainer always samples from a vLLM server: drop vllm_mode",
-    "mask_truncated_completions": "the async trainer trains on truncated episodes: drop mask_truncated_completions",
-    "importance_sampling_level": "the async trainer's importance ratio is per token: drop importance_sampling_level",
-    "vllm_importance_sampling_correction": "the async trainer always corrects with its clipped ratio",
-    "top_entropy_quantile": "the async trainer has no entropy masking: drop top_entropy_quantile",
-}
-# Prompt-R1 settings the async trainer does not have.
-ASYNC_UNSUPPORTED_OWN: dict[str, str] = {
-    "vllm_sync_check": "the async trainer's sync is checked by its importance ratio (logged as `ratio`): drop it",
-}
-# Sampling settings the served agent does not send (it samples with temperature and top_p).
-ASYNC_SAMPLING = ("top_k", "min_p", "repetition_penalty")
-
-
-def _default(cls: type, name: str) -> Any:
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            if f.default is not dataclasses.MISSING:
-                return f.default
-            if f.default_factory is not dataclasses.MISSING:
-                return f.default_factory()
-    return dataclasses.MISSING
-
-
-def check_trainer_keys(config: PromptR1GRPOConfig) -> None:
-    """Refuse, in one line, a setting the chosen trainer (`async_grpo` or not) does not support."""
-    from trl import GRPOConfig
-
-    if not config.async_grpo:
-        if config.max_staleness is not None:
-            raise ConfigError(
-                "max_staleness is a setting of the async trainer: add async: true (--async), or drop it"
-            )
-        return
-    refused = []
-    for name, why in ASYNC_UNSUPPORTED.items():
-        if getattr(config, name) != _default(GRPOConfig, name):
-            refused.append(f"{name}: {getattr(config, name)!r} ({why})")
-    for name, why in ASYNC_UNSUPPORTED_OWN.items():
-        if getattr(config, name) != _default(PromptR1GRPOConfig, name):
-            refused.append(f"{name}: {getattr(config, name)!r} ({why})")
-    for name in ASYNC_SAMPLING:
-        if getattr(config, name) != _default(GRPOConfig, name):
-            refused.append(
-                f"{name}: {getattr(config, name)!r} (the served agent samples with temperature and top_p)"
-            )
-    if config.deepspeed:
-        refused.append("deepspeed (the async trainer runs on FSDP2 or one device, not DeepSpeed)")
-    if config.max_staleness is not None and config.max_staleness < 0:
-        refused.append(f"max_staleness: {config.max_staleness} (must be >= 0)")
-    if refused:
-        raise ConfigError("the async trainer does not support " + "; ".join(refused))
+__all__ = ["async_config", "build_async_trainer"]
 
 
 def async_config(config: PromptR1GRPOConfig) -> Any:

@@ -86,11 +86,12 @@ def build_trainer(
 
     from prompt_r1.agents.local import _check_loadable
     from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.training.async_trainer import check_trainer_keys
+    from prompt_r1.training.trainer_keys import check_trainer_keys
 
     if config.async_grpo:
         raise ConfigError(
-            "async_grpo is on: build the trainer with prompt_r1.training.async_trainer.build_async_trainer"
+            "async_grpo is on: build the trainer with prompt_r1.training.async_trainer.build_async_trainer "
+            "(train(config, build=build_async_trainer))"
         )
     check_trainer_keys(config)  # max_staleness belongs to the async trainer
     if environment is None:
@@ -141,8 +142,15 @@ def build_trainer(
     return trainer
 
 
-def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: Any) -> Any:
-    """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint."""
+def train(
+    config: PromptR1GRPOConfig,
+    *,
+    resume: bool = False,
+    build: Callable[..., Any] | None = None,
+    **build_kwargs: Any,
+) -> Any:
+    """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint.
+    `build`: the trainer's builder (default `build_trainer`; `build_async_trainer` for `async_grpo`)."""
     from transformers.trainer_utils import get_last_checkpoint
 
     checkpoint = config.resume_from_checkpoint
@@ -151,12 +159,7 @@ def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: A
             checkpoint = get_last_checkpoint(config.output_dir)
         if checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
-    if config.async_grpo:  # TRL's AsyncGRPOTrainer with the loop as its rollout worker
-        from prompt_r1.training.async_trainer import build_async_trainer
-
-        trainer = build_async_trainer(config, **build_kwargs)
-    else:
-        trainer = build_trainer(config, **build_kwargs)
+    trainer = (build or build_trainer)(config, **build_kwargs)
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:
