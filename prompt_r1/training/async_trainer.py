@@ -128,7 +128,6 @@ def build_async_trainer(
     rollout = GraphRollout(
         environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
     )
-    holder: dict[str, Any] = {}
     worker = GraphRolloutWorker(
         rows,
         agent=agent,
@@ -136,9 +135,7 @@ def build_async_trainer(
         rollout=rollout,
         rewards=reward_functions(config),
         num_generations=config.num_generations,
-        max_inflight=lambda: (
-            holder["trainer"].args.max_inflight_tasks
-        ),  # resolved by the trainer's constructor
+        max_inflight=lambda: args.max_inflight_tasks,  # the trainer's constructor resolves it (-1: auto)
         queue_maxsize=args.queue_maxsize,
         **(worker_options or {}),
     )
@@ -157,7 +154,6 @@ def build_async_trainer(
             rollout_worker=worker,
             weight_transfer=weight_transfer_for(device, root, config.output_dir, file=file_weights),
         )
-    holder["trainer"] = trainer
     async_cpu.install(trainer.accelerator.device)
     progress.install(trainer)
     return trainer
