@@ -20,7 +20,7 @@ from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.testing.servers import ScriptedServer
 
-ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL 1.16's async trainer is experimental: known here
 
 
 # ---- without vLLM ------------------------------------------------------------------------------------------------

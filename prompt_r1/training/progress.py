@@ -134,9 +134,8 @@ class StepLines(TrainerCallback):
             f"tokens {_number(logs.get('episode/agent_completion_tokens'), '.0f')}  "
             f"{_number(seconds, '.1f')} s"
         )
-        if (
-            "sample/staleness_max" in logs
-        ):  # the async trainer: how old its samples were, and how many it dropped
+        # The async trainer: how old the samples it trained on were, and how many it dropped.
+        if "sample/staleness_max" in logs:
             line += (
                 f"  staleness <= {_number(logs.get('sample/staleness_max'), '.0f')}"
                 f" (dropped {_number(logs.get('sample/dropped_stale_total') or 0.0, '.0f')})"
