@@ -3,6 +3,7 @@ single-turn GRPO on the same model and launch as the baseline, side by side in o
 
     python evals/bench/grpo_gpu.py [--steps 8] [--batch 16] [--latency 0.2] [--zero 2] [--processes 1] [--vllm]
                                    [--hidden 1024] [--layers 28] [--heads 16] [--kv-heads 8] [--intermediate 3072]
+                                   [--async] [--max-staleness 4]
 
 It builds a Qwen2-shaped model of the given size (default about 0.35 B parameters, Qwen3-0.6B's shape without its
 large vocabulary: nothing can come from a hub here) with an in-process tokenizer, fine-tunes it on the GPU for a
@@ -19,6 +20,13 @@ allocated and reserved, and the step-time ratio. `--vllm` adds both trainers aga
 (`use_vllm: true, vllm_mode: colocate`, prefix caching on, vLLM's default), with the ratio of the two vLLM runs:
 the target on a GPU is the multi-turn step within 1.25x of the single-turn one.
 Runs on CPU too (gloo, fp32), which is how it is checked where no GPU is present.
+
+`--async` adds the asynchronous trainer (`async_grpo`: TRL's AsyncGRPOTrainer, the loop as its rollout worker):
+a `vllm serve` of the model is started on the last GPU (TRL's design: vLLM on a device of its own; the trainer
+runs on the first, as one process without DeepSpeed, which the async trainer does not support), weights synced
+over NCCL after every step; without a second GPU it shares the one (NCCL cannot join two processes on one
+device, so the weights then go through a file, as on CPU). Its rows: two-turn async at `--latency` and at 1 s,
+beside the sync two-turn run at the same latencies, s/step with the single-turn run as the unit.
 """
 
 from __future__ import annotations
@@ -118,6 +126,36 @@ def worker(args) -> None:
         trainer = build_trainer(
             config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory]
         )
+    elif args.worker == "async":
+        from prompt_r1.training.async_trainer import build_async_trainer
+        from prompt_r1.training.config import PromptR1GRPOConfig
+
+        common = _common(args, out, cuda)
+        common.pop("use_vllm", None), common.pop("vllm_mode", None)
+        config = PromptR1GRPOConfig(
+            **common,
+            model_name_or_path=args.model,
+            agent_dtype="bfloat16" if cuda else "float32",
+            env_model="env",
+            env_base_url=args.base_url,
+            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
+            env_max_in_flight=256,
+            env_rate_limit=100_000,
+            max_turns=2,
+            max_turn_tokens=args.turn_tokens,
+            max_total_tokens=4 * args.turn_tokens + 64,
+            reward_preset="reference",
+            async_grpo=True,
+            max_staleness=args.max_staleness,
+            vllm_server_base_url=args.vllm_url,
+            gradient_checkpointing=False,
+        )
+        trainer = build_async_trainer(
+            config,
+            train_rows=_rows(args.batch * args.steps, golden=True),
+            callbacks=[memory],
+            file_weights=args.file_weights,
+        )
     else:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
@@ -148,8 +186,8 @@ def worker(args) -> None:
     wall = time.perf_counter() - t0
     if not trainer.accelerator.is_main_process:
         return
-    logs = [h for h in trainer.state.log_history if "step_time" in h]
-    steps = [h["step_time"] for h in logs]
+    logs = [h for h in trainer.state.log_history if "step_time" in h or "perf/step_s" in h]
+    steps = [h.get("step_time", h.get("perf/step_s")) for h in logs]
 
     def mean(key: str) -> float:
         values = [h[key] for h in logs if key in h]
@@ -159,11 +197,12 @@ def worker(args) -> None:
         "step_times": steps,
         "median_step": statistics.median(steps[1:] if len(steps) > 1 else steps),
         "wall": wall,
-        "agent_tokens": mean("episode/agent_completion_tokens") if args.worker == "multi" else args.tokens,
+        "agent_tokens": mean("episode/agent_completion_tokens") if args.worker != "single" else args.tokens,
         "reward": mean("reward"),
         "turns": mean("episode/turns"),
         "answered": mean("episode/status_answered"),
         "generate_calls": mean("rollout/generate_calls") if args.worker == "multi" else 1.0,
+        "staleness": mean("sample/staleness_mean"),
         "peak_allocated": memory.peak_allocated,
         "peak_reserved": memory.peak_reserved,
         "params": sum(p.numel() for p in trainer.model.parameters()),
@@ -211,6 +250,84 @@ def _launch(
     return json.loads(result.read_text())
 
 
+def _start_vllm(model: Path, tmp: Path) -> tuple[str, subprocess.Popen, bool]:
+    """`vllm serve` of the model for the async rows: (root URL, process, whether weights go over NCCL). On a GPU it
+    takes the last device (shared when there is one: then the weights go through a file); on CPU the CPU route."""
+    import torch
+
+    if not torch.cuda.is_available():
+        from prompt_r1.testing.vllm_process import start_vllm_server
+
+        root, process = start_vllm_server(model, tmp / "vllm.log")
+        return root, process, False
+    import urllib.request
+
+    from prompt_r1.training.weight_transfer import CPU_SERVER_FLAGS
+
+    gpus = torch.cuda.device_count()
+    nccl = gpus > 1
+    port = _free_port()
+    flags = ["--weight-transfer-config", '{"backend":"nccl"}'] if nccl else CPU_SERVER_FLAGS.split()[-2:]
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "bfloat16", "--logprobs-mode", "processed_logprobs",
+        "--gpu-memory-utilization", "0.8" if nccl else "0.3", *flags,
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": str(gpus - 1)}
+    with (tmp / "vllm.log").open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    root = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if process.poll() is not None:
+            raise RuntimeError(f"vllm serve exited: {(tmp / 'vllm.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{root}/health", timeout=2):
+                return root, process, nccl
+        except OSError:
+            time.sleep(1)
+    process.kill()
+    raise RuntimeError("vllm serve did not start in 600 s")
+
+
+def _run_async(
+    args, model: Path, base_url: str, vllm_url: str, nccl: bool, tmp: Path, latency: float
+) -> dict:
+    """The async trainer in a process of its own on the first GPU (one process: the async trainer does not run
+    under DeepSpeed)."""
+    result = tmp / f"async-{latency}.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if nccl:
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    command = [
+        sys.executable, __file__, "--worker", "async", "--model", str(model), "--base-url", base_url,
+        "--vllm-url", vllm_url, "--result", str(result), "--steps", str(args.steps), "--batch", str(args.batch),
+        "--turn-tokens", str(args.turn_tokens), "--max-staleness", str(args.max_staleness),
+        *([] if nccl else ["--file-weights"]),  # one GPU shared with the server: no NCCL between them
+    ]  # fmt: skip
+    subprocess.run(command, env=env, check=True)
+    return json.loads(result.read_text())
+
+
+def _async_rows(args, model: Path, tmp: Path) -> dict:
+    """The async and sync two-turn runs at `--latency` and at 1 s: {("async"|"sync", latency): result}."""
+    from prompt_r1.testing.servers import ScriptedServer
+
+    runs = {}
+    root, process, nccl = _start_vllm(model, tmp)
+    try:
+        for latency in sorted({args.latency, 1.0}):
+            with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency, record=False) as server:
+                runs["async", latency] = _run_async(args, model, server.base_url, root, nccl, tmp, latency)
+    finally:
+        process.terminate()
+        process.wait(60)
+    (tmp / "sync-1").mkdir(exist_ok=True)
+    with ScriptedServer({"env": lambda body: RESPONSE}, latency=1.0, record=False) as server:
+        runs["sync", 1.0] = _launch(args, "multi", model, server.base_url, tmp / "sync-1")
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8)
@@ -226,7 +343,13 @@ def main() -> int:
     parser.add_argument("--intermediate", type=int, default=3072)
     parser.add_argument("--sft-steps", type=int, default=120, help="protocol fine-tuning steps before GRPO")
     parser.add_argument("--sft-lr", type=float, default=2e-4, help="protocol fine-tuning learning rate")
-    parser.add_argument("--worker", choices=("multi", "single"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("multi", "single", "async"), help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-url", help=argparse.SUPPRESS)
+    parser.add_argument("--file-weights", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--async", dest="async_grpo", action="store_true", help="add the async trainer's rows"
+    )
+    parser.add_argument("--max-staleness", type=int, default=4, help="the async trainer's bound")
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -263,6 +386,7 @@ def main() -> int:
             # The same run with the batcher's wait for live episodes off: each turn's requests go out as they come.
             eager = _launch(args, "multi", model, server.base_url, tmp, batch_wait=0.0)
             multi_vllm = _launch(args, "multi", model, server.base_url, tmp, vllm=True) if args.vllm else None
+        runs = _async_rows(args, model, tmp) if args.async_grpo else {}
         tokens = max(1, round(multi["agent_tokens"]))
         single = _launch(args, "single", model, "", tmp, tokens=tokens)
         single_vllm = _launch(args, "single", model, "", tmp, tokens=tokens, vllm=True) if args.vllm else None
@@ -304,6 +428,24 @@ def main() -> int:
         f"step, {multi['answered']:.0%} answered, mean reward "
         f"{multi['reward']:.3f}; agent tokens per episode {multi['agent_tokens']:.1f}"
     )
+    if runs:
+        runs["sync", args.latency] = multi
+        print(
+            f"\nsync vs async two-turn GRPO (async: max_staleness {args.max_staleness}; ratio: to single-turn)"
+        )
+        for latency in sorted({args.latency, 1.0}):
+            sync, asynchronous = runs["sync", latency], runs["async", latency]
+            for name, r in (("sync", sync), ("async", asynchronous)):
+                step = r["median_step"]
+                print(
+                    f"  {name:5} env {latency:.1f} s  {step:7.3f} s/step  {1 / step:6.2f} steps/s  "
+                    f"ratio {step / single['median_step']:5.2f}"
+                    + (
+                        f"  async/sync {sync['median_step'] / step:5.2f}  staleness {r['staleness']:.2f}"
+                        if name == "async"
+                        else ""
+                    )
+                )
     print(f"policy generate calls per step without the wait: {eager['generate_calls']:.2f}")
     print(f"step times (s): multi {[round(t, 3) for t in multi['step_times']]}")
     print(f"                eager {[round(t, 3) for t in eager['step_times']]}")

@@ -1,6 +1,7 @@
 """Time per GRPO step: Prompt-R1's multi-turn rollout versus TRL's own single-turn GRPO, side by side in one run.
 
     python evals/bench/grpo_step.py [--steps 6] [--batch 8] [--latency 0.2] [--hidden 64] [--vllm]
+    python evals/bench/grpo_step.py --async [--steps 10] [--max-staleness 4]
 
 Both trainers use the same tiny model, batch, group size and optimizer. The multi-turn run plays the two-turn
 name task against a scripted environment on 127.0.0.1 whose every reply takes `--latency` seconds; the
@@ -13,6 +14,14 @@ environment's latency dominates; the ratio at latency 0 is the loop's own overhe
 `--vllm` runs every row twice, with `generate` on the trainer's model and with TRL's colocated vLLM engine (vLLM's
 CPU build here; the model then has attention heads 64 wide, as vLLM's CPU attention needs), and adds the ratio
 vLLM / generate per row.
+
+`--async` compares the synchronous trainer with the asynchronous one (`async_grpo`, TRL's AsyncGRPOTrainer with
+the loop as its rollout worker, the agent on a `vllm serve` of vLLM's CPU build started here, its weights synced
+through a file after every step) at environment latencies 0, 0.2 and 1 s. Every row uses the same model (heads 64
+wide, as vLLM's CPU attention needs); the sync rows use `generate` (the default policy). Printed per row: seconds
+per step (median over the steps after the first: for async, the time between optimizer steps, rollout waits
+included), steps per second, the ratio to TRL's single-turn step, and for async its throughput over sync at the
+same latency and the mean staleness of the samples it trained on.
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ def _vllm_settings(vllm: bool) -> dict:
     return dict(use_vllm=True, vllm_mode="colocate") if vllm else {}
 
 
-def multi_turn(model: Path, args, latency: float, out: Path, vllm: bool = False) -> tuple[float, float]:
+def multi_turn(
+    model: Path, args, latency: float, out: Path, vllm: bool = False, **settings
+) -> tuple[float, float]:
     from prompt_r1.core.prompts import question_message
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.config import PromptR1GRPOConfig
@@ -74,6 +85,7 @@ def multi_turn(model: Path, args, latency: float, out: Path, vllm: bool = False)
             save_strategy="no",
             seed=0,
             **_vllm_settings(vllm),
+            **settings,
         )
         trainer = build_trainer(config, train_rows=rows * (args.batch * args.steps))
         trainer.train()
@@ -83,7 +95,7 @@ def multi_turn(model: Path, args, latency: float, out: Path, vllm: bool = False)
     return _median_step(trainer), tokens
 
 
-def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False) -> float:
+def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False, **settings) -> float:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -108,6 +120,7 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False) -
         save_strategy="no",
         seed=0,
         **_vllm_settings(vllm),
+        **settings,
     )
     from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
 
@@ -125,6 +138,107 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False) -
     return _median_step(trainer)
 
 
+def async_multi_turn(model: Path, args, latency: float, out: Path, root: str) -> tuple[float, float, float]:
+    """(s/step, agent tokens per episode, mean staleness) of the async trainer on the two-turn task."""
+    from prompt_r1.core.prompts import question_message
+    from prompt_r1.testing.servers import ScriptedServer
+    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.config import PromptR1GRPOConfig
+
+    rows = [
+        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
+    ]
+    with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency, record=False) as server:
+        config = PromptR1GRPOConfig(
+            output_dir=str(out),
+            model_name_or_path=str(model),
+            env_model="env",
+            env_base_url=server.base_url,
+            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
+            per_device_train_batch_size=args.batch,
+            num_generations=args.batch,
+            max_steps=args.steps,
+            max_turns=2,
+            max_turn_tokens=24,
+            max_total_tokens=96,
+            learning_rate=1e-4,
+            temperature=1.0,
+            reward_preset="reference",
+            logging_steps=1,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            seed=0,
+            async_grpo=True,
+            max_staleness=args.max_staleness,
+            vllm_server_base_url=root,
+        )
+        trainer = build_async_trainer(config, train_rows=rows * args.batch)
+        trainer.train()
+    history = trainer.state.log_history
+    times = [h["perf/step_s"] for h in history if "perf/step_s" in h]
+    tokens = statistics.mean(h["episode/agent_completion_tokens"] for h in history if "reward" in h)
+    staleness = statistics.mean(h["sample/staleness_mean"] for h in history if "sample/staleness_mean" in h)
+    return statistics.median(times), tokens, staleness
+
+
+def _restore(root: str, model: Path) -> None:
+    """Put the server's weights back to the model's own, between rows."""
+    from prompt_r1.training.vllm_sync import _post_json
+
+    _post_json(
+        f"{root}/collective_rpc",
+        {"method": "prompt_r1_reload_weights", "args": [str(model / "model.safetensors")]},
+        600,
+    )
+    _post_json(f"{root}/reset_prefix_cache", {}, 60)
+
+
+def main_async(args) -> int:
+    from prompt_r1.testing.tiny_models import build_protocol_model
+    from prompt_r1.testing.vllm_process import start_vllm_server
+
+    latencies = (0.0, 0.2, 1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        episodes = [
+            (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+        ]
+        model = build_protocol_model(tmp / "model", episodes, steps=150, hidden_size=128, heads=2, kv_heads=1)
+        # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
+        sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
+        root, process = start_vllm_server(model, tmp / "vllm.log")
+        try:
+            results = {}
+            for lat in latencies:
+                results[lat] = async_multi_turn(model, args, lat, tmp / f"async-{lat}", root)
+                _restore(root, model)
+        finally:
+            process.terminate()
+            process.wait(60)
+        n = max(1, round(statistics.mean(t for _, t in sync.values())))
+        base = single_turn(model, args, n, tmp / "single", bf16=False)
+
+    print(
+        f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
+        f"(CPU, 2 cores; async: max_staleness {args.max_staleness})"
+    )
+    print(f"{'run':52} {'s/step':>8} {'steps/s':>8} {'vs single':>10} {'async/sync':>11} {'staleness':>10}")
+    label = f"TRL single-turn GRPO (generate), {n} tokens per completion"
+    print(f"{label:52} {base:8.3f} {1 / base:8.2f} {1.0:10.2f}")
+    for lat in latencies:
+        step = sync[lat][0]
+        label = f"Prompt-R1 two-turn, sync (generate), env {lat:.1f} s"
+        print(f"{label:52} {step:8.3f} {1 / step:8.2f} {step / base:10.2f}")
+    for lat in latencies:
+        step, _, staleness = results[lat]
+        label = f"Prompt-R1 two-turn, async (vLLM server), env {lat:.1f} s"
+        speedup = sync[lat][0] / step
+        print(f"{label:52} {step:8.3f} {1 / step:8.2f} {step / base:10.2f} {speedup:11.2f} {staleness:10.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -134,7 +248,15 @@ def main() -> int:
     parser.add_argument(
         "--vllm", action="store_true", help="also run every row with TRL's colocated vLLM engine"
     )
+    parser.add_argument(
+        "--async", dest="async_grpo", action="store_true", help="sync vs async rows at 0, 0.2 and 1 s latency"
+    )
+    parser.add_argument(
+        "--max-staleness", type=int, default=4, help="the async trainer's bound (TRL's default)"
+    )
     args = parser.parse_args()
+    if args.async_grpo:
+        return main_async(args)
     shape = dict(hidden_size=128, heads=2, kv_heads=1) if args.vllm else dict(hidden_size=args.hidden)
 
     from prompt_r1.testing.tiny_models import build_protocol_model

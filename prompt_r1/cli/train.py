@@ -47,6 +47,7 @@ def cmd_train(argv: list[str]) -> int:
     from prompt_r1.clients.environment import OPENAI_BASE_URL
     from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.trainer import train
+    from prompt_r1.training.trainer_keys import check_trainer_keys
 
     @dataclass
     class TrainFlags:
@@ -54,7 +55,13 @@ def cmd_train(argv: list[str]) -> int:
             default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
         )
 
-    parser = TrlParser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
+    class Parser(TrlParser):
+        def set_defaults_with_config(self, **kwargs):
+            if "async" in kwargs:  # `async: true` in a recipe (a Python keyword, so the field is async_grpo)
+                kwargs["async_grpo"] = kwargs.pop("async")
+            return super().set_defaults_with_config(**kwargs)
+
+    parser = Parser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
     try:
         config, flags = parser.parse_args_and_config(argv)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
@@ -62,6 +69,7 @@ def cmd_train(argv: list[str]) -> int:
     # The cheapest checks first, and all of them before any model loads: the whole config, the model's folder or
     # hub id, then the environment's socket.
     check_training_config(config)
+    check_trainer_keys(config)  # a key the chosen trainer (sync or --async) does not support
     try:
         check_model_source(config.model_name_or_path, "model_name_or_path")
     except ConfigError as exc:
@@ -70,8 +78,11 @@ def cmd_train(argv: list[str]) -> int:
     check_rate_store(config.env_rate_store)
     from prompt_r1.training.spend import SpendCapReached, stop_reason
 
+    build = None
+    if config.async_grpo:  # TRL's AsyncGRPOTrainer, the loop as its rollout worker
+        from prompt_r1.training.async_trainer import build_async_trainer as build
     try:
-        trainer = train(config, resume=flags.resume)
+        trainer = train(config, resume=flags.resume, build=build)
     except SpendCapReached as exc:
         raise _Failure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
     stopped = stop_reason(trainer)

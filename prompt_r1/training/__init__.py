@@ -6,6 +6,8 @@
   recipe's whole configuration checked before any model loads.
 - `ledger`, `spend`: every environment call of a rollout recorded and never paid twice on resume; the cost per step
   and the `max_env_cost` / `max_env_calls` caps.
+- `build_async_trainer` (`async_grpo: true`, `--async`): TRL's AsyncGRPOTrainer with the loop as its rollout
+  worker (`async_worker`), its weights synced to the vLLM server (`weight_transfer`), on CPU too (`async_cpu`).
 
 May import: runs, loop, agents, clients, data, scoring, core. Never evaluation, integrations, cli or testing; and
 no inference layer imports training.
@@ -16,11 +18,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["GraphRollout", "PromptR1GRPOConfig", "build_trainer", "merge_adapter", "train"]
+__all__ = [
+    "GraphRollout",
+    "PromptR1GRPOConfig",
+    "build_async_trainer",
+    "build_trainer",
+    "merge_adapter",
+    "train",
+]
 
 _WHERE = {
     "GraphRollout": "prompt_r1.training.rollout",
     "PromptR1GRPOConfig": "prompt_r1.training.config",
+    "build_async_trainer": "prompt_r1.training.async_trainer",
     "build_trainer": "prompt_r1.training.trainer",
     "merge_adapter": "prompt_r1.training.trainer",
     "train": "prompt_r1.training.trainer",

@@ -26,8 +26,8 @@ DEFAULT_TRAIN_DATA = "training/data/mixed_2048.parquet"
 ROLLOUT_LOOP = {"force_final_answer": False}
 
 
-def _help(text: str, **kw):
-    return field(metadata={"help": text}, **kw)
+def _help(text: str, aliases: list[str] | None = None, **kw):
+    return field(metadata={"help": text, **({"aliases": aliases} if aliases else {})}, **kw)
 
 
 # Fields whose value is the run's total: shared out evenly across processes by `environment_config` with the
@@ -133,6 +133,18 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     )
     max_env_calls: int | None = _help(
         "Stop, with a checkpoint, before the step that would take the environment calls past this.",
+        default=None,
+    )
+    # Asynchronous GRPO (prompt_r1/training/async_trainer.py; docs/async-grpo.md).
+    async_grpo: bool = _help(
+        "Train with TRL's AsyncGRPOTrainer: episodes keep flowing from a vLLM server (vllm_server_base_url) while "
+        "the trainer trains. Also --async, or async: true in a recipe.",
+        default=False,
+        aliases=["--async"],
+    )
+    max_staleness: int | None = _help(
+        "Async only: the most policy versions a sample may lag behind the trained model; older samples are "
+        "dropped (unset: 4).",
         default=None,
     )
     # The reward.

@@ -141,6 +141,12 @@ class StepLines(TrainerCallback):
                 total, ".2f" if total is not None and total >= 1 else ".4f"
             )  # cents show under $1
             line += f"  ${cost} this step, ${total} total"
+        # The async trainer: how old the samples it trained on were, and how many it dropped.
+        if "sample/staleness_max" in logs:
+            line += (
+                f"  staleness <= {_number(logs.get('sample/staleness_max'), '.0f')}"
+                f" (dropped {_number(logs.get('sample/dropped_stale_total') or 0.0, '.0f')})"
+            )
         from tqdm.auto import tqdm
 
         tqdm.write(line, file=self.stream or sys.stderr)  # above transformers' progress bar, not inside it

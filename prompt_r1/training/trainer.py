@@ -92,6 +92,14 @@ def build_trainer(
     # The same checks as `prompt-r1 train`'s, for a config built in Python: a bad number is one line naming the
     # field here, not a traceback deep in TRL or torch minutes later.
     check_training_config(config, train_data=train_rows is None)
+    from prompt_r1.training.trainer_keys import check_trainer_keys
+
+    if config.async_grpo:
+        raise ConfigError(
+            "async_grpo is on: build the trainer with prompt_r1.training.async_trainer.build_async_trainer "
+            "(train(config, build=build_async_trainer))"
+        )
+    check_trainer_keys(config)  # max_staleness belongs to the async trainer
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
@@ -142,8 +150,15 @@ def build_trainer(
     return trainer
 
 
-def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: Any) -> Any:
-    """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint."""
+def train(
+    config: PromptR1GRPOConfig,
+    *,
+    resume: bool = False,
+    build: Callable[..., Any] | None = None,
+    **build_kwargs: Any,
+) -> Any:
+    """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint.
+    `build`: the trainer's builder (default `build_trainer`; `build_async_trainer` for `async_grpo`)."""
     from transformers.trainer_utils import get_last_checkpoint
 
     checkpoint = config.resume_from_checkpoint
@@ -152,7 +167,7 @@ def train(config: PromptR1GRPOConfig, *, resume: bool = False, **build_kwargs: A
             checkpoint = get_last_checkpoint(config.output_dir)
         if checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
-    trainer = build_trainer(config, **build_kwargs)
+    trainer = (build or build_trainer)(config, **build_kwargs)
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:

@@ -1,0 +1,291 @@
+"""The LangGraph loop as the rollout worker of TRL's `AsyncGRPOTrainer` (`RolloutWorkerProtocol`).
+
+    worker = GraphRolloutWorker(rows, agent=ServedAgent(...), environment=EnvironmentClient(...), rollout=...,
+                                rewards=reward_functions(config), num_generations=8, max_inflight=32)
+    AsyncGRPOTrainer(..., rollout_worker=worker, weight_transfer=...)
+
+Episodes keep flowing while the trainer trains. The worker runs on the process-wide event loop
+(`prompt_r1.core.aio`), so the environment client's rate limiter, retries and connections are those of every
+other surface. It keeps up to `max_inflight` episodes in flight, as whole groups of `num_generations` episodes of
+one question, each through the shared `EpisodeRunner`. The agent is served by vLLM on the token-exact completions
+path (`ServedAgent` with a tokenizer), so every turn's sampled ids and their sampling log-probabilities are kept.
+
+A finished group is scored with the project's reward (the same reward functions as synchronous training, on
+the same columns). Each episode becomes one `RolloutSample`:
+- `input_ids`: prompt + trajectory, exactly as `GraphRollout.to_trajectories` gives it to the sync trainer;
+- `completion_mask`: 0 over the prompt, then the trajectory's `env_mask` (the environment's tokens are never
+  trained on);
+- `old_log_probs`: the sampling log-probabilities, aligned with `input_ids`;
+- `advantage`: (reward − group mean) / (group std + 1e-8), as TRL's own worker computes it;
+- `model_version`: the policy version live when the episode started, the oldest policy that sampled any of
+  its tokens.
+An episode whose environment failed after its retries has no reward (as in sync training). It is left out of
+its group's baseline and not queued, and it is counted.
+
+The trainer drops samples older than `max_staleness` versions when it takes them (`sample/dropped_stale_total`,
+`sample/staleness_max`) and corrects the rest with its clipped importance ratio against `old_log_probs`.
+
+The worker's own measures go to `metrics_queue` every group: episodes, failures, environment calls and latency,
+cost, groups in flight. The per-episode figures the progress lines read (reward and its parts, turns,
+environment calls, agent tokens) ride on each sample's `metrics`, which the trainer averages per step.
+
+A run must not hang on a dead server. An episode the agent could not finish (the vLLM server gone) stops the
+worker. So do `max_failed_groups` groups in a row in which the environment answered no call. `check_health`,
+which the trainer calls whenever it waits, then raises that error as one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prompt_r1.core.aio import background_loop
+from prompt_r1.core.errors import PromptR1Error
+from prompt_r1.loop.graph import build_graph
+from prompt_r1.runs.episode import Episode, EpisodeRunner
+from prompt_r1.training.rollout import GraphRollout, question_of
+
+__all__ = ["GraphRolloutWorker", "RolloutFailed", "group_advantages"]
+
+
+class RolloutFailed(PromptR1Error, RuntimeError):
+    """The rollout worker cannot go on (the agent's server or the environment is gone)."""
+
+
+def group_advantages(rewards: Sequence[float | None]) -> list[float | None]:
+    """(r − mean) / (std + 1e-8) over the group's scored episodes (population std, as TRL's async worker); None
+    stays None (an episode without a reward has no advantage)."""
+    scored = [r for r in rewards if r is not None]
+    if not scored:
+        return [None] * len(rewards)
+    mean = sum(scored) / len(scored)
+    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
+    return [None if r is None else (r - mean) / (std + 1e-8) for r in rewards]
+
+
+class GraphRolloutWorker:
+    """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: groups of Prompt-R1 episodes, scored, as `RolloutSample`s.
+
+    rows: training rows (`prompt`, `golden_answers`), cycled in order; agent: a token-exact agent (a vLLM-served
+    `ServedAgent` with its tokenizer); environment: the environment client; rollout: a `GraphRollout` (its loop
+    settings and its `to_trajectories`, shared with sync training); rewards: the reward functions, the first the
+    total (trained on), the others logged; max_inflight: most episodes in flight, an int or a callable read at
+    `start` (the trainer resolves its `max_inflight_tasks` after the worker is built)."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        *,
+        agent: Any,
+        environment: Any,
+        rollout: GraphRollout,
+        rewards: Sequence[Callable[..., list]],
+        num_generations: int,
+        max_inflight: int | Callable[[], int],
+        queue_maxsize: int = 1024,
+        max_failed_groups: int = 3,
+    ) -> None:
+        if getattr(agent, "tokenizer", None) is None:
+            raise RolloutFailed(
+                "the async rollout worker needs a token-exact agent (a vLLM server and the agent's tokenizer): "
+                f"{getattr(agent, 'token_exact', 'no tokenizer')}"
+            )
+        if not rows:
+            raise RolloutFailed("the async rollout worker has no training rows")
+        self.rows, self.agent, self.environment, self.rollout = list(rows), agent, environment, rollout
+        self.rewards, self.num_generations = list(rewards), num_generations
+        self._max_inflight, self.max_failed_groups = max_inflight, max_failed_groups
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue()
+        self.model_version = 0
+        self.groups_done = self.samples_queued = self.failed_episodes = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._future: Any = None
+        self._heartbeat = time.time()
+        self._failed_in_a_row = 0
+
+    # ---- RolloutWorkerProtocol -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start producing groups on the process-wide event loop (called by the trainer after its first sync)."""
+        if self._future is not None:
+            return
+        self._heartbeat = time.time()
+        self._future = asyncio.run_coroutine_threadsafe(self._produce(), background_loop())
+
+    def stop(self) -> None:
+        """Stop producing: episodes in flight are cancelled, nothing more is queued."""
+        self._stop.set()
+        if self._future is not None and not self._future.done():
+            self._future.cancel()
+            # Cancelled, or the error check_health reports: either way the worker is done.
+            with contextlib.suppress(BaseException):
+                self._future.result(timeout=30)
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise `RolloutFailed` if the worker stopped on an error, died, or produced nothing for `stale_after_s`."""
+        if self.error is not None:
+            raise RolloutFailed(self.error)
+        if self._future is not None and self._future.done() and not self._stop.is_set():
+            exc = None if self._future.cancelled() else self._future.exception()
+            raise RolloutFailed(f"the rollout worker stopped: {exc!r}")
+        age = time.time() - self._heartbeat
+        if age > stale_after_s:
+            raise RolloutFailed(
+                f"the rollout worker finished no group in {age:.0f} s (heartbeat_stale_after_s {stale_after_s:.0f}): "
+                "the agent's vLLM server or the environment is not answering"
+            )
+
+    # ---- production ------------------------------------------------------------------------------------------
+
+    async def _produce(self) -> None:
+        limit = self._max_inflight() if callable(self._max_inflight) else self._max_inflight
+        slots = asyncio.Semaphore(max(1, limit // self.num_generations))  # whole groups
+        graph = build_graph(self.agent, self.environment, loop=self.rollout.loop, token_exact=True)
+        runner = EpisodeRunner(
+            self.agent, self.environment, self.rollout.loop, graph=graph, tags=["async-rollout"]
+        )
+        tasks: set[asyncio.Task] = set()
+        try:
+            for group_id in itertools.count():
+                await slots.acquire()
+                if self._stop.is_set() or self.error is not None:
+                    break
+                row = self.rows[group_id % len(self.rows)]
+                task = asyncio.get_running_loop().create_task(self._group(runner, group_id, row))
+                tasks.add(task)
+                task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _group(self, runner: EpisodeRunner, group_id: int, row: dict[str, Any]) -> None:
+        try:
+            version = self.model_version
+            started = time.monotonic()
+            question = question_of(row["prompt"])
+            episodes = await asyncio.gather(*(runner.run(question) for _ in range(self.num_generations)))
+            await self._deliver(group_id, row, version, episodes, time.monotonic() - started)
+        except asyncio.CancelledError:
+            raise
+        except RolloutFailed as exc:
+            self.error = self.error or str(exc)
+        except Exception as exc:  # noqa: BLE001 (a bug here must stop the run with its message, not hang it)
+            self.error = self.error or f"the rollout worker failed: {type(exc).__name__}: {exc}"
+
+    async def _deliver(
+        self, group_id: int, row: dict[str, Any], version: int, episodes: list[Episode], seconds: float
+    ) -> None:
+        broken = next((e for e in episodes if e.status in ("agent_error", "internal_error")), None)
+        if broken is not None:  # the policy is the vLLM server: its failure is the run's, not an outcome
+            raise RolloutFailed(f"a rollout episode failed ({broken.status}): {broken.error}")
+        samples, metrics = self.score(group_id, row, version, episodes)
+        failed = sum(1 for e in episodes if e.status == "environment_error")
+        # The environment is gone when it answered none of a group's calls (episodes that never called it, such
+        # as a malformed first turn, still score and would keep a run going on nothing but them).
+        answered = sum(e.usage.get("env_calls", 0) for e in episodes)
+        self._failed_in_a_row = self._failed_in_a_row + 1 if failed and not answered else 0
+        if self._failed_in_a_row >= self.max_failed_groups:
+            error = next(e.error for e in episodes if e.status == "environment_error")
+            raise RolloutFailed(
+                f"the environment answered none of the calls of {self._failed_in_a_row} groups in a row, after "
+                f"its retries: {error}"
+            )
+        for sample in samples:
+            sample.enqueued_at = time.time()
+            while True:  # backpressure: a full queue waits for the trainer, without blocking the event loop
+                if self._stop.is_set():
+                    return
+                try:
+                    self.rollout_buffer.put_nowait(sample)
+                    break
+                except queue.Full:
+                    await asyncio.sleep(0.05)
+        self.groups_done += 1
+        self.samples_queued += len(samples)
+        self.failed_episodes += failed
+        metrics["rollout/group_s"] = seconds
+        self.metrics_queue.put(metrics)
+        self._heartbeat = time.time()
+
+    def score(
+        self, group_id: int, row: dict[str, Any], version: int, episodes: list[Episode]
+    ) -> tuple[list[Any], dict[str, float]]:
+        """The group's `RolloutSample`s (episodes with a reward) and the worker's metrics for it."""
+        import numpy as np
+        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+        tokenizer = self.agent.tokenizer
+        out = self.rollout.to_trajectories(episodes, tokenizer)
+        columns = {
+            k: v for k, v in out.items() if k not in ("prompt_ids", "completion_ids", "logprobs", "env_mask")
+        }
+        columns["golden_answers"] = [row.get("golden_answers")] * len(episodes)
+        completions = [" ".join(texts) for texts in out["turn_texts"]]
+        prompts = [row["prompt"]] * len(episodes)
+        scores = {f.__name__: f(prompts, completions, out["completion_ids"], **columns) for f in self.rewards}
+        totals = scores[self.rewards[0].__name__]
+        advantages = group_advantages(totals)
+        scored = [t for t in totals if t is not None]
+        zero_std = float(len(scored) > 0 and max(scored) == min(scored))
+        samples = []
+        for i, episode in enumerate(episodes):
+            if advantages[i] is None:
+                continue
+            prompt_ids, completion = out["prompt_ids"][i], out["completion_ids"][i]
+            metrics = {
+                "reward": float(totals[i]),
+                "frac_reward_zero_std": zero_std,
+                "episode/turns": float(len(episode.turns)),
+                "episode/env_calls": float(episode.usage.get("env_calls", 0)),
+                "episode/agent_completion_tokens": float(episode.usage.get("agent_completion_tokens", 0)),
+            }
+            for f in self.rewards[1:]:
+                value = scores[f.__name__][i]
+                metrics[f"rewards/{f.__name__}/mean"] = math.nan if value is None else float(value)
+            samples.append(
+                RolloutSample(
+                    prompt=list(row["prompt"]) if not isinstance(row["prompt"], str) else row["prompt"],
+                    completion=[{"role": "assistant", "content": completions[i]}],
+                    input_ids=np.asarray(prompt_ids + completion, dtype=np.int64),
+                    completion_mask=np.asarray([0] * len(prompt_ids) + out["env_mask"][i], dtype=np.int64),
+                    old_log_probs=np.asarray([0.0] * len(prompt_ids) + out["logprobs"][i], dtype=np.float32),
+                    advantage=float(advantages[i]),
+                    model_version=version,
+                    group_id=group_id,
+                    metrics=metrics,
+                )
+            )
+        env_seconds = [
+            t["environment_call"].get("latency_s")
+            for e in episodes
+            for t in e.turns
+            if isinstance(t.get("environment_call"), dict)
+            and t["environment_call"].get("latency_s") is not None
+        ]
+        costs = [e.cost_usd for e in episodes if e.cost_usd is not None]
+        metrics = {
+            "rollout/groups_total": 1.0,
+            "rollout/episodes_total": float(len(episodes)),
+            "rollout/failed_episodes_total": float(len(episodes) - len(samples)),
+            "rollout/env_calls_total": float(sum(e.usage.get("env_calls", 0) for e in episodes)),
+            "rollout/episode_s": sum(e.latency_s for e in episodes) / len(episodes),
+            "rollout/policy_version": float(version),
+        }
+        if env_seconds:
+            metrics["rollout/env_latency_s"] = sum(env_seconds) / len(env_seconds)
+        if costs:
+            metrics["rollout/cost_usd_total"] = float(sum(costs))
+        return samples, metrics

@@ -1,0 +1,358 @@
+"""Asynchronous GRPO: TRL's AsyncGRPOTrainer with the LangGraph loop as its rollout worker, on CPU.
+
+The fast tests need no vLLM: the CPU tree attention against the plain forward, the advantages, and the config
+switch. The rest run short async trainings of a tiny agent served by `vllm serve` (vLLM's CPU build) against a
+scripted environment with latency on 127.0.0.1: staleness bounded and stale samples dropped and counted, the
+environment's tokens masked, the policy version advancing with every file sync, and a killed environment or vLLM
+server failing the run with one line instead of a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES
+
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.testing.servers import ScriptedServer
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL 1.16's async trainer is experimental: known here
+
+
+# ---- without vLLM ------------------------------------------------------------------------------------------------
+
+
+def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_path):
+    """Three samples sharing a prompt, packed into one trie row as the async trainer packs them: each trained
+    token's log-probability equals the one a plain forward of that sample alone gives."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, TreeRow, register_tree_attention
+    from trl.trainer.utils import add_fused_lm_head
+
+    from prompt_r1.testing.tiny_models import build_tiny_model
+    from prompt_r1.training import async_cpu
+
+    build_tiny_model(tmp_path / "m", hidden_size=64, heads=4, kv_heads=2)  # grouped-query attention too
+    register_tree_attention()
+    assert async_cpu.install("cpu")
+    tree = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation=TREE_ATTENTION)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager")
+    add_fused_lm_head(tree, outputs=("log_probs", "entropy"))
+    rng = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 300, (12,), generator=rng).tolist()
+    row, samples = TreeRow(), []
+    for n in (7, 9, 4):
+        ids = prompt + torch.randint(5, 300, (n,), generator=rng).tolist()
+        sample = {
+            "input_ids": torch.tensor(ids),
+            "completion_mask": torch.tensor([0] * len(prompt) + [1] * n),
+            "old_log_probs": torch.zeros(len(ids)),
+            "advantage": 1.0,
+            "group_id": 0,
+        }
+        samples.append(sample)
+        row.add(sample)
+    packed = row.pack()
+    assert len(packed["input_ids"]) < sum(len(s["input_ids"]) for s in samples)  # the prompt forwarded once
+    out = tree(
+        input_ids=packed["input_ids"][None],
+        position_ids=packed["position_ids"][None],
+        shift_labels=packed["shift_labels"][None],
+        fused_lm_head=True,
+        tree_kv_index=packed["tree_kv_index"],
+        tree_cu_seqlens_q=packed["tree_cu_seqlens_q"],
+        tree_cu_seqlens_k=packed["tree_cu_seqlens_k"],
+        tree_max_seqlen_q=int(packed["tree_max_seqlens"][0]),
+        tree_max_seqlen_k=int(packed["tree_max_seqlens"][1]),
+    )
+    mine = out.log_probs.flatten()[packed["token_index"]]
+    theirs = []
+    with torch.no_grad():
+        for s in samples:
+            logprobs = plain(input_ids=s["input_ids"][None]).logits[0].log_softmax(-1)
+            theirs += [
+                logprobs[t - 1, s["input_ids"][t]].item()
+                for t in range(1, len(s["input_ids"]))
+                if s["completion_mask"][t]
+            ]
+    assert len(theirs) == len(mine) == 20
+    assert (mine - torch.tensor(theirs)).abs().max().item() < 1e-5
+
+
+def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
+    from prompt_r1.training.async_worker import group_advantages
+
+    assert group_advantages([1.0, 0.0, None, 1.0, 0.0]) == pytest.approx(
+        [1.0, -1.0, None, 1.0, -1.0], abs=1e-6
+    )
+    assert group_advantages([0.5, 0.5]) == [0.0, 0.0]  # equal rewards: nothing to learn, nothing invented
+    assert group_advantages([None, None]) == [None, None]
+
+
+def _config(tmp_path: Path, **overrides):
+    from prompt_r1.training.config import PromptR1GRPOConfig
+
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        model_name_or_path="unused",
+        env_model="env",
+        env_base_url="http://127.0.0.1:9/v1",
+        env_api_key_env="PROMPT_R1_TEST_NO_KEY",
+        per_device_train_batch_size=8,
+        num_generations=8,
+        max_steps=3,
+        max_turns=2,
+        max_turn_tokens=24,
+        max_total_tokens=96,
+        learning_rate=1e-4,
+        temperature=1.0,
+        reward_preset="reference",
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        seed=0,
+    )
+    return PromptR1GRPOConfig(**{**values, **overrides})
+
+
+def test_one_config_for_both_trainers_shared_keys_copied_and_unsupported_ones_refused(tmp_path):
+    from prompt_r1.training.async_trainer import async_config
+    from prompt_r1.training.trainer_keys import check_trainer_keys
+
+    args = async_config(_config(tmp_path, async_grpo=True, max_staleness=2, epsilon=0.3, learning_rate=3e-4))
+    assert (args.max_staleness, args.epsilon, args.learning_rate, args.num_generations) == (2, 0.3, 3e-4, 8)
+    assert args.max_completion_length == 96 and args.token_budget == 0  # a fixed number of episodes per step
+    assert async_config(_config(tmp_path, async_grpo=True)).max_staleness == 4  # TRL's default when unset
+
+    with pytest.raises(
+        ConfigError, match=r"beta: 0.001 \(the async trainer has no reference model.*set beta: 0"
+    ):
+        check_trainer_keys(_config(tmp_path, async_grpo=True, beta=0.001))
+    with pytest.raises(ConfigError, match="vllm_sync_check.*; top_k: 5"):
+        check_trainer_keys(_config(tmp_path, async_grpo=True, vllm_sync_check=True, top_k=5))
+    with pytest.raises(ConfigError, match="max_staleness is a setting of the async trainer: add async: true"):
+        check_trainer_keys(_config(tmp_path, max_staleness=2))
+    check_trainer_keys(_config(tmp_path, beta=0.001))  # the sync trainer has a KL term
+
+
+def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
+    """`--async` and `async: true` both pick the async trainer; its refusals come before any model loads."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "model_name_or_path: unused\noutput_dir: out\nenv_base_url: http://127.0.0.1:9/v1\nbeta: 0.001\n"
+        "use_cpu: true\nbf16: false\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def train(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "prompt_r1", "train", "--config", str(recipe), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+
+    done = train("--async")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("prompt-r1: error: the async trainer does not support beta")
+    )
+    recipe.write_text(recipe.read_text() + "async: true\n")
+    assert "the async trainer does not support beta" in train().stderr
+    recipe.write_text(recipe.read_text().replace("async: true\n", "max_staleness: 1\n"))
+    done = train()
+    assert done.returncode == 2 and "max_staleness is a setting of the async trainer" in done.stderr
+
+
+# ---- on vLLM's CPU build -------------------------------------------------------------------------------------------
+
+vllm_only = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def agent_model(tmp_path_factory) -> Path:
+    """The name task's protocol model with heads 64 wide (vLLM's CPU attention needs 32, 64 or 128)."""
+    pytest.importorskip("vllm", reason="the vllm extra is not installed")
+    from prompt_r1.testing.tiny_models import build_protocol_model
+
+    episodes = [
+        (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+    ]
+    path = tmp_path_factory.mktemp("async-agent") / "model"
+    return build_protocol_model(path, episodes, hidden_size=128, heads=2, kv_heads=1, steps=120)
+
+
+@pytest.fixture(scope="module")
+def agent_server(agent_model, tmp_path_factory):
+    """`vllm serve` of the agent as the async trainer's CPU route needs it: dev mode, the project's worker
+    extension, float32, processed log-probabilities. Yields (root URL, process); the last test kills it."""
+    from prompt_r1.testing.vllm_process import start_vllm_server
+
+    log = tmp_path_factory.mktemp("async-vllm") / "server.log"
+    root, process = start_vllm_server(agent_model, log)
+    yield root, process
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+class RecordingWorker:
+    """Wraps the worker's scoring to keep every sample it queued (what the trainer could consume)."""
+
+    def __init__(self, worker):
+        self.samples = []
+        score = worker.score
+
+        def recording(*args, **kwargs):
+            samples, metrics = score(*args, **kwargs)
+            self.samples += samples
+            return samples, metrics
+
+        worker.score = recording
+
+
+def _rows():
+    from prompt_r1.core.prompts import question_message
+
+    return [
+        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
+    ] * 8
+
+
+def _logged(trainer, key: str) -> list[float]:
+    return [row[key] for row in trainer.state.log_history if row.get(key) is not None]
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_the_policy(
+    agent_server, agent_model, tmp_path, max_staleness
+):
+    import torch
+
+    from prompt_r1.training.async_trainer import build_async_trainer
+
+    root, _ = agent_server
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.2) as env:
+        config = _config(
+            tmp_path,
+            model_name_or_path=str(agent_model),
+            env_base_url=env.base_url,
+            async_grpo=True,
+            max_staleness=max_staleness,
+            max_steps=4,
+            vllm_server_base_url=root,
+            weight_decay=1.0,  # the weights move at every step, whatever the advantages
+        )
+        trainer = build_async_trainer(config, train_rows=_rows())
+        recorder = RecordingWorker(trainer.rollout_worker)
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+    assert trainer.state.global_step == 4
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    # One sync before the worker starts, then one per step: the policy version advanced with each.
+    assert trainer.model_version == 5 and trainer.weight_transfer.syncs == 5
+    versions = [s.model_version for s in recorder.samples]
+    assert versions[0] == 1 and max(versions) >= 2  # episodes sampled by later policies as training went on
+    # Samples consumed were never older than max_staleness; with 0, the group sampled while a step trained is
+    # always a version behind when its turn comes: dropped, and counted.
+    assert max(_logged(trainer, "sample/staleness_max")) <= max_staleness
+    dropped = sum(_logged(trainer, "sample/dropped_stale_total"))
+    if max_staleness == 0:
+        assert dropped >= 1
+    else:
+        assert max(_logged(trainer, "sample/staleness_max")) >= 1  # training went on while episodes ran
+    # The importance ratio: the server sampled what the trained model computes (the file sync is exact).
+    assert all(abs(r - 1.0) < 0.05 for r in _logged(trainer, "ratio"))
+    # The environment's tokens are never trained on; the agent's are, with their sampling log-probabilities.
+    tokenizer = trainer.processing_class
+    asked = [s for s in recorder.samples if "The name is Ada" in tokenizer.decode(s.input_ids)]
+    assert asked
+    for s in asked:
+        trained = tokenizer.decode(s.input_ids[s.completion_mask == 1])
+        context = tokenizer.decode(s.input_ids[s.completion_mask == 0])
+        assert "The name is Ada" in context and "The name is Ada" not in trained
+        assert "<interaction_prompt>" in trained
+        assert (s.old_log_probs[s.completion_mask == 1] < 0).all() and (
+            s.old_log_probs[s.completion_mask == 0] == 0
+        ).all()
+    assert all(abs(s.advantage) < 3 for s in recorder.samples)
+    assert sum(_logged(trainer, "rollout/env_calls_total")) > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_an_environment_killed_mid_run_fails_the_run_with_one_line(agent_server, agent_model, tmp_path):
+    from transformers import TrainerCallback
+
+    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.async_worker import RolloutFailed
+
+    root, _ = agent_server
+    env = ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.1).start()
+
+    class KillEnvironment(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            env.stop()
+
+    config = _config(
+        tmp_path,
+        model_name_or_path=str(agent_model),
+        env_base_url=env.base_url,
+        env_max_retries=1,
+        env_backoff_initial=0.05,
+        async_grpo=True,
+        max_steps=50,
+        vllm_server_base_url=root,
+    )
+    trainer = build_async_trainer(config, train_rows=_rows(), callbacks=[KillEnvironment()])
+    started = time.monotonic()
+    with pytest.raises(
+        RolloutFailed, match="the environment answered none of the calls of 3 groups in a row"
+    ):
+        trainer.train()
+    assert time.monotonic() - started < 300
+    assert 1 <= trainer.state.global_step < 50
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_a_vllm_server_killed_mid_run_fails_the_run_with_one_line(agent_server, agent_model, tmp_path):
+    """Runs last: it kills the module's server."""
+    from transformers import TrainerCallback
+
+    from prompt_r1.core.errors import PromptR1Error
+    from prompt_r1.training.async_trainer import build_async_trainer
+
+    root, process = agent_server
+
+    class KillServer(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.1) as env:
+        config = _config(
+            tmp_path,
+            model_name_or_path=str(agent_model),
+            env_base_url=env.base_url,
+            async_grpo=True,
+            max_steps=50,
+            vllm_server_base_url=root,
+        )
+        trainer = build_async_trainer(config, train_rows=_rows(), callbacks=[KillServer()])
+        started = time.monotonic()
+        with pytest.raises(PromptR1Error, match=f"the vLLM server at {root}|{root}") as raised:
+            trainer.train()
+    assert time.monotonic() - started < 300
+    assert "\n" not in str(raised.value)
+    assert trainer.state.global_step >= 1
