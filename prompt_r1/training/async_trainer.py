@@ -90,7 +90,7 @@ def build_async_trainer(
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from prompt_r1.agents.local import _check_loadable
+    from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.agents.served import ServedAgent
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
@@ -105,7 +105,7 @@ def build_async_trainer(
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
-    _check_loadable(config.model_name_or_path)
+    check_model_source(config.model_name_or_path, "model_name_or_path")
     tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if tokenizer.chat_template is None:
         raise ConfigError(f"the agent tokenizer of {config.model_name_or_path!r} has no chat template")
