@@ -241,11 +241,16 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
     from prompt_r1.training.async_trainer import build_async_trainer
 
     root, _ = agent_server
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(
+        "env: {input: 1.0, output: 2.0}\n"
+    )  # dollars per 1M tokens: the environment is paid for
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.2) as env:
         config = _config(
             tmp_path,
             model_name_or_path=str(agent_model),
             env_base_url=env.base_url,
+            prices=str(prices),
             async_grpo=True,
             max_staleness=max_staleness,
             max_steps=4,
@@ -286,6 +291,7 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
         ).all()
     assert all(abs(s.advantage) < 3 for s in recorder.samples)
     assert sum(_logged(trainer, "rollout/env_calls_total")) > 0
+    assert sum(_logged(trainer, "rollout/cost_usd_total")) > 0  # priced by the table the sync trainer uses
 
 
 @pytest.mark.vllm

@@ -5,6 +5,7 @@ Each fenced `bash` or `python` block is preceded by one marker line, an HTML com
     <!-- example: runs -->                         run here, offline (`runs, slow`: only with `-m slow`)
     <!-- example: needs gpu: WHY -->               cannot run without a GPU
     <!-- example: needs hub: WHY -->               needs a model hub, a provider's API key or a trained model
+    <!-- example: needs service: WHY -->           needs a service of the user's own (a Redis every machine reaches)
     <!-- example: covered by tests/F.py::NAME: WHY -->   too long for the suite; NAME runs the same path, smaller
 
 A block that runs does so from the repository root with `.venv/bin` first on PATH (as after
@@ -33,7 +34,9 @@ PAGES = [
     *sorted((ROOT / "docs").glob("*.md")),
 ]
 FENCE = re.compile(r"^ *```(bash|sh|shell|python)\s*$")
-MARK = re.compile(r"^<!-- example: (?P<kind>runs(?:, slow)?|needs (?:gpu|hub): .+|covered by \S+::\w+: .+) -->$")
+MARK = re.compile(
+    r"^<!-- example: (?P<kind>runs(?:, slow)?|needs (?:gpu|hub|service): .+|covered by \S+::\w+: .+) -->$"
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,11 @@ def _params():
 @pytest.mark.parametrize("example", list(_params()))
 def test_example_runs(example, tmp_path):
     venv_bin = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""), "VIRTUAL_ENV": str(Path(venv_bin).parent)}
+    env = {
+        **os.environ,
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        "VIRTUAL_ENV": str(Path(venv_bin).parent),
+    }
     env["TMPDIR"] = str(tmp_path)
     if example.language == "python":
         script = tmp_path / "example.py"
@@ -105,4 +112,6 @@ def test_example_runs(example, tmp_path):
     else:
         command = ["bash", "-e", "-o", "pipefail", "-c", example.code]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{example.id} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{example.id} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )

@@ -65,8 +65,7 @@ def _finish(workers, timeout: float = 120.0) -> list[tuple[dict, str]]:
     return results
 
 
-@pytest.mark.slow  # several processes, each importing the client stack: ~20 s on 2 cores
-def test_the_limit_holds_across_processes(redis, tmp_path):
+def test_the_limit_holds_across_processes(redis, tmp_path):  # ~20 s: the default run's several-process test
     """Three processes, each configured with the whole limit, stay under it together: the provider (no headers
     sent, so only the shared windows guide them) counts at most 8 requests in any 1 s and answers no 429."""
     limit = ProviderLimit(requests=8, tokens=None, period=1.0, headers=False)
@@ -99,36 +98,35 @@ def test_without_a_store_each_process_overruns_the_provider(tmp_path):
 
 @pytest.mark.slow  # several processes, each importing the client stack: ~20 s on 2 cores
 def test_a_process_killed_mid_run_frees_its_slots(redis, tmp_path):
-    """A process holding every shared in-flight slot is SIGKILLed: its leases expire (2 s here) and the other
-    process gets the slots, instead of waiting forever."""
-    slow = {"slow": lambda body: "late", "env": echo_environment()}
-    with ScriptedServer(slow, latency={"slow": 60.0, "env": 0.0}) as server:
-        common = [
-            "--base-url",
-            server.base_url,
-            "--store",
-            redis.url,
-            "--rate-limit",
-            "100",
-            "--max-in-flight",
-            "3",
-        ]
-        common += ["--lease", "2"]
-        holder = _workers(tmp_path, 1, *common, "--model", "slow", "--calls", "3", "--concurrency", "3")[0][0]
+    """A process holding every shared in-flight slot of an endpoint: another process on the same endpoint waits
+    while it lives (a cap kept per process would let it call at once); SIGKILLed, its leases expire (2 s here)
+    and the other gets the slots, instead of waiting forever."""
+    slow = {"on": True}  # the holder's calls hang; once it is dead, the endpoint answers at once
+    players = {"env": echo_environment()}
+    with ScriptedServer(players, latency={"env": lambda: 60.0 if slow["on"] else 0.0}) as server:
+        common = ["--base-url", server.base_url, "--store", redis.url, "--rate-limit", "100", "--max-in-flight", "3",
+                  "--lease", "2", "--model", "env"]  # fmt: skip
+        holder = _workers(tmp_path, 1, *common, "--calls", "3", "--concurrency", "3")[0][0]
         deadline = time.monotonic() + 60
         while server.in_flight < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.in_flight == 3
+        (tmp_path / "other").mkdir()
+        other = _workers(tmp_path / "other", 1, *common, "--calls", "4", "--concurrency", "2")
+        time.sleep(8)  # its start-up (imports), then waiting at the shared cap
+        assert (
+            server.counts.get("env") == 3 and other[0][0].poll() is None
+        )  # not one call while the holder lives
+        slow["on"] = False
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
         killed_at = time.time()
-        other = _workers(tmp_path, 1, *common, "--model", "env", "--calls", "4", "--concurrency", "2")
         ((result, _),) = _finish(other)
     assert result["ok"] == 4
     first_start = min(c["end"] for c in result["calls"])
-    # Not before the dead process's leases ran out (2 s, less the worker's own start-up), and not much after.
-    assert first_start - killed_at < 15
-    assert server.counts.get("env") == 4
+    # Not before the dead process's leases ran out (2 s, renewed every 2/3 s while it lived), and not much after.
+    assert 1.0 < first_start - killed_at < 15
+    assert server.counts.get("env") == 3 + 4
 
 
 def test_store_stopped_and_started_again_mid_run(redis, tmp_path):
@@ -283,3 +281,14 @@ def test_the_store_is_one_setting_on_every_surface(tmp_path):
     assert (env.rate_store, env.token_limit) == (url, 900)
     _, env, _ = configs_from_args(parser.parse_args(["--env-rate-store", "memory", "--env-token-limit", "5"]))
     assert (env.rate_store, env.token_limit) == ("memory", 5)
+
+
+def test_a_redis_store_without_the_redis_client_is_one_line_naming_the_extra(monkeypatch):
+    import sys
+
+    from prompt_r1.clients.limit_store import check_store
+    from prompt_r1.core.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "redis.asyncio", None)  # as where the store extra is not installed
+    with pytest.raises(ConfigError, match=r"prompt-r1\[store\]"):
+        check_store("redis://127.0.0.1:6379/0")

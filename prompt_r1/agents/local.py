@@ -26,7 +26,9 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
     """(model, tokenizer) through the real `from_pretrained` path; a clear ConfigError when it cannot load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_model_source(name_or_path, "agent model (--agent-model)")  # one line from any caller, not only the CLI
+    check_model_source(
+        name_or_path, "agent model (--agent-model)"
+    )  # one line from any caller, not only the CLI
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype, None)
     if torch_dtype is None:

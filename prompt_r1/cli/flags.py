@@ -26,6 +26,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
+    "EXIT_SPEND_CAP",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "add_run_flags",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_SPEND_CAP = 4  # `prompt-r1 train` stopped, with a checkpoint, at max_env_cost or max_env_calls
 _SECTIONS = (
     ("agent", AgentConfig, "agent-"),
     ("environment", EnvironmentConfig, "env-"),

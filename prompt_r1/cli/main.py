@@ -15,7 +15,7 @@ with one line on stderr and a non-zero exit, never a traceback.
 Exit codes: 0 the episode ran (whatever its status except environment_error), or every evaluation or batch row
 finished, or serve stopped after draining its requests, 1 environment_error, an agent failure, or rows that failed
 or were not run (a rerun retries them), 2 bad usage, settings or data, 3 an endpoint or model that cannot be
-reached, 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. Every command takes SIGTERM as it takes Ctrl-C
+reached, 4 training stopped at its spend cap (with a checkpoint), 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM. Every command takes SIGTERM as it takes Ctrl-C
 (prompt_r1/core/signals.py): it stops cleanly and says which signal stopped it.
 """
 

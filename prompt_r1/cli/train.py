@@ -6,14 +6,20 @@ import argparse
 import sys
 
 from prompt_r1.agents.model_source import check_model_source
-from prompt_r1.cli.flags import EXIT_OK, EXIT_UNREACHABLE, _Failure, check_rate_store, check_reachable
+from prompt_r1.cli.flags import (
+    EXIT_OK,
+    EXIT_SPEND_CAP,
+    EXIT_UNREACHABLE,
+    _Failure,
+    check_rate_store,
+    check_reachable,
+)
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.checks import check_training_config
 
-__all__ = ["EXIT_SPEND_CAP", "add_train_parsers", "cmd_merge", "cmd_train"]
+__all__ = ["add_train_parsers", "cmd_merge", "cmd_train"]
 
 # A run stopped by max_env_cost or max_env_calls (with a checkpoint, or at one), resumable with a higher cap.
-EXIT_SPEND_CAP = 4
 
 
 def add_train_parsers(sub: argparse._SubParsersAction) -> None:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from prompt_r1.core.errors import ConfigError
+
 __all__ = ["Limits", "RedisLimitStore", "check_store", "key_prefix", "store_errors", "store_label"]
 
 # Seconds a process stays counted among the store's processes after its last request (for the local share).
@@ -254,7 +256,7 @@ class RedisLimitStore:
         cls, url: str, prefix: str, password: str | None = None, timeout: float = 2.0
     ) -> RedisLimitStore:
         """A store over a new client (no connection is opened until the first command)."""
-        import redis.asyncio as aioredis
+        aioredis = _redis_client()
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
@@ -339,12 +341,24 @@ class RedisLimitStore:
         await self.client.aclose()
 
 
+def _redis_client():
+    """The asyncio redis client, or one line saying which extra brings it (not a ModuleNotFoundError traceback)."""
+    try:
+        import redis.asyncio as aioredis
+    except ModuleNotFoundError:
+        raise ConfigError(
+            "a redis:// rate store needs the redis client: pip install 'prompt-r1[store]' (bash scripts/setup.sh "
+            "installs it), or use --env-rate-store memory"
+        ) from None
+    return aioredis
+
+
 def check_store(url: str, password: str | None = None, timeout: float = 3.0) -> str | None:
     """None when the store at `url` answers PING, else why not (one phrase, no password): for a command's start,
     before anything is sent to the provider."""
     import asyncio
 
-    import redis.asyncio as aioredis
+    aioredis = _redis_client()
     from redis.exceptions import AuthenticationError, RedisError
 
     async def ping() -> None:

@@ -49,7 +49,7 @@ INSTRUCTION_TEMPLATE = (
     "   <answer>(final answer for the question)</answer>"
 )
 
-# What the large LLM is told before the conversation of prompts (ARCHITECTURE.md, "The protocol").
+# What the large LLM is told before the conversation of prompts (docs/concepts.md, the loop's environment node).
 ENVIRONMENT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Please read the provided content (including previous conversations and the "
     "current task) and help the user complete the task or answer the question."

@@ -66,8 +66,9 @@ class MeteredAgent:
         return getattr(self.inner, name)
 
 
-def episode_cost(state: dict[str, Any], prices: PriceTable, agent_model: str) -> float | None:
-    """The priced cost of a whole episode (turns paid by earlier runs included); None when a model is unpriced."""
+def environment_cost(state: dict[str, Any], prices: PriceTable) -> float | None:
+    """What an episode's environment calls cost, each priced by the model that answered; None when one is
+    unpriced. Training pays only these: its agent is the model being trained."""
     total = 0.0
     for turn in state.get("turns", []):
         call = turn.get("environment_call")
@@ -76,6 +77,14 @@ def episode_cost(state: dict[str, Any], prices: PriceTable, agent_model: str) ->
             if cost is None:
                 return None
             total += cost
+    return total
+
+
+def episode_cost(state: dict[str, Any], prices: PriceTable, agent_model: str) -> float | None:
+    """The priced cost of a whole episode (turns paid by earlier runs included); None when a model is unpriced."""
+    total = environment_cost(state, prices)
+    if total is None:
+        return None
     usage = state.get("usage", {})
     agent = prices.cost(
         agent_model, usage.get("agent_prompt_tokens", 0), usage.get("agent_completion_tokens", 0)

@@ -26,6 +26,7 @@ import json
 import os
 import random
 import urllib.request
+from functools import partial
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError
@@ -92,8 +93,10 @@ def build_async_trainer(
 
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.clients.costs import PriceTable
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
+    from prompt_r1.runs.metering import environment_cost
     from prompt_r1.training import async_cpu, progress
     from prompt_r1.training.async_worker import GraphRolloutWorker
     from prompt_r1.training.rollout import GraphRollout
@@ -137,6 +140,8 @@ def build_async_trainer(
         num_generations=config.num_generations,
         max_inflight=lambda: args.max_inflight_tasks,  # the trainer's constructor resolves it (-1: auto)
         queue_maxsize=args.queue_maxsize,
+        # The same price table as the synchronous trainer's env/cost (--prices over the bundled one).
+        price=partial(environment_cost, prices=PriceTable.load(config.prices)),
         **(worker_options or {}),
     )
     import torch

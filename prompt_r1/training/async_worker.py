@@ -91,6 +91,7 @@ class GraphRolloutWorker:
         max_inflight: int | Callable[[], int],
         queue_maxsize: int = 1024,
         max_failed_groups: int = 3,
+        price: Callable[[dict[str, Any]], float | None] | None = None,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -102,6 +103,9 @@ class GraphRolloutWorker:
         self.rows, self.agent, self.environment, self.rollout = list(rows), agent, environment, rollout
         self.rewards, self.num_generations = list(rewards), num_generations
         self._max_inflight, self.max_failed_groups = max_inflight, max_failed_groups
+        self.price = (
+            price  # an episode's state -> its dollars (the environment's calls), for rollout/cost_usd_total
+        )
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -154,7 +158,12 @@ class GraphRolloutWorker:
         slots = asyncio.Semaphore(max(1, limit // self.num_generations))  # whole groups
         graph = build_graph(self.agent, self.environment, loop=self.rollout.loop, token_exact=True)
         runner = EpisodeRunner(
-            self.agent, self.environment, self.rollout.loop, graph=graph, tags=["async-rollout"]
+            self.agent,
+            self.environment,
+            self.rollout.loop,
+            graph=graph,
+            price=self.price,
+            tags=["async-rollout"],
         )
         tasks: set[asyncio.Task] = set()
         try:
