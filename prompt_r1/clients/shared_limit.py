@@ -88,6 +88,20 @@ def rate_headers(headers: dict | None) -> dict[str, float]:
     return out
 
 
+def _per_period(headers: dict[str, float] | None, limits: Limits) -> dict[str, float] | None:
+    """The provider's x-ratelimit-limit-* in the store's periods. OpenAI-style headers give requests and tokens
+    per minute: read as per `rate_period`, a limit of 500 a minute would become 500 an hour for a run counting
+    hours, sixty times too low."""
+    if not headers:
+        return headers
+    scaled = dict(headers)
+    if "limit_requests" in scaled:
+        scaled["limit_requests"] *= limits.period / 60.0
+    if "limit_tokens" in scaled:
+        scaled["limit_tokens"] *= limits.token_period / 60.0
+    return scaled
+
+
 @asynccontextmanager
 async def _no_slot(tokens: int) -> AsyncIterator[TokenSlot]:
     yield TokenSlot(tokens)
@@ -288,7 +302,8 @@ class SharedLimiter:
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
                 ago = time.monotonic() - handle.replied_at if handle.replied_at is not None else 0.0
-                await asyncio.shield(store.release(lease, handle.actual, handle.headers, ago))
+                headers = _per_period(handle.headers, self.limits)
+                await asyncio.shield(store.release(lease, handle.actual, headers, ago))
             except asyncio.CancelledError:
                 raise
             except store_errors() as exc:  # the lease expires by itself; later requests use the local share

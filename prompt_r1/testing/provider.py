@@ -80,14 +80,16 @@ class ProviderLimit:
         if not self.headers:
             return {}
         requests, tokens = self._of(key)
+        # The limits per minute, as OpenAI sends them, whatever this provider's own period.
+        per_minute = 60.0 / self.period
         out = {
-            "x-ratelimit-limit-requests": str(self.requests),
+            "x-ratelimit-limit-requests": f"{self.requests * per_minute:g}",
             "x-ratelimit-remaining-requests": str(max(0, self.requests - requests.used(now))),
             "x-ratelimit-reset-requests": f"{requests.frees_in(now):.3f}s",
         }
         if self.tokens:
             out |= {
-                "x-ratelimit-limit-tokens": str(self.tokens),
+                "x-ratelimit-limit-tokens": f"{self.tokens * per_minute:g}",
                 "x-ratelimit-remaining-tokens": str(max(0, self.tokens - tokens.used(now))),
                 "x-ratelimit-reset-tokens": f"{tokens.frees_in(now):.3f}s",
             }
