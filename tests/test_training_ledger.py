@@ -198,7 +198,10 @@ def test_a_cap_stops_the_run_with_a_checkpoint_and_a_higher_cap_goes_on(
         assert total <= 10
         mean = sum(row["env/calls"] for row in steps[-3:]) / len(steps[-3:])
         assert total + mean > 10  # the next step would have passed the cap
-        lines = [line for line in err.splitlines() if line.startswith("step ")]
+        # tqdm.write clears any progress bar still open on stderr first ("\r" and spaces): the line is what
+        # follows the last carriage return.
+        lines = [line.rsplit("\r", 1)[-1] for line in err.splitlines()]
+        lines = [line for line in lines if line.startswith("step ")]
         assert len(lines) == stopped
         assert all(re.search(r"\$\d+\.\d{4} this step, \$\d+\.\d{2,4} total$", line) for line in lines), lines
         assert (
