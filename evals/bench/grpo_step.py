@@ -52,42 +52,51 @@ def _vllm_settings(vllm: bool) -> dict:
     return dict(use_vllm=True, vllm_mode="colocate") if vllm else {}
 
 
+def _rows() -> list[dict]:
+    from prompt_r1.core.prompts import question_message
+
+    return [
+        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
+    ]
+
+
+def _config(model: Path, args, out: Path, server, **settings):
+    """The two-turn name task's training config, the same for the synchronous and the asynchronous rows."""
+    from prompt_r1.training.config import PromptR1GRPOConfig
+
+    return PromptR1GRPOConfig(
+        output_dir=str(out),
+        model_name_or_path=str(model),
+        env_model="env",
+        env_base_url=server.base_url,
+        env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
+        per_device_train_batch_size=args.batch,
+        num_generations=args.batch,
+        max_steps=args.steps,
+        max_turns=2,
+        max_turn_tokens=24,
+        max_total_tokens=96,
+        learning_rate=1e-4,
+        temperature=1.0,
+        reward_preset="reference",
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        **settings,
+    )
+
+
 def multi_turn(
     model: Path, args, latency: float, out: Path, vllm: bool = False, **settings
 ) -> tuple[float, float]:
-    from prompt_r1.core.prompts import question_message
     from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.config import PromptR1GRPOConfig
     from prompt_r1.training.trainer import build_trainer
 
-    rows = [
-        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
-    ]
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency) as server:
-        config = PromptR1GRPOConfig(
-            output_dir=str(out),
-            model_name_or_path=str(model),
-            env_model="env",
-            env_base_url=server.base_url,
-            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-            per_device_train_batch_size=args.batch,
-            num_generations=args.batch,
-            max_steps=args.steps,
-            max_turns=2,
-            max_turn_tokens=24,
-            max_total_tokens=96,
-            learning_rate=1e-4,
-            temperature=1.0,
-            reward_preset="reference",
-            logging_steps=1,
-            report_to="none",
-            use_cpu=True,
-            save_strategy="no",
-            seed=0,
-            **_vllm_settings(vllm),
-            **settings,
-        )
-        trainer = build_trainer(config, train_rows=rows * (args.batch * args.steps))
+        config = _config(model, args, out, server, **_vllm_settings(vllm), **settings)
+        trainer = build_trainer(config, train_rows=_rows() * (args.batch * args.steps))
         trainer.train()
     tokens = statistics.mean(
         h["completions/mean_length"] for h in trainer.state.log_history if "step_time" in h
@@ -140,41 +149,21 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False, *
 
 def async_multi_turn(model: Path, args, latency: float, out: Path, root: str) -> tuple[float, float, float]:
     """(s/step, agent tokens per episode, mean staleness) of the async trainer on the two-turn task."""
-    from prompt_r1.core.prompts import question_message
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.async_trainer import build_async_trainer
-    from prompt_r1.training.config import PromptR1GRPOConfig
 
-    rows = [
-        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
-    ]
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency, record=False) as server:
-        config = PromptR1GRPOConfig(
-            output_dir=str(out),
-            model_name_or_path=str(model),
-            env_model="env",
-            env_base_url=server.base_url,
-            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-            per_device_train_batch_size=args.batch,
-            num_generations=args.batch,
-            max_steps=args.steps,
-            max_turns=2,
-            max_turn_tokens=24,
-            max_total_tokens=96,
-            learning_rate=1e-4,
-            temperature=1.0,
-            reward_preset="reference",
-            logging_steps=1,
-            report_to="none",
-            use_cpu=True,
+        config = _config(
+            model,
+            args,
+            out,
+            server,
             bf16=False,
-            save_strategy="no",
-            seed=0,
             async_grpo=True,
             max_staleness=args.max_staleness,
             vllm_server_base_url=root,
         )
-        trainer = build_async_trainer(config, train_rows=rows * args.batch)
+        trainer = build_async_trainer(config, train_rows=_rows() * args.batch)
         trainer.train()
     history = trainer.state.log_history
     times = [h["perf/step_s"] for h in history if "perf/step_s" in h]
