@@ -60,6 +60,23 @@ def _rows(n: int, *, golden: bool) -> list[dict]:
     return [dict(row) for _ in range(n)]
 
 
+def _two_turn(args, cuda: bool) -> dict:
+    """The two-turn task's agent, environment and loop fields, the same for the synchronous and async rows."""
+    return dict(
+        model_name_or_path=args.model,
+        agent_dtype="bfloat16" if cuda else "float32",
+        env_model="env",
+        env_base_url=args.base_url,
+        env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
+        env_max_in_flight=256,
+        env_rate_limit=100_000,
+        max_turns=2,
+        max_turn_tokens=args.turn_tokens,
+        max_total_tokens=4 * args.turn_tokens + 64,
+        reward_preset="reference",
+    )
+
+
 def _common(args, out: Path, cuda: bool) -> dict:
     vllm = dict(use_vllm=True, vllm_mode="colocate")
     return dict(
@@ -111,17 +128,7 @@ def worker(args) -> None:
 
         config = PromptR1GRPOConfig(
             **_common(args, out, cuda),
-            model_name_or_path=args.model,
-            agent_dtype="bfloat16" if cuda else "float32",
-            env_model="env",
-            env_base_url=args.base_url,
-            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-            env_max_in_flight=256,
-            env_rate_limit=100_000,
-            max_turns=2,
-            max_turn_tokens=args.turn_tokens,
-            max_total_tokens=4 * args.turn_tokens + 64,
-            reward_preset="reference",
+            **_two_turn(args, cuda),
         )
         trainer = build_trainer(
             config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory]
@@ -134,17 +141,7 @@ def worker(args) -> None:
         common.pop("use_vllm", None), common.pop("vllm_mode", None)
         config = PromptR1GRPOConfig(
             **common,
-            model_name_or_path=args.model,
-            agent_dtype="bfloat16" if cuda else "float32",
-            env_model="env",
-            env_base_url=args.base_url,
-            env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-            env_max_in_flight=256,
-            env_rate_limit=100_000,
-            max_turns=2,
-            max_turn_tokens=args.turn_tokens,
-            max_total_tokens=4 * args.turn_tokens + 64,
-            reward_preset="reference",
+            **_two_turn(args, cuda),
             async_grpo=True,
             max_staleness=args.max_staleness,
             vllm_server_base_url=args.vllm_url,
