@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 
 from asyncio_throttle import Throttler
@@ -49,6 +49,19 @@ class LimiterStats:
     completed: int = 0
     rate_waited: int = 0  # requests that found the request window full (or others queued for it) and waited
     held_seconds: float = 0.0  # summed over completed requests, from their rate slot to their stamp
+
+    @contextmanager
+    def holding(self):
+        """Count one request from its slot to its stamp: acquired, in flight, then completed and its held time."""
+        self.acquired += 1
+        self.in_flight += 1
+        held_from = time.monotonic()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.completed += 1
+            self.held_seconds += time.monotonic() - held_from
 
     @property
     def mean_held(self) -> float:
@@ -246,16 +259,11 @@ class EndpointLimiter:
                 raise
             finally:
                 self.stats.waiting -= 1
-            self.stats.acquired += 1
-            self.stats.in_flight += 1
-            held_from = time.monotonic()
             try:
-                yield handle
+                with self.stats.holding():
+                    yield handle
             finally:
-                self.stats.in_flight -= 1
                 self._throttler.release()
-                self.stats.completed += 1
-                self.stats.held_seconds += time.monotonic() - held_from
                 if self._tokens is not None:
                     # A failed call's tokens are unknown: count the estimate, as the provider may have.
                     self._tokens.release(tokens, handle.actual if handle.actual is not None else tokens)

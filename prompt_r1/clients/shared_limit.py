@@ -287,17 +287,12 @@ class SharedLimiter:
         handle = TokenSlot(tokens)
         self._flying[lease] = tokens
         renewal = asyncio.create_task(self._renew(store, lease))
-        self.stats.acquired += 1
-        self.stats.in_flight += 1
-        held_from = time.monotonic()
         try:
-            yield handle
+            with self.stats.holding():
+                yield handle
         finally:
             renewal.cancel()
             self._flying.pop(lease, None)
-            self.stats.in_flight -= 1
-            self.stats.completed += 1
-            self.stats.held_seconds += time.monotonic() - held_from
             self._remember(handle.actual if handle.actual is not None else tokens)
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
