@@ -53,6 +53,7 @@ from prompt_r1.runs.metering import (
 from prompt_r1.runs.pool import RunTally, named_keys
 from prompt_r1.runs.results import ResultStore
 from prompt_r1.runs.results_file import check_checkpoint, crc
+from prompt_r1.runs.shards import Shard
 
 __all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
 
@@ -151,14 +152,16 @@ class BatchSummary(RunTally):
         return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
 
-def scan_input(source: str | Path, limit: int | None = None) -> int:
-    """Read the input through once before anything runs: the number of rows, or a `DataError` for a row that
-    cannot be used or an id that repeats an earlier row's id with another question (which of the two to answer
-    is the user's call). An id repeated for the same question is only reported later, and run once."""
+def scan_input(source: str | Path, limit: int | None = None, shard: Shard | None = None) -> int:
+    """Read the input through once before anything runs: the number of rows (of `shard`'s, when given), or a
+    `DataError` for a row that cannot be used or an id that repeats an earlier row's id with another question
+    (which of the two to answer is the user's call), whichever shard holds it. An id repeated for the same
+    question is only reported later, and run once."""
     questions: dict[str, tuple[int, int]] = {}  # id → (checksum of its question, row index)
-    rows = 0
+    rows = mine = 0
     for sample in iter_samples(source, limit=limit, require_answers=False):
         rows += 1
+        mine += shard is None or shard.contains(sample.id)
         checksum = crc(sample.question)
         earlier = questions.setdefault(sample.id, (checksum, sample.index))
         if earlier[0] != checksum:
@@ -168,7 +171,7 @@ def scan_input(source: str | Path, limit: int | None = None) -> int:
             )
     if rows == 0 and limit != 0:  # a run of nothing would end 'complete' with exit 0 and no word
         raise DataError(f"{resolve_source(source)[0]} has no rows: nothing to run")
-    return rows
+    return mine
 
 
 async def run_batch(
@@ -203,12 +206,9 @@ async def run_batch(
     if settings.budget is not None:
         check_budget_prices(prices, environment, agent)
     path, _ = resolve_source(source)
-    input_rows = scan_input(source, limit)
+    input_rows = scan_input(source, limit, settings.shard)
     samples = iter_samples(source, limit=limit, require_answers=False)
     if settings.shard is not None:
-        input_rows = sum(
-            settings.shard.contains(s.id) for s in iter_samples(source, limit=limit, require_answers=False)
-        )
         samples = (s for s in samples if settings.shard.contains(s.id))
     protected = [("input file", path), ("--checkpoint file", checkpoint)]
     if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
