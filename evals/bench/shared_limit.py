@@ -17,7 +17,11 @@ straggler rows run 4 processes at 2 episodes in flight each (so that any one of 
 alone), one of them at a tenth of the speed (its agent turns take 0.95 s, so its episodes take ten times as long). After every process has written a row, one period of warm-up, then `--measure`
 seconds are measured at the provider. Printed per row:
 
-- req/s and tok/s: requests and tokens the provider accepted per second, as a fraction of its limit;
+- req and tok: how full the provider's own windows were, as a fraction of its limits: the requests (tokens) it
+  accepted in the window [t, t + period), averaged over every t of the measured span
+  (`ProviderLimit.occupancy`). Processes at the limit send a period's worth together and then wait, so a plain
+  count over a few periods (the `count` column, requests only) swings with where the span cuts those bursts;
+  the windows' mean does not;
 - 429s: the provider's 429s over the whole row, and as a share of the requests it received;
 - share max/min: episodes finished in the measured window by the busiest process over the idlest one.
 
@@ -110,7 +114,8 @@ def _row(name, processes, shared, headers, straggler, folder, questions, redis, 
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        req_share, tok_share = limit.throughput(start, end)
+        req_share, tok_share = limit.occupancy(start, end)
+        counted, _ = limit.throughput(start, end)
         received = len(limit.accepted) + limit.rejected
     finished = []
     for out in outs:
@@ -120,6 +125,7 @@ def _row(name, processes, shared, headers, straggler, folder, questions, redis, 
         "row": name,
         "req": req_share,
         "tok": tok_share,
+        "count": counted,
         "429s": limit.rejected,
         "429_share": limit.rejected / max(1, received),
         "share": max(finished) / max(1, min(finished)),
@@ -136,7 +142,7 @@ def main() -> None:
         "--measure",
         type=float,
         default=12.0,
-        help="seconds measured per row, rounded up to whole periods (a sliding window lets up to one limit through in any period, so only whole periods compare with the limit; default 12)",
+        help="seconds measured per row, rounded up to whole periods, at least two (default 12)",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -144,7 +150,7 @@ def main() -> None:
 
     # A process stopped at the end of its row drops its connections: the server's tracebacks say nothing here.
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
-    args.measure = PERIOD * max(1, -(-args.measure // PERIOD))
+    args.measure = PERIOD * max(2, -(-args.measure // PERIOD))
     plan = [
         ("static 1", 1, False, True, False),
         ("shared 1", 1, True, True, False),
@@ -162,7 +168,7 @@ def main() -> None:
         "per row",
         flush=True,
     )
-    header = f"{'row':<22} {'req/s':>6} {'tok/s':>6} {'429s':>10} {'share max/min':>14}  target"
+    header = f"{'row':<22} {'req':>6} {'tok':>6} {'count':>6} {'429s':>10} {'share max/min':>14}  target"
     print(header, flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as redis:
@@ -188,7 +194,8 @@ def _render(row: dict) -> str:
         target += "met" if ok_rate and ok_429 else "MISSED"
     four = f"{row['429s']} ({row['429_share']:.1%})"
     return (
-        f"{row['row']:<22} {row['req']:>6.2f} {row['tok']:>6.2f} {four:>10} {row['share']:>14.2f}  {target}"
+        f"{row['row']:<22} {row['req']:>6.2f} {row['tok']:>6.2f} {row['count']:>6.2f} {four:>10} "
+        f"{row['share']:>14.2f}  {target}"
     )
 
 

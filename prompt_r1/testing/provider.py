@@ -66,7 +66,8 @@ class ProviderLimit:
 
     @staticmethod
     def count_tokens(text: str) -> int:
-        """>>> ProviderLimit.count_tokens("What is the capital of France?")
+        """
+        >>> ProviderLimit.count_tokens("What is the capital of France?")
         8
         """
         return -(-len(text) // 4)
@@ -123,7 +124,12 @@ class ProviderLimit:
             return self._headers(key, now)
 
     def throughput(self, start: float, end: float) -> tuple[float, float]:
-        """Requests and tokens accepted per second in [start, end), as fractions of the limits."""
+        """Requests and tokens accepted per second in [start, end), as fractions of the limits.
+
+        A limit of so many per period lets traffic through in bursts (a sliding window refills as its oldest
+        stamps age out, so a client at the limit sends a period's worth together, then waits), and a span of a
+        few periods cuts a burst at either end by chance: this figure swings by up to one period's worth of
+        requests over the span. `occupancy` is the steady one."""
         span = end - start
         with self._lock:
             requests = sum(1 for t, _, _ in self.accepted if start <= t < end)
@@ -131,4 +137,35 @@ class ProviderLimit:
             tokens += sum(n for t, _, n in self.completions if start <= t < end)
         request_share = requests / span / (self.requests / self.period)
         token_share = tokens / span / (self.tokens / self.period) if self.tokens else 0.0
+        return request_share, token_share
+
+    def occupancy(self, start: float, end: float) -> tuple[float, float]:
+        """How full the provider's own windows were, as fractions of the limits: the requests (and tokens) in
+        the window [t, t + period), averaged over every t from `start` to `end - period`. A client that uses the
+        whole limit scores 1.0 whatever the phase of its bursts, since every period-long window then holds a
+        full limit; `throughput` over the same span can read anywhere from about (span - period) / span to 1.
+
+        A client sending 4 requests together every 1.1 s against 4 a second uses 1 / 1.1 = 0.91 of the limit:
+
+        >>> limit = ProviderLimit(requests=4, tokens=None, period=1.0)
+        >>> limit.accepted = [(b * 1.1 + i / 100, "k", 0) for b in range(12) for i in range(4)]
+        >>> [round(limit.occupancy(s, s + 6)[0], 2) for s in (2.0, 2.5)]
+        [0.9, 0.92]
+        >>> [round(limit.throughput(s, s + 3)[0], 2) for s in (2.0, 2.25)]
+        [1.0, 0.67]
+        """
+        if end - start <= self.period:
+            raise ValueError(f"occupancy needs a span longer than one period ({self.period:g} s)")
+        first, last = start, end - self.period  # the windows' start times
+
+        def weight(at: float) -> float:  # the measure of window starts t in [first, last] with t <= at < t + period
+            return max(0.0, min(at, last) - max(at - self.period, first))
+
+        with self._lock:
+            requests = sum(weight(t) for t, _, _ in self.accepted)
+            tokens = sum(weight(t) * n for t, _, n in self.accepted)
+            tokens += sum(weight(t) * n for t, _, n in self.completions)
+        spread = last - first
+        request_share = requests / spread / self.requests
+        token_share = tokens / spread / self.tokens if self.tokens else 0.0
         return request_share, token_share
