@@ -249,6 +249,28 @@ def test_an_unreachable_store_stops_the_command_before_anything_is_sent(tmp_path
     assert sum(server.counts.values()) == 0
 
 
+async def test_a_client_whose_store_never_answered_sends_nothing(monkeypatch):
+    """The same rule for a Python caller (a LangGraph app, the chat model) as the command line's start check: a
+    store that has never answered refuses the call in one line, rather than this process taking the whole limit
+    while others may be using it."""
+    monkeypatch.setenv("PROMPT_R1_TEST_KEY", "sk-test-shared")
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.errors import RateStoreUnreachable
+
+    limit = ProviderLimit(requests=50, tokens=None, period=1.0)
+    with ScriptedServer({"env": echo_environment()}, provider_limit=limit) as server:
+        dead = RedisServer()  # a free port with nothing listening
+        config = EnvironmentConfig(
+            model="env", base_url=server.base_url, api_key_env="PROMPT_R1_TEST_KEY", rate_store=dead.url
+        )
+        client = EnvironmentClient(config)
+        for _ in range(2):  # and again on the next call: nothing was learned from the first
+            with pytest.raises(RateStoreUnreachable, match="cannot reach the rate store at " + dead.url):
+                await client.respond("What is the capital of France?")
+        assert sum(server.counts.values()) == 0
+    reset_shared_limiters()
+
+
 def test_training_ranks_share_the_store_instead_of_splitting():
     from prompt_r1.training.config import PromptR1GRPOConfig
 

@@ -16,7 +16,9 @@ estimate and corrected from the reply. What it adds:
 - **One cool-down.** A 429 (its Retry-After, or the provider's x-ratelimit-reset-*) makes every process wait.
 - **The provider's count.** A reply's x-ratelimit-remaining-requests / -tokens bound what is sent until the
   reset it names.
-- **Faults.** When the store stops answering, the limiter says so once (a warning), goes on with a local share
+- **Faults.** A store that has never answered this process refuses each request (`RateStoreUnreachable`,
+  nothing sent): with no count of the other processes, any share it took could overrun the provider. The
+  command-line surfaces check the store before they start instead. When the store stops answering later, the limiter says so once (a warning), goes on with a local share
   of the limits (each limit divided by the processes last seen in the store), and tries the store again every
   `rejoin_every` seconds; when it answers, the limiter says so and rejoins. No request waits on a dead store
   and none is dropped: only the limiter changes under the running episodes.
@@ -37,6 +39,8 @@ from contextlib import asynccontextmanager, suppress
 from prompt_r1.clients.limit_store import Limits, RedisLimitStore, key_prefix, store_errors, store_label
 from prompt_r1.clients.ratelimit import EndpointLimiter, LimiterStats, TokenSlot
 from prompt_r1.core.aio import PerLoop
+from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV
+from prompt_r1.core.errors import RateStoreUnreachable
 
 __all__ = ["SharedLimiter", "limiter_for", "parse_reset", "rate_headers", "reset_shared_limiters"]
 
@@ -148,6 +152,7 @@ class SharedLimiter:
         self._store_seen = (0.0, 0)  # (monotonic time, requests in the store's window) at the last grant
         self._probing = False
         self.losses = 0  # times the store was lost (each reported once)
+        self.joined = False  # the store has granted this process a lease at least once
 
     @property
     def store_lost(self) -> bool:
@@ -220,6 +225,7 @@ class SharedLimiter:
             granted, wait, procs = await store.acquire(lease, tokens, self.limits, self.process)
             self.processes_seen = max(1, procs)
             if granted:
+                self.joined = True
                 self._store_seen = (time.monotonic(), store.last_used)
                 return
             await asyncio.sleep(_POLL if wait < 0 else min(max(wait, 0.001), 5.0))
@@ -270,6 +276,12 @@ class SharedLimiter:
                     await asyncio.shield(store.release(lease, 0))
                 raise
             except store_errors() as exc:  # the store did not answer: this request goes on the local share
+                if not self.joined:
+                    raise RateStoreUnreachable(
+                        f"cannot reach the rate store at {self.label} ({type(exc).__name__}: {exc}); nothing was "
+                        f"sent. Start it, set {RATE_STORE_PASSWORD_ENV} if it wants a password, or use the "
+                        "'memory' rate store"
+                    ) from None
                 self._lost(exc)
                 store = lease = None
             finally:

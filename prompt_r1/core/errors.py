@@ -39,6 +39,7 @@ __all__ = [
     "OutputError",
     "PromptR1Error",
     "RateLimited",
+    "RateStoreUnreachable",
     "is_retryable",
 ]
 
@@ -62,6 +63,11 @@ class DataError(ConfigError):
 class OutputError(ConfigError):
     """An output path that cannot be written (a folder, a read-only or full file system) or that holds a file this
     project did not write (the input, another file): refused before anything is written to it; names the path."""
+
+
+class RateStoreUnreachable(ConfigError):
+    """A shared rate store that has not answered once since this process started: nothing is sent to the provider
+    until it does, since this process cannot know how much of the limit the others use."""
 
 
 class BackendUnavailable(PromptR1Error, ImportError):
