@@ -271,6 +271,27 @@ async def test_a_client_whose_store_never_answered_sends_nothing(monkeypatch):
     reset_shared_limiters()
 
 
+def test_a_password_protected_store_takes_the_password_and_never_prints_it():
+    from prompt_r1.clients.limit_store import check_store
+    from prompt_r1.core.errors import RateStoreUnreachable
+
+    async def one_call(limiter: SharedLimiter) -> None:
+        async with limiter.slot():
+            pass
+
+    with RedisServer(password="s3cret-pw") as server:
+        assert check_store(server.url, "s3cret-pw") is None
+        assert check_store(server.url, "wrong-pw") == "the password was refused"
+        assert check_store(server.url) == "it asks for a password"
+        limiter = SharedLimiter(server.url, "test:pw:", Limits(10, 1.0, 4), password="s3cret-pw")
+        asyncio.run(one_call(limiter))
+        assert limiter.joined and limiter.stats.completed == 1
+        refused = SharedLimiter(server.url, "test:pw2:", Limits(10, 1.0, 4), password="wrong-pw")
+        with pytest.raises(RateStoreUnreachable) as caught:
+            asyncio.run(one_call(refused))
+        assert "wrong-pw" not in str(caught.value) and "s3cret-pw" not in str(caught.value)
+
+
 def test_training_ranks_share_the_store_instead_of_splitting():
     from prompt_r1.training.config import PromptR1GRPOConfig
 

@@ -373,7 +373,7 @@ def check_store(url: str, password: str | None = None, timeout: float = 3.0) -> 
     try:
         asyncio.run(ping())
     except AuthenticationError:
-        return "the password was refused"
+        return "the password was refused" if password else "it asks for a password"
     except (RedisError, OSError) as exc:
         text = str(exc).split(". ")[0] or type(exc).__name__
         return text.replace(password, "***") if password else text
