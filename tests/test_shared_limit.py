@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -304,6 +305,49 @@ def test_training_ranks_share_the_store_instead_of_splitting():
         40_000,
         "redis://127.0.0.1:6379/0",
     )
+
+
+@pytest.mark.slow  # a 2-process DeepSpeed launch: ~1-2 min on 2 cores; the config-level test above runs by default
+@pytest.mark.timeout(900)
+def test_training_ranks_under_accelerate_launch_share_one_limit(redis, protocol_model_path, tmp_path):
+    """Two ZeRO-2 ranks (gloo, CPU) each given the whole limit in the recipe: through the store they stay under it
+    together, and the store saw both of them."""
+    import redis as redis_client
+    from conftest import NAME_QUESTION, NAME_RESPONSE
+
+    rows = tmp_path / "names.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps({"id": f"n{i}", "question": NAME_QUESTION, "golden_answers": ["Ada"]}) + "\n"
+            for i in range(32)
+        )
+    )
+    root = Path(__file__).resolve().parents[1]
+    limit = ProviderLimit(requests=6, tokens=None, period=2.0)
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}, provider_limit=limit) as server:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        command = [
+            str(Path(sys.executable).parent / "accelerate"), "launch", "--main_process_port", str(port),
+            "--config_file", str(root / "training/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2",
+            "-m", "prompt_r1", "train", "--config", str(root / "training/configs/tiny-cpu.yaml"),
+            "--model_name_or_path", str(protocol_model_path), "--train_data", str(rows),
+            "--env-base-url", server.base_url, "--env-rate-store", redis.url, "--env-rate-limit", "6",
+            "--env-rate-period", "2", "--max_turn_tokens", "24", "--max_total_tokens", "96", "--max_steps", "2",
+            "--save_strategy", "no", "--output_dir", str(tmp_path / "run"),
+        ]  # fmt: skip
+        env = {**_env(), "PYTHONPATH": str(root), "TOKENIZERS_PARALLELISM": "false"}
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800)
+        arrivals = [t for t, _, _ in limit.accepted]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained 2 steps" in done.stderr
+    assert limit.rejected == 0
+    assert max_in_window(arrivals, 2.0) <= 6
+    assert len(arrivals) > 6  # more than one window's worth, so the limit had to hold across windows
+    store = redis_client.Redis(port=redis.port)
+    ranks = [key for key in store.scan_iter("prompt-r1:limit:*procs")]
+    assert len(ranks) == 1 and store.zcard(ranks[0]) == 2  # one endpoint, seen from two processes
 
 
 def test_the_store_is_one_setting_on_every_surface(tmp_path):
