@@ -8,6 +8,7 @@ server failing the run with one line instead of a hang."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,6 +141,18 @@ def test_one_config_for_both_trainers_shared_keys_copied_and_unsupported_ones_re
     with pytest.raises(ConfigError, match="max_staleness is a setting of the async trainer: add async: true"):
         check_trainer_keys(_config(tmp_path, max_staleness=2))
     check_trainer_keys(_config(tmp_path, beta=0.001))  # the sync trainer has a KL term
+
+    # The call ledger and reproducible rollouts: on by default for the sync trainer, off for the async one, and
+    # refused there when asked for by name.
+    sync, unset = _config(tmp_path), _config(tmp_path, async_grpo=True)
+    assert (sync.call_ledger, sync.reproducible_rollouts) == (True, True)
+    assert (unset.call_ledger, unset.reproducible_rollouts) == (False, False)
+    check_trainer_keys(unset)
+    check_trainer_keys(_config(tmp_path, async_grpo=True, call_ledger=False))
+    with pytest.raises(
+        ConfigError, match=r"reproducible_rollouts: True \(.*; call_ledger: True \(the ledger keys"
+    ):
+        check_trainer_keys(_config(tmp_path, async_grpo=True, call_ledger=True, reproducible_rollouts=True))
 
 
 def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
@@ -292,6 +305,40 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
     assert all(abs(s.advantage) < 3 for s in recorder.samples)
     assert sum(_logged(trainer, "rollout/env_calls_total")) > 0
     assert sum(_logged(trainer, "rollout/cost_usd_total")) > 0  # priced by the table the sync trainer uses
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_policy_version(
+    agent_server, agent_model, tmp_path
+):
+    from prompt_r1.training.async_trainer import ROLLOUT_STATE, build_async_trainer
+
+    root, _ = agent_server
+    rows = [{**row, "id": f"r{i}"} for i, row in enumerate(_rows())]
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as env:
+
+        def trainer_for(steps: int):
+            config = _config(
+                tmp_path, model_name_or_path=str(agent_model), env_base_url=env.base_url, async_grpo=True,
+                max_staleness=2, max_steps=steps, save_strategy="steps", save_steps=2, vllm_server_base_url=root,
+            )  # fmt: skip
+            trainer = build_async_trainer(config, train_rows=rows)
+            return trainer, RecordingWorker(trainer.rollout_worker)
+
+        first, _ = trainer_for(2)
+        first.train()
+        checkpoint = tmp_path / "out" / "checkpoint-2"
+        saved = json.loads((checkpoint / ROLLOUT_STATE).read_text())
+        assert saved["model_version"] == first.model_version == 3  # the first sync, then one per step
+        assert saved["prompt_index"] >= 2  # one group of 8 per step, none dropped before it
+        second, recorder = trainer_for(4)
+        second.train(resume_from_checkpoint=str(checkpoint))
+    assert second.state.global_step == 4
+    groups = [s.group_id for s in recorder.samples]
+    assert min(groups) == saved["prompt_index"]  # not the first row again
+    assert min(s.model_version for s in recorder.samples) == saved["model_version"] + 1  # synced, then on
+    assert second.model_version == saved["model_version"] + 3  # the resume's sync and two steps
 
 
 @pytest.mark.vllm

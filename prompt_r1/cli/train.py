@@ -68,6 +68,13 @@ def cmd_train(argv: list[str]) -> int:
             return super().set_defaults_with_config(**kwargs)
 
     parser = Parser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
+    for name in (
+        "reproducible_rollouts",
+        "call_ledger",
+    ):  # unset by default (on for the sync trainer): no --no_* made
+        dashed = name.replace("_", "-")
+        parser.add_argument(f"--no_{name}", f"--no-{dashed}", action="store_const", const=False, dest=name,
+                            help=f"Same as --{name} false.")  # fmt: skip
     try:
         config, flags = parser.parse_args_and_config(argv)
     except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe

@@ -60,6 +60,56 @@ def async_config(config: PromptR1GRPOConfig) -> Any:
     return AsyncGRPOConfig(**values)
 
 
+ROLLOUT_STATE = "rollout_state.json"
+
+
+def _trainer_class() -> type:
+    """TRL's `AsyncGRPOTrainer`, saving and restoring the Prompt-R1 worker's place with each checkpoint as TRL does
+    for its own worker (TRL's checks `isinstance(worker, AsyncRolloutWorker)`): the first group not trained yet and
+    the policy version, in `checkpoint-N/rollout_state.json`. Without it a resumed run starts again at the first
+    row with policy version 0."""
+    import itertools
+
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from prompt_r1.training.async_worker import GraphRolloutWorker
+
+    class PromptR1AsyncTrainer(AsyncGRPOTrainer):
+        def _save_checkpoint(self, model, trial):
+            worker = self.rollout_worker
+            if self.accelerator.is_main_process and isinstance(worker, GraphRolloutWorker):
+                folder = os.path.join(
+                    self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+                )
+                os.makedirs(folder, exist_ok=True)
+                # Groups are numbered from the worker's first: a group dropped as stale is played again on resume.
+                first = next(g for g in itertools.count(worker.start_group) if g not in self._trained_groups)
+                with open(os.path.join(folder, ROLLOUT_STATE), "w") as handle:
+                    json.dump({"prompt_index": first, "model_version": self.model_version}, handle)
+            super()._save_checkpoint(model, trial)
+
+        def _inner_training_loop(self, *args, **kwargs):
+            worker, checkpoint = self.rollout_worker, kwargs.get("resume_from_checkpoint")
+            if isinstance(worker, GraphRolloutWorker):
+                worker.start_group = self._groups_before_resume = 0
+                state = os.path.join(checkpoint, ROLLOUT_STATE) if checkpoint else None
+                if state is not None and os.path.isfile(state):
+                    with open(state) as handle:
+                        saved = json.load(handle)
+                    worker.start_group = self._groups_before_resume = int(saved["prompt_index"])
+                    self.model_version = int(saved.get("model_version", 0))
+                    worker.update_model_version(self.model_version)
+                elif state is not None:
+                    raise ConfigError(
+                        f"{checkpoint} has no {ROLLOUT_STATE}: it was not saved by the async trainer; resume it "
+                        "without --async, or start a new output_dir"
+                    )
+            return super()._inner_training_loop(*args, **kwargs)
+
+    return PromptR1AsyncTrainer
+
+
 def _served_model(base_url: str, timeout: float = 30.0) -> str:
     """The name the vLLM server at `base_url` serves its model under (its first `/v1/models` entry)."""
     try:
@@ -89,7 +139,6 @@ def build_async_trainer(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the documented way in; no banner
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.agents.served import ServedAgent
@@ -148,7 +197,7 @@ def build_async_trainer(
 
     device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
     with async_cpu.cpu_trainer(device):
-        trainer = AsyncGRPOTrainer(
+        trainer = _trainer_class()(
             model=config.model_name_or_path,
             reward_funcs=None,  # the worker scores its groups itself
             args=args,

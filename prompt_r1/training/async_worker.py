@@ -109,6 +109,8 @@ class GraphRolloutWorker:
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
+        # The first group's number: groups are numbered in row order, so a resumed run starts past the ones trained.
+        self.start_group = 0
         self.groups_done = self.samples_queued = self.failed_episodes = 0
         self.error: str | None = None
         self._stop = threading.Event()
@@ -167,7 +169,7 @@ class GraphRolloutWorker:
         )
         tasks: set[asyncio.Task] = set()
         try:
-            for group_id in itertools.count():
+            for group_id in itertools.count(self.start_group):
                 await slots.acquire()
                 if self._stop.is_set() or self.error is not None:
                     break

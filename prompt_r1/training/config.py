@@ -26,8 +26,13 @@ DEFAULT_TRAIN_DATA = "training/data/mixed_2048.parquet"
 ROLLOUT_LOOP = {"force_final_answer": False}
 
 
-def _help(text: str, aliases: list[str] | None = None, **kw):
-    return field(metadata={"help": text, **({"aliases": aliases} if aliases else {})}, **kw)
+def _help(text: str, aliases: list[str] | None = None, switch: bool = False, **kw):
+    """A field with its help text. `switch`: an unset-by-default bool that still takes `--name` alone for true, as
+    the parser's plain bools do (its `--no_name` is added by `prompt-r1 train`)."""
+    metadata = {"help": text, **({"aliases": aliases} if aliases else {})}
+    if switch:
+        metadata.update(nargs="?", const=True)
+    return field(metadata=metadata, **kw)
 
 
 # Fields whose value is the run's total: shared out evenly across processes by `environment_config` with the
@@ -108,18 +113,21 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         "as vllm/sync_logprob_gap and appended to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
         default=False,
     )
-    reproducible_rollouts: bool = _help(
+    reproducible_rollouts: bool | None = _help(
         "Seed each step's sampling from seed, step and process, and batch the episodes' turns in lockstep in "
         "episode order, so that the same seed gives the same trajectories whatever order the environment's replies "
         "arrive in (each turn waits for the step's slowest reply). Exact on CPU; see the training docs for GPU "
-        "and vLLM.",
-        default=True,
+        "and vLLM. Unset: on (the synchronous trainer only; the async one has no steps to seed).",
+        default=None,
+        switch=True,
     )
     # Spending on the environment (prompt_r1/training/ledger.py and spend.py; docs: the training ledger).
-    call_ledger: bool = _help(
+    call_ledger: bool | None = _help(
         "Record every environment call in OUTPUT_DIR/call_ledger/ (SQLite, one file per process), and answer the "
-        "calls a resumed run repeats from it instead of paying for them again.",
-        default=True,
+        "calls a resumed run repeats from it instead of paying for them again. Unset: on (the synchronous trainer "
+        "only; the async one's episodes belong to no step).",
+        default=None,
+        switch=True,
     )
     prices: str | None = _help(
         "A price table (YAML, MODEL: {input: $, output: $} per 1M tokens) over the bundled one, for env/cost "
@@ -193,6 +201,14 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         for name, value in (("max_env_cost", self.max_env_cost), ("max_env_calls", self.max_env_calls)):
             if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
                 raise ConfigError(f"{name} must be a positive number (or unset for no cap), got {value!r}")
+        # On by default where they work: the synchronous trainer. An explicit `true` under async is refused by
+        # check_trainer_keys, which needs to know it was asked for, hence the unset default.
+        self.explicit_true = {
+            name for name in ("reproducible_rollouts", "call_ledger") if getattr(self, name) is True
+        }
+        for name in ("reproducible_rollouts", "call_ledger"):
+            if getattr(self, name) is None:
+                setattr(self, name, not self.async_grpo)
         if isinstance(self.lora_target_modules, str):
             self.lora_target_modules = [self.lora_target_modules]
         # TRL sizes vLLM's generations and its truncation logging by max_completion_length: one trajectory.

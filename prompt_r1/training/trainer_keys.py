@@ -14,6 +14,7 @@ from typing import Any
 from prompt_r1.core.errors import ConfigError
 
 __all__ = [
+    "ASYNC_OFF",
     "ASYNC_SAMPLING",
     "ASYNC_UNSUPPORTED",
     "ASYNC_UNSUPPORTED_OWN",
@@ -39,10 +40,16 @@ ASYNC_UNSUPPORTED: dict[str, str] = {
 # Prompt-R1 settings the async trainer does not have.
 ASYNC_UNSUPPORTED_OWN: dict[str, str] = {
     "vllm_sync_check": "the async trainer's sync is checked by its importance ratio (logged as `ratio`): drop it",
-    # The call ledger and the spend cap key each call by its step and episode; the async worker's episodes run
-    # across policy versions, outside any step, so neither applies there (call_ledger is then simply not used).
+    # The spend cap counts by step, and the async worker's episodes run across policy versions, outside any step.
     "max_env_cost": "the async trainer has no spend cap yet: use the synchronous trainer, or the provider's limit",
     "max_env_calls": "the async trainer has no spend cap yet: use the synchronous trainer, or the provider's limit",
+}
+# Prompt-R1 settings on by default for the synchronous trainer, off under async, and refused there when set.
+ASYNC_OFF: dict[str, str] = {
+    "reproducible_rollouts": "the async worker's episodes finish in whatever order the servers answer, across "
+    "policy versions: drop it",
+    "call_ledger": "the ledger keys each call by its step and episode, and the async worker's episodes belong to "
+    "no step: drop it",
 }
 # Sampling settings the served agent does not send (it samples with temperature and top_p).
 ASYNC_SAMPLING = ("top_k", "min_p", "repetition_penalty")
@@ -82,6 +89,10 @@ def check_trainer_keys(config: Any) -> None:
             refused.append(
                 f"{name}: {getattr(config, name)!r} (the served agent samples with temperature and top_p)"
             )
+    # On by default for the synchronous trainer only; asked for by name, they are refused here.
+    for name, why in ASYNC_OFF.items():
+        if name in getattr(config, "explicit_true", ()):
+            refused.append(f"{name}: True ({why})")
     if config.deepspeed:
         refused.append("deepspeed (the async trainer runs on FSDP2 or one device, not DeepSpeed)")
     if config.max_staleness is not None and config.max_staleness < 0:
