@@ -785,3 +785,21 @@ def test_token_ids_a_served_agent_could_not_have_sampled_are_refused_not_kept(
         code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
     captured = capsys.readouterr()
     assert code == 1 and said in captured.err and captured.out == ""
+
+
+def test_a_served_agent_without_log_probabilities_is_refused_not_given_placeholders(
+    tiny_tokenizer, tiny_model_path, capsys
+):
+    """The token path keeps the sampled tokens' log-probabilities for training (the async trainer divides by
+    them): a server that sends none fails the run in one line instead of filling in 0.0 ("certain")."""
+    from prompt_r1.testing.servers import scripted_turns
+
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": scripted_turns([PROMPT, ANSWER])},
+        tokenizer=tiny_tokenizer,
+        vllm_version="0.31.0",
+        token_logprobs=False,
+    ) as server:
+        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
+    captured = capsys.readouterr()
+    assert code == 1 and "but no log-probabilities" in captured.err and captured.out == ""

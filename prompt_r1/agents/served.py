@@ -156,11 +156,22 @@ class ServedAgent:
                 f"the served agent returned {len(ids)} token ids for a budget of {budget}, or ids outside the "
                 f"tokenizer's {vocabulary}: is --agent-tokenizer the served model's?"
             )
+        # The sampled tokens' log-probabilities (logprobs=0 asks for them, and vLLM sends them): a trajectory
+        # keeps them, and an async trainer's importance ratio divides by them, so a missing one is an error,
+        # never a placeholder (0.0 would read as "certain").
         token_logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else None
-        numbers = token_logprobs and all(isinstance(x, int | float) or x is None for x in token_logprobs)
-        logprobs = [float(x) if x is not None else 0.0 for x in token_logprobs] if numbers else None
-        if logprobs is not None and len(logprobs) != len(ids):
-            logprobs = None  # not aligned with the ids: better none than wrong
+        if ids and (
+            not isinstance(token_logprobs, list)
+            or len(token_logprobs) != len(ids)
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in token_logprobs)
+        ):
+            got = "no" if not token_logprobs else f"{len(token_logprobs)} (some missing or not numbers)"
+            raise AgentError(
+                f"the served agent returned {len(ids)} token ids but {got} log-probabilities for them: a "
+                "token-exact agent needs vLLM's completions API with logprobs; run with --agent-token-exact off "
+                "otherwise"
+            )
+        logprobs = [float(x) for x in token_logprobs or []]
         usage = response.usage
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if (

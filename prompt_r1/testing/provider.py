@@ -158,7 +158,9 @@ class ProviderLimit:
             raise ValueError(f"occupancy needs a span longer than one period ({self.period:g} s)")
         first, last = start, end - self.period  # the windows' start times
 
-        def weight(at: float) -> float:  # the measure of window starts t in [first, last] with t <= at < t + period
+        def weight(
+            at: float,
+        ) -> float:  # the measure of window starts t in [first, last] with t <= at < t + period
             return max(0.0, min(at, last) - max(at - self.period, first))
 
         with self._lock:
