@@ -14,6 +14,7 @@ from prompt_r1.cli.flags import (
     check_rate_store,
     check_reachable,
 )
+from prompt_r1.core import signals
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.checks import check_training_config
 
@@ -89,6 +90,7 @@ def cmd_train(argv: list[str]) -> int:
         raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     check_rate_store(config.env_rate_store)
+    from prompt_r1.training.graceful_stop import graceful_stop_of
     from prompt_r1.training.spend import SpendCapReached, stop_reason
 
     build = None
@@ -99,6 +101,13 @@ def cmd_train(argv: list[str]) -> int:
     except SpendCapReached as exc:
         raise _Failure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
     stopped = stop_reason(trainer)
+    interrupted = graceful_stop_of(trainer)
+    if interrupted is not None:
+        if trainer.accelerator.is_main_process:
+            print(f"prompt-r1: stopped by {interrupted.signal} after step {interrupted.step}; saved "
+                  f"{interrupted.checkpoint}; resume with --resume", file=sys.stderr)  # fmt: skip
+        _leave_process_group(trainer)
+        return signals.exit_code(interrupted.signal)
     if trainer.accelerator.is_main_process:
         steps = trainer.state.global_step
         print(
@@ -107,14 +116,18 @@ def cmd_train(argv: list[str]) -> int:
         if stopped:
             print(f"prompt-r1: stopped by the spend cap: {stopped}; resume with --resume and a higher cap",
                   file=sys.stderr)  # fmt: skip
-    # Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
-    # exit can abort a rank ("terminate called without an active exception") after the run succeeded.
+    _leave_process_group(trainer)
+    return EXIT_SPEND_CAP if stopped else EXIT_OK
+
+
+def _leave_process_group(trainer) -> None:
+    """Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
+    exit can abort a rank ("terminate called without an active exception") after the run succeeded."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         trainer.accelerator.wait_for_everyone()
         dist.destroy_process_group()
-    return EXIT_SPEND_CAP if stopped else EXIT_OK
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

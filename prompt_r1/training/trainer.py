@@ -158,8 +158,12 @@ def train(
     **build_kwargs: Any,
 ) -> Any:
     """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint.
-    `build`: the trainer's builder (default `build_trainer`; `build_async_trainer` for `async_grpo`)."""
+    `build`: the trainer's builder (default `build_trainer`; `build_async_trainer` for `async_grpo`). Ctrl-C or
+    SIGTERM stops after the step in flight with a checkpoint of it (`prompt_r1.training.graceful_stop`); the model
+    is then not saved to output_dir."""
     from transformers.trainer_utils import get_last_checkpoint
+
+    from prompt_r1.training.graceful_stop import GracefulStop
 
     checkpoint = config.resume_from_checkpoint
     if resume and checkpoint is None:
@@ -168,7 +172,13 @@ def train(
         if checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
     trainer = (build or build_trainer)(config, **build_kwargs)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    stop = GracefulStop.install(trainer)  # Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    finally:
+        stop.uninstall()
+    if stop.step is not None:  # the checkpoint is the result; a grace period is no time for a second save
+        return trainer
     trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.processing_class.save_pretrained(config.output_dir)
