@@ -222,9 +222,14 @@ class EnvironmentClient:
                 # A server (or a proxy before it) may repeat the request's Authorization header in an error
                 # body, and the message is written to results, checkpoints and logs: the keys go first.
                 mapped = redaction.redact_exception(classify_error(exc))
+                response = getattr(exc, "response", None)
+                if slot.headers is None and response is not None:  # a 429's remaining/limit headers count too
+                    slot.headers = rate_headers(dict(getattr(response, "headers", None) or {}))
                 if isinstance(mapped, RateLimited) and isinstance(self.limiter, SharedLimiter):
                     # One cool-down for every process: the others wait too instead of each finding out alone.
-                    await self.limiter.cool_down(mapped.retry_after or self.config.backoff_initial)
+                    # Capped as the retries' wait is: a daily quota's "retry in 23h" must not park every process.
+                    pause = mapped.retry_after or self.config.backoff_initial
+                    await self.limiter.cool_down(min(pause, self.config.max_retry_after))
                 if mapped is exc:
                     raise
                 raise mapped from exc

@@ -43,7 +43,8 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
 # KEYS: flight, done, tok, lease_tok, state, procs.
-# ARGV: lease, tokens, rate_limit, period, token_limit (0: none), token_period, lease_ttl, max_in_flight, process.
+# ARGV: lease, tokens, rate_limit, period, token_limit (0: none), token_period, lease_ttl, max_in_flight, process,
+# seconds a process stays counted after its last request.
 # Returns {granted 0/1, wait seconds as text (-1: poll, a slot frees only when a request completes), processes,
 # and when granted the requests now in the window, this one included}.
 _ACQUIRE = (
@@ -217,8 +218,9 @@ def key_prefix(endpoint: str, api_key: str | None) -> str:
     return f"prompt-r1:limit:{endpoint}:key-{digest}:"
 
 
-# KEYS: done, tok, state. ARGV: process, then (age in seconds, tokens) pairs: requests this process completed on
-# its local share while the store was away (a restarted store has forgotten the window the provider remembers).
+# KEYS: done, tok, state. ARGV: the process and its absence (one id per absence: a second one's requests are not
+# taken for the first's), then (age in seconds, tokens) pairs: requests this process completed on its local share
+# while the store was away (a restarted store has forgotten the window the provider remembers).
 _SEED = (
     _PRELUDE
     + """

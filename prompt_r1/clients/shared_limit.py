@@ -208,7 +208,8 @@ class SharedLimiter:
             await store.client.connection_pool.disconnect()
             await store.ping()
             now = time.monotonic()
-            await store.seed(self.process, [(now - t, n) for t, n in self._recent if t >= self._lost_since])
+            absence = f"{self.process}:{self.losses}"  # a later absence's requests get ids of their own
+            await store.seed(absence, [(now - t, n) for t, n in self._recent if t >= self._lost_since])
         except store_errors():
             self._lost_at = time.monotonic()
             return False

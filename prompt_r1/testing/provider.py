@@ -141,9 +141,11 @@ class ProviderLimit:
 
     def occupancy(self, start: float, end: float) -> tuple[float, float]:
         """How full the provider's own windows were, as fractions of the limits: the requests (and tokens) in
-        the window [t, t + period), averaged over every t from `start` to `end - period`. A client that uses the
-        whole limit scores 1.0 whatever the phase of its bursts, since every period-long window then holds a
-        full limit; `throughput` over the same span can read anywhere from about (span - period) / span to 1.
+        the window [t, t + period), averaged over every t from `start` to `end - period`: a rate weighted less
+        at the span's two ends. A client that uses the whole limit scores 1.0 whatever the phase of its bursts,
+        since every period-long window then holds a full limit, where `throughput` over the same span can read
+        anywhere from about (span - period) / span to 1. Bursts at another spacing still move it a little with
+        the phase (a few points over three periods, less over more): measure over many periods.
 
         A client sending 4 requests together every 1.1 s against 4 a second uses 1 / 1.1 = 0.91 of the limit:
 

@@ -39,7 +39,10 @@ def _help(text: str, aliases: list[str] | None = None, switch: bool = False, **k
 # memory store, shared by every rank through the store otherwise.
 _SHARE = " For the whole run: each process gets its share, or with a shared rate_store all ranks share it."
 _PER_RUN = {"rate_limit": _SHARE, "tokens_per_minute": _SHARE, "token_limit": _SHARE}
-_HELP_TAILS = {**_PER_RUN, "max_in_flight": " Per process."}  # added to the environment fields' help
+_HELP_TAILS = {
+    **_PER_RUN,
+    "max_in_flight": " Per process (with a shared rate_store, the store holds the sum).",
+}  # added to the environment fields' help
 
 
 def _environment_fields() -> type:
@@ -226,6 +229,8 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         rank, on every node, takes from the one limit as it needs."""
         values = {f.name: getattr(self, f"env_{f.name}") for f in fields(EnvironmentConfig)}
         if values["rate_store"] != "memory":
+            # The store's in-flight cap holds for every process together; env_max_in_flight is per process.
+            values["max_in_flight"] = values["max_in_flight"] * max(1, num_processes)
             return EnvironmentConfig(**values)
         for name in _PER_RUN:
             if values[name]:
