@@ -1,8 +1,8 @@
 """Shared-limit benchmark: N `prompt-r1 batch` processes against one provider limit, with the static split
 (each process limited to limit / N, the memory store) and with the shared store (Redis), side by side in one run.
 
-    python evals/bench/shared_limit.py                 # every row (~5 min on 2 idle cores, more on busy ones)
-    python evals/bench/shared_limit.py --measure 20    # longer measurement windows
+    python evals/bench/shared_limit.py                 # every row (~9 min on 2 idle cores, more on busy ones)
+    python evals/bench/shared_limit.py --measure 12    # shorter measurement windows (~4 min)
 
 The provider is a scripted OpenAI-compatible server on 127.0.0.1 (prompt_r1.testing.servers.ScriptedServer with
 prompt_r1.testing.provider.ProviderLimit) that enforces requests and tokens per period for the API key, counted as
@@ -141,8 +141,9 @@ def main() -> None:
     parser.add_argument(
         "--measure",
         type=float,
-        default=12.0,
-        help="seconds measured per row, rounded up to whole periods, at least two (default 12)",
+        default=40.0,
+        help="seconds measured per row, rounded up to whole periods, at least two (default 40: ten periods, so "
+        "that the phase of the bursts moves the figures little)",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
