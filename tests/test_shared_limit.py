@@ -256,6 +256,32 @@ async def test_provider_headers_bound_the_next_requests(redis):
     assert 0.6 < time.monotonic() - started < 3.0
 
 
+async def test_remaining_tokens_and_a_lower_provider_limit_bound_the_next_requests(redis):
+    """The token headers as the request ones: none left until the reset means a wait; and a provider's
+    x-ratelimit-limit-requests below the configured limit becomes the limit."""
+    tokens = SharedLimiter(
+        redis.url, "test:tok-headers:", Limits(100, 10.0, 8, token_limit=10_000, token_period=10.0)
+    )
+    async with tokens.slot(10) as slot:
+        slot.actual = 10
+        slot.headers = rate_headers(
+            {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "800ms"}
+        )
+    started = time.monotonic()
+    async with tokens.slot(10):
+        pass
+    assert 0.6 < time.monotonic() - started < 3.0
+
+    lower = SharedLimiter(redis.url, "test:limit-header:", Limits(100, 1.0, 8))
+    async with lower.slot() as slot:  # the provider says 120 a minute: 2 in this limiter's 1 s period
+        slot.headers = rate_headers({"x-ratelimit-limit-requests": "120"})
+    started = time.monotonic()
+    for _ in range(2):  # the first fits beside the one above; the second waits for it to leave the window
+        async with lower.slot():
+            pass
+    assert 0.7 < time.monotonic() - started < 1.6  # with the limit at 1, the two would take 2 s
+
+
 def test_keys_name_the_endpoint_and_a_hash_of_the_key_never_the_key(redis):
     import redis as redis_client
 
