@@ -134,8 +134,9 @@ def test_every_environment_setting_reaches_training_with_its_type_and_default():
         output_dir="unused", use_cpu=True, report_to=[], **{f"env_{k}": v for k, v in changed.items()}
     )
     assert config.environment_config() == EnvironmentConfig(**changed)
-    # Through a shared store every rank takes from the one limit; in memory each gets its share.
-    assert config.environment_config(num_processes=3) == EnvironmentConfig(**changed)
+    # Through a shared store every rank takes from the one limit (and the store holds the ranks' in-flight sum);
+    # in memory each gets its share.
+    assert config.environment_config(num_processes=3) == EnvironmentConfig(**{**changed, "max_in_flight": 9})
     config.env_rate_store = "memory"
     assert config.environment_config(num_processes=3) == EnvironmentConfig(
         **{**changed, "rate_store": "memory", "rate_limit": 30, "tokens_per_minute": 200}
