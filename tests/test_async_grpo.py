@@ -204,16 +204,12 @@ def agent_model(tmp_path_factory) -> Path:
 def agent_server(agent_model, tmp_path_factory):
     """`vllm serve` of the agent as the async trainer's CPU route needs it: dev mode, the project's worker
     extension, float32, processed log-probabilities. Yields (root URL, process); the last test kills it."""
-    from prompt_r1.testing.vllm_process import start_vllm_server
+    from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
     log = tmp_path_factory.mktemp("async-vllm") / "server.log"
     root, process = start_vllm_server(agent_model, log)
     yield root, process
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    stop_vllm_server(process)
 
 
 class RecordingWorker:
@@ -383,6 +379,7 @@ def test_a_vllm_server_killed_mid_run_fails_the_run_with_one_line(agent_server, 
     from transformers import TrainerCallback
 
     from prompt_r1.core.errors import PromptR1Error
+    from prompt_r1.testing.vllm_process import stop_vllm_server
     from prompt_r1.training.async_trainer import build_async_trainer
 
     root, process = agent_server
@@ -390,8 +387,7 @@ def test_a_vllm_server_killed_mid_run_fails_the_run_with_one_line(agent_server, 
     class KillServer(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if process.poll() is None:
-                process.kill()
-                process.wait(30)
+                stop_vllm_server(process, kill=True)  # the server, its engine and its worker, as a crash
 
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.1) as env:
         config = _config(

@@ -441,6 +441,7 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
     import time
     import urllib.request
 
+    from prompt_r1.testing.vllm_process import stop_vllm_server
     from prompt_r1.training.vllm_sync import SERVER_EXTENSION
 
     with socket.socket() as sock:
@@ -469,6 +470,7 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
         ],  # fmt: skip
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # stop_vllm_server stops its engine and worker with it
         # /collective_rpc: the weight sync without CUDA. The KV cache gets an explicit size, as the README says to
         # on CPU: sized as a share of the NUMA node's memory minus the process's own, it can come out below zero.
         env={
@@ -488,14 +490,10 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
         except OSError:
             time.sleep(1)
     else:
-        process.kill()
+        stop_vllm_server(process, kill=True)
         raise RuntimeError("vllm serve did not start in 300 s")
     yield base_url
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    stop_vllm_server(process)
 
 
 def test_a_served_agent_on_vllm_is_token_exact(vllm_server, wide_head_model_path):

@@ -309,6 +309,7 @@ def _run_async(
 def _async_rows(args, model: Path, tmp: Path) -> dict:
     """The async and sync two-turn runs at `--latency` and at 1 s: {("async"|"sync", latency): result}."""
     from prompt_r1.testing.servers import ScriptedServer
+    from prompt_r1.testing.vllm_process import stop_vllm_server
 
     runs = {}
     root, process, nccl = _start_vllm(model, tmp)
@@ -317,8 +318,7 @@ def _async_rows(args, model: Path, tmp: Path) -> dict:
             with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency, record=False) as server:
                 runs["async", latency] = _run_async(args, model, server.base_url, root, nccl, tmp, latency)
     finally:
-        process.terminate()
-        process.wait(60)
+        stop_vllm_server(process)
     (tmp / "sync-1").mkdir(exist_ok=True)
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=1.0, record=False) as server:
         runs["sync", 1.0] = _launch(args, "multi", model, server.base_url, tmp / "sync-1")

@@ -186,7 +186,7 @@ def _restore(root: str, model: Path) -> None:
 
 def main_async(args) -> int:
     from prompt_r1.testing.tiny_models import build_protocol_model
-    from prompt_r1.testing.vllm_process import start_vllm_server
+    from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
     latencies = (0.0, 0.2, 1.0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,8 +204,7 @@ def main_async(args) -> int:
                 results[lat] = async_multi_turn(model, args, lat, tmp / f"async-{lat}", root)
                 _restore(root, model)
         finally:
-            process.terminate()
-            process.wait(60)
+            stop_vllm_server(process)
         n = max(1, round(statistics.mean(t for _, t in sync.values())))
         base = single_turn(model, args, n, tmp / "single", bf16=False)
 

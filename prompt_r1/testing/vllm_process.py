@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["start_vllm_server"]
+__all__ = ["start_vllm_server", "stop_vllm_server"]
 
 
 def start_vllm_server(
@@ -48,16 +48,44 @@ def start_vllm_server(
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
     }
     with Path(log).open("w") as handle:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        # A session of its own: the server's engine and worker are processes of their own, which a signal to the
+        # server alone leaves running (orphaned, about 2 GB each) when the server dies without shutting them down.
+        process = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     root = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            stop_vllm_server(process, kill=True)  # an engine it had started may still run
             raise RuntimeError(f"vllm serve exited: {Path(log).read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"{root}/health", timeout=2):
                 return root, process
         except OSError:
             time.sleep(1)
-    process.kill()
+    stop_vllm_server(process, kill=True)
     raise RuntimeError(f"vllm serve did not start in {timeout:.0f} s: {Path(log).read_text()[-3000:]}")
+
+
+def stop_vllm_server(process: subprocess.Popen, *, kill: bool = False, timeout: float = 30) -> None:
+    """Stop a `vllm serve` process with its engine and worker processes: SIGTERM to all of them (SIGKILL with
+    `kill`, as a crash), then SIGKILL to whatever is left after `timeout` s. Its whole process group when it leads
+    one (`start_vllm_server`'s do), else the server alone."""
+    import contextlib
+    import signal
+
+    def send(signum: int) -> None:
+        try:
+            leader = os.getpgid(process.pid) == process.pid
+        except ProcessLookupError:
+            leader = True  # reaped already: the group it led may still hold the engine
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if leader else os.kill)(process.pid, signum)
+
+    send(signal.SIGKILL if kill else signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout)
+    send(signal.SIGKILL)  # the engine may outlive the server it belonged to
+    if process.poll() is None:
+        process.wait(timeout)
