@@ -165,7 +165,12 @@ class ServedAgent:
             or len(token_logprobs) != len(ids)
             or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in token_logprobs)
         ):
-            got = "no" if not token_logprobs else f"{len(token_logprobs)} (some missing or not numbers)"
+            if not token_logprobs:
+                got = "no"
+            elif len(token_logprobs) != len(ids):
+                got = str(len(token_logprobs))
+            else:
+                got = f"{len(token_logprobs)} (some missing or not numbers)"
             raise AgentError(
                 f"the served agent returned {len(ids)} token ids but {got} log-probabilities for them: a "
                 "token-exact agent needs vLLM's completions API with logprobs; run with --agent-token-exact off "

@@ -104,8 +104,11 @@ def cmd_train(argv: list[str]) -> int:
     interrupted = graceful_stop_of(trainer)
     if interrupted is not None:
         if trainer.accelerator.is_main_process:
-            print(f"prompt-r1: stopped by {interrupted.signal} after step {interrupted.step}; saved "
-                  f"{interrupted.checkpoint}; resume with --resume", file=sys.stderr)  # fmt: skip
+            saved = f"saved {interrupted.checkpoint}; resume with --resume"
+            if interrupted.checkpoint is None:
+                saved = "no checkpoint was written"
+            print(f"prompt-r1: stopped by {interrupted.signal} after step {interrupted.step}; {saved}",
+                  file=sys.stderr)  # fmt: skip
         _leave_process_group(trainer)
         return signals.exit_code(interrupted.signal)
     if trainer.accelerator.is_main_process:

@@ -83,11 +83,20 @@ def _trainer_class() -> type:
                     self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
                 )
                 os.makedirs(folder, exist_ok=True)
-                # Groups are numbered from the worker's first: a group dropped as stale is played again on resume.
-                first = next(g for g in itertools.count(worker.start_group) if g not in self._trained_groups)
+                first = next(g for g in itertools.count(worker.start_group) if not self._spent(worker, g))
                 with open(os.path.join(folder, ROLLOUT_STATE), "w") as handle:
                     json.dump({"prompt_index": first, "model_version": self.model_version}, handle)
             super()._save_checkpoint(model, trial)
+
+        def _spent(self, worker: GraphRolloutWorker, group: int) -> bool:
+            """Whether a resumed run should go past `group`: trained, or never to be trained (no scored episode,
+            or sampled by a policy too old to be taken now: it is dropped as stale whenever its turn comes)."""
+            if group in self._trained_groups:
+                return True
+            if group not in worker.finished:
+                return False  # still to come, or in flight
+            version = worker.finished[group]
+            return version is None or self.model_version - version > self.args.max_staleness
 
         def _inner_training_loop(self, *args, **kwargs):
             worker, checkpoint = self.rollout_worker, kwargs.get("resume_from_checkpoint")
@@ -102,8 +111,8 @@ def _trainer_class() -> type:
                     worker.update_model_version(self.model_version)
                 elif state is not None:
                     raise ConfigError(
-                        f"{checkpoint} has no {ROLLOUT_STATE}: it was not saved by the async trainer; resume it "
-                        "without --async, or start a new output_dir"
+                        f"{checkpoint} has no {ROLLOUT_STATE}, which the async trainer saves with every checkpoint "
+                        "(the synchronous trainer does not): resume it without --async, or start a new output_dir"
                     )
             return super()._inner_training_loop(*args, **kwargs)
 

@@ -111,6 +111,9 @@ class GraphRolloutWorker:
         self.model_version = 0
         # The first group's number: groups are numbered in row order, so a resumed run starts past the ones trained.
         self.start_group = 0
+        # Each finished group's policy version (None: it had no scored episode, so nothing of it can be trained):
+        # what a checkpoint needs to tell a group still to come from one that will never be trained.
+        self.finished: dict[int, int | None] = {}
         self.groups_done = self.samples_queued = self.failed_episodes = 0
         self.error: str | None = None
         self._stop = threading.Event()
@@ -203,6 +206,7 @@ class GraphRolloutWorker:
         if broken is not None:  # the policy is the vLLM server: its failure is the run's, not an outcome
             raise RolloutFailed(f"a rollout episode failed ({broken.status}): {broken.error}")
         samples, metrics = self.score(group_id, row, version, episodes)
+        self.finished[group_id] = version if samples else None
         failed = sum(1 for e in episodes if e.status == "environment_error")
         # The environment is gone when it answered none of a group's calls (episodes that never called it, such
         # as a malformed first turn, still score and would keep a run going on nothing but them).

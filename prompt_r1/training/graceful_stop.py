@@ -76,14 +76,20 @@ class GracefulStop(TrainerCallback):
         )
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not _any_rank(self.signal is not None, args) or state.global_step >= state.max_steps:
+        if not _any_rank(self.signal is not None, args):
+            return
+        if state.global_step >= state.max_steps:  # that was the last step: the run ends and saves as usual
+            print(f"prompt-r1: {self.signal or 'the signal'} came with the last step: finishing the run",
+                  file=self.stream or sys.stderr, flush=True)  # fmt: skip
             return
         self.step = state.global_step
-        self.signal = (
-            self.signal or "SIGTERM"
-        )  # another rank's signal: the launcher sends every rank the same
+        # Another rank's signal, when none arrived here: the launcher sends every rank the same one.
+        self.signal = self.signal or "SIGTERM"
         control.should_save = True
         control.should_training_stop = True
+        # No evaluation inside a grace period; and under save_strategy "best" an evaluation decides whether to
+        # save, which could leave the stop with no checkpoint at all.
+        control.should_evaluate = False
 
     def on_save(self, args, state, control, **kwargs):
         if self.step is not None:
@@ -98,7 +104,7 @@ def _any_rank(flag: bool, args: Any) -> bool:
         return flag
     import torch
 
-    device = args.device if dist.get_backend() == "nccl" else "cpu"
+    device = "cpu" if dist.get_backend() == "gloo" else args.device
     value = torch.tensor([int(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())

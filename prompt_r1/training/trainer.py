@@ -160,7 +160,7 @@ def train(
     """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint.
     `build`: the trainer's builder (default `build_trainer`; `build_async_trainer` for `async_grpo`). Ctrl-C or
     SIGTERM stops after the step in flight with a checkpoint of it (`prompt_r1.training.graceful_stop`); the model
-    is then not saved to output_dir."""
+    is then not saved to output_dir, and `graceful_stop_of(trainer)` says which signal, step and checkpoint."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from prompt_r1.training.graceful_stop import GracefulStop
