@@ -191,6 +191,36 @@ def test_an_agent_that_ignores_the_reply_is_right_only_by_chance(tmp_path):
     assert json.dumps([s.metrics for s in samples])  # the metrics are plain numbers the trainer can average
 
 
+def test_the_benchmark_prints_async_beside_sync_with_the_sync_spread_and_a_verdict_per_seed():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "evals" / "bench" / "learning.py"
+    spec = importlib.util.spec_from_file_location("learning_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(seed, gain, collapsed=False, after=0.9):
+        return {"seed": seed, "gain": gain, "collapsed": collapsed, "after": {"from_reply": after}}
+
+    sync = [run(1, 0.5), run(2, 0.6), run(3, 0.4)]
+    runs = [
+        run(1, 0.45),
+        run(2, 0.7),
+        run(3, 0.1, collapsed=True, after=0.2),
+        {"seed": 4, "build_error": "x"},
+    ]
+    lines = bench.comparison(sync, runs).splitlines()
+    assert lines[1].split()[:3] == ["1", "+0.50", "+0.45"] and lines[1].endswith("within the sync spread")
+    assert lines[2].endswith("above the sync spread")
+    assert "90% / 20%" in lines[3] and lines[3].endswith("below the sync spread; COLLAPSED")
+    assert "not trained" in lines[4]
+    assert lines[-1] == (
+        "async vs sync: mean gain +0.42 vs +0.50; sync spread +0.40 to +0.60 over 3 seeds; 2/3 async seeds "
+        "within or above it without collapsing; 1 collapsed (sync: 0)"
+    )
+
+
 # ---- on vLLM's CPU build -------------------------------------------------------------------------------------------
 
 
