@@ -10,7 +10,8 @@ does not, and −0.4 for answering at once (one turn never reaches the format ga
 agent (fine-tuned to read the question and the reply, to prefer no behaviour, and checked for both; its heads 32
 wide, `SERVED_SHAPE`, so that vLLM's CPU build serves it too), and trains it with GRPO against the scripted
 environment on 127.0.0.1. A run is reproducible: the same seed and flags give the same figures on the same machine
-and thread count. `--work DIR` keeps the agents, so that a later run with other flags, or the async one, reuses them.
+and thread count. `--work DIR` keeps the agents, so that a later run with other flags, or the async one, reuses them
+(`--build-only` builds them and stops). The figures are saved after every seed: a run stopped early keeps its seeds.
 
 `--async` trains the same agents with the asynchronous trainer (`prompt_r1.testing.door_async`): a vLLM CPU server
 per seed (started for the seed, always stopped after it), each group of episodes playing a table of its own (groups
@@ -73,18 +74,10 @@ DEFAULT_STALENESS = 4  # the async trainer's own default (TRL's), at which its t
 SERIES = ("door/asked_right", "door/correct", "door/correct_from_reply", "frac_reward_zero_std")
 
 
-def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
-    """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.testing.door_codes import (
-        SERVED_SHAPE,
-        DoorBuildError,
-        DoorTable,
-        build_door_model,
-        door_environment,
-        training_rows,
-    )
-    from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.progress import step_series
+def build_agent(seed: int, args: argparse.Namespace, work: Path) -> dict:
+    """The seed's agent in WORK/model-SEED, built unless an agent of the same build is there: its build figures
+    (`door_build.json`), or {"build_error": ...}."""
+    from prompt_r1.testing.door_codes import SERVED_SHAPE, DoorBuildError, build_door_model
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
     marker = model / "door_build.json"  # written last: a half-built agent, or one built otherwise, is rebuilt
@@ -95,6 +88,21 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         except DoorBuildError as exc:  # reported with the seed's figures, not a lost run
             return {"seed": seed, "build_error": str(exc)}
         build = json.loads(marker.read_text())
+    return build
+
+
+def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
+    """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
+    from prompt_r1.testing.door_codes import DoorTable, door_environment, training_rows
+    from prompt_r1.testing.servers import ScriptedServer
+    from prompt_r1.training.progress import step_series
+
+    build = build_agent(seed, args, work)
+    if "build_error" in build:
+        return build
+    if args.build_only:
+        return {"seed": seed, "build": build}
+    model = work / f"model-{seed}"
     table = DoorTable(seed)
     rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed)
     run_dir = work / f"run-{seed}-{'async-' if args.async_grpo else ''}{len(list(work.glob('run-*')))}"
@@ -196,6 +204,16 @@ def seed_line(name: str, r: dict) -> str:
         f"{r['before']['from_reply']:.0%} -> {r['after']['from_reply']:.0%}); controls: withheld "
         f"{r['after']['withheld']:.0%}, lied to {r['after']['lying']:.0%}"
         f"{'; COLLAPSED' if r['collapsed'] else ''}; {r['seconds']:.0f} s{_async_part(r)}"
+    )
+
+
+def build_line(r: dict) -> str:
+    if "build_error" in r:
+        return f"seed {r['seed']}: agent not built: {r['build_error']}"
+    b = r["build"]
+    return (
+        f"seed {r['seed']}: agent built: {b['reading_steps']} reading steps, greedy reading "
+        f"{b['greedy_reading']:.0%}, sampled {b['sampled_reading']:.0%} ({b['mixture_attempts']} mixture tries)"
     )
 
 
@@ -316,6 +334,11 @@ def main() -> int:
         help="async: the most policy versions a trained sample may lag (default: %(default)s)",
     )
     parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the seeds' agents into --work and stop (a later run, sync or async, trains them)",
+    )
+    parser.add_argument(
         "--compare",
         type=Path,
         help="a synchronous run's learning.json to print beside the async one (default: OUT/learning.json)",
@@ -331,6 +354,8 @@ def main() -> int:
         parser.error("--beta, --loss-type and --mask-truncated are settings the async trainer does not have")
     if args.max_staleness < 0:
         parser.error("--max-staleness must be at least 0")
+    if args.build_only and args.work is None:
+        parser.error("--build-only needs --work (where the agents are kept)")
 
     from prompt_r1.training.progress import CURVES, draw_curves
 
@@ -346,7 +371,22 @@ def main() -> int:
     if args.async_grpo:
         name = f"async (max_staleness={args.max_staleness})" + (f", {name}" if settings else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    suffix = "-async" if args.async_grpo else ""
+    results: list[dict] = []
+
+    def done(result: dict) -> None:
+        """One seed finished: its line, and the figures so far saved (a run stopped early keeps its seeds)."""
+        results.append(result)
+        results.sort(key=lambda r: r["seed"])
+        if args.build_only:
+            print(build_line(result), flush=True)
+            return
+        print(seed_line(name, result), flush=True)
+        record = {"settings": settings, "steps": args.steps, "results": results}
+        if args.async_grpo:
+            record["max_staleness"] = args.max_staleness
+        (args.out / f"learning{suffix}.json").write_text(json.dumps(record, indent=1))
+
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -354,8 +394,7 @@ def main() -> int:
         if args.jobs == 1:
             for seed in seeds:
                 print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
-                results.append(train_seed(seed, args, work, **settings))
-                print(seed_line(name, results[-1]), flush=True)
+                done(train_seed(seed, args, work, **settings))
         else:  # seeds in parallel processes, the cores shared out (a thread count of its own: see docs/benchmarks.md)
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -369,20 +408,15 @@ def main() -> int:
             ) as pool:
                 futures = [pool.submit(train_seed, seed, args, work, **settings) for seed in seeds]
                 for future in as_completed(futures):
-                    results.append(future.result())
-                    print(seed_line(name, results[-1]), flush=True)
-            results.sort(key=lambda r: r["seed"])
-    suffix = "-async" if args.async_grpo else ""
+                    done(future.result())
+    if args.build_only:
+        return 0
     draw_curves(
         [r["series"] for r in results if "series" in r],
         args.out / f"curves{suffix}.png",
         title=f"door codes, {name}: mean and range over {len(results)} seeds",
         curves=(*CURVES, ("correct from the reply", "door/correct_from_reply")),
     )
-    record = {"settings": settings, "steps": args.steps, "results": results}
-    if args.async_grpo:
-        record["max_staleness"] = args.max_staleness
-    (args.out / f"learning{suffix}.json").write_text(json.dumps(record, indent=1))
     print(f"curves and figures in {args.out}")
     label = "learning" if name == "baseline" else f"learning ({name})"
     print(f"{label}: {summary_line(results)}")
