@@ -201,7 +201,13 @@ def test_the_benchmark_prints_async_beside_sync_with_the_sync_spread_and_a_verdi
     spec.loader.exec_module(bench)
 
     def run(seed, gain, collapsed=False, after=0.9):
-        return {"seed": seed, "gain": gain, "collapsed": collapsed, "after": {"from_reply": after}}
+        return {
+            "seed": seed,
+            "gain": gain,
+            "collapsed": collapsed,
+            "after": {"from_reply": after},
+            "series": {},
+        }
 
     sync = [run(1, 0.5), run(2, 0.6), run(3, 0.4)]
     runs = [

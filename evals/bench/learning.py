@@ -119,16 +119,19 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         if args.async_grpo:
             from prompt_r1.testing.door_async import train_async
 
-            run = train_async(
-                model,
-                table,
-                rows,
-                server.base_url,
-                run_dir,
-                held_out_step=HELD_OUT_STEP,
-                max_staleness=args.max_staleness,
-                **common,
-            )
+            try:
+                run = train_async(
+                    model,
+                    table,
+                    rows,
+                    server.base_url,
+                    run_dir,
+                    held_out_step=HELD_OUT_STEP,
+                    max_staleness=args.max_staleness,
+                    **common,
+                )
+            except Exception as exc:  # noqa: BLE001 (one seed's failure is its result, not the run's end)
+                return {"seed": seed, "build": build, "error": f"{type(exc).__name__}: {exc}"}
             config, log_history = run["config"], run["log_history"]
             before, after, seconds = run["before"], run["after"], run["seconds"]
             extra = {"async": async_figures(log_history), "max_staleness": args.max_staleness}
@@ -195,8 +198,8 @@ def _threads(n: int) -> None:
 
 
 def seed_line(name: str, r: dict) -> str:
-    if "build_error" in r:
-        return f"{name} seed {r['seed']}: not trained: {r['build_error']}"
+    if "series" not in r:
+        return f"{name} seed {r['seed']}: not trained: {_why(r)}"
     (a0, a1), (c0, c1) = r["asked_right"], r["from_reply"]
     return (
         f"{name} seed {r['seed']}: reward {r['first']:+.2f} -> {r['last']:+.2f} (gain {r['gain']:+.2f}); asked the "
@@ -227,16 +230,19 @@ def _async_part(r: dict) -> str:
     )
 
 
+def _why(r: dict) -> str:
+    return r.get("build_error") or r.get("error") or "no figures"
+
+
 def summary_line(results: list[dict]) -> str:
     from prompt_r1.testing.door_training import CHANCE
 
-    failed = [r["seed"] for r in results if "build_error" in r]
-    results = [r for r in results if "build_error" not in r]
-    unbuilt = (
-        f"; agent build failed on seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
-        if failed
-        else ""
-    )
+    unbuilt = ""
+    for what, key in (("agent build", "build_error"), ("training", "error")):
+        failed = [str(r["seed"]) for r in results if key in r]
+        if failed:
+            unbuilt += f"; {what} failed on seed{'s' if len(failed) > 1 else ''} {', '.join(failed)}"
+    results = [r for r in results if "series" in r]
     if not results:
         return "no seed trained" + unbuilt
     gains = [r["gain"] for r in results]
@@ -257,7 +263,7 @@ def summary_line(results: list[dict]) -> str:
 def comparison(sync: list[dict], runs: list[dict]) -> str:
     """The async seeds beside the sync ones, with the sync spread of gains and a verdict per seed: the gain
     within the spread (or above it, or below), and whether the seed collapsed. The last line is the verdict."""
-    sync = [r for r in sync if "build_error" not in r]
+    sync = [r for r in sync if "series" in r]
     by_seed = {r["seed"]: r for r in sync}
     if not sync:
         return "no synchronous seed to compare with"
@@ -267,8 +273,8 @@ def comparison(sync: list[dict], runs: list[dict]) -> str:
     ]
     ok = collapsed = 0
     for r in runs:
-        if "build_error" in r:
-            lines.append(f"{r['seed']:>6}  not trained: {r['build_error']}")
+        if "series" not in r:
+            lines.append(f"{r['seed']:>6}  not trained: {_why(r)}")
             continue
         s = by_seed.get(r["seed"])
         place = "below" if r["gain"] < low else "above" if r["gain"] > high else "within"
@@ -279,7 +285,7 @@ def comparison(sync: list[dict], runs: list[dict]) -> str:
         evaluated = f"{s['after']['from_reply']:.0%} / " if s else "- / "
         evaluated += f"{r['after']['from_reply']:.0%}"
         lines.append(f"{r['seed']:>6}  {sync_gain:>9}  {r['gain']:>+10.2f}  {evaluated:>29}  {verdict}")
-    trained = [r for r in runs if "build_error" not in r]
+    trained = [r for r in runs if "series" in r]
     mean = statistics.fmean(r["gain"] for r in trained) if trained else math.nan
     lines.append(
         f"async vs sync: mean gain {mean:+.2f} vs {statistics.fmean(r['gain'] for r in sync):+.2f}; sync spread "
