@@ -1,14 +1,29 @@
 """Does GRPO teach the agent to collaborate? Learning on the door-codes task, over seeds of your choice.
 
     python evals/bench/learning.py --seed0 S --seeds N [--jobs 2] [--steps 100] [--out DIR] [--work DIR] [flags]
+    python evals/bench/learning.py --async --seed0 S --seeds N [--max-staleness 4] [--out DIR] [--work DIR]
 
 The task (`prompt_r1.testing.door_codes`, `prompt_r1.testing.door_training`): only the environment knows the codes, and the table
 is redrawn at every step, so no policy that ignores the reply beats a guess (1 in 8). The reward (the `reference`
 preset) pays 1 for asking about the question's door and copying the reply's code, 0 for a well-formed episode that
 does not, and −0.4 for answering at once (one turn never reaches the format gate). Each seed builds its own tiny
-agent (fine-tuned to read the question and the reply, to prefer no behaviour, and checked for both), and trains it
-with GRPO against the scripted environment on 127.0.0.1. A run is reproducible: the same seed and flags give the
-same figures on the same machine and thread count. `--work DIR` keeps the agents, so that a later run with other flags reuses them.
+agent (fine-tuned to read the question and the reply, to prefer no behaviour, and checked for both; its heads 32
+wide, `SERVED_SHAPE`, so that vLLM's CPU build serves it too), and trains it with GRPO against the scripted
+environment on 127.0.0.1. A run is reproducible: the same seed and flags give the same figures on the same machine
+and thread count. `--work DIR` keeps the agents, so that a later run with other flags, or the async one, reuses them
+(`--build-only` builds them and stops). The figures are saved after every seed: a run stopped early keeps its seeds.
+
+`--async` trains the same agents with the asynchronous trainer (`prompt_r1.testing.door_async`): a vLLM CPU server
+per seed (started for the seed, always stopped after it), each group of episodes playing a table of its own (groups
+run across steps), no KL term (the async trainer has none; `--beta`, `--loss-type` and `--mask-truncated` are
+refused), and `--max-staleness` (default 4, the async trainer's own default, at which its throughput was measured).
+Its figures go to OUT/learning-async.json and OUT/curves-async.png, beside a synchronous run's; when OUT/learning.json
+(or `--compare FILE`) holds one, the two are printed side by side: each seed's gain, sync and async, the sync
+run's spread of gains, and a verdict per seed (within, above or below that spread; collapsed or not). An async run
+is not reproducible: the trainer and the rollout worker interleave by timing (which policy version samples which
+group, which samples come too late and are dropped), and the server samples concurrent requests in arrival order.
+What can be seeded is: the agents, every group's table (the seed and the group's index), the training rows' order,
+the trainer, and the server's sampling seed.
 
 Per seed (one line each, after the trainer's own progress lines on stderr):
 - the mean total reward of the first ten and the last ten steps, and their difference (the gain);
@@ -18,7 +33,9 @@ Per seed (one line each, after the trainer's own progress lines on stderr):
   from the reply, and the controls: the trained agent with the code withheld from the reply (any agent can only
   guess: right 12% of the time) and lied to (an agent whose answers come from the reply is then never right);
 - collapse: the last ten steps' reward more than 0.3 below the best ten-step window, or the agent worse at
-  answering from the reply after training than before.
+  answering from the reply after training than before;
+- async only: the staleness of the samples trained on (mean, max), the samples dropped as too stale, and the range
+  of the importance ratio.
 The curves (mean over seeds, range shaded) go to OUT/curves.png, the figures to OUT/learning.json. The last line:
     learning: mean gain +0.42 (min +0.31 over 3 seeds), first 10 vs last 10 steps; correct from the reply +45 points
     (min +30, >= 30 on 3/3); reply withheld 11% (max 14%, chance 12%), lied to 2% (max 4%); 0 collapsed
@@ -32,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -52,52 +70,83 @@ GRPO_FIELDS = (
     "mask_truncated_completions",
     "temperature",
 )
+DEFAULT_STALENESS = 4  # the async trainer's own default (TRL's), at which its throughput was measured
 SERIES = ("door/asked_right", "door/correct", "door/correct_from_reply", "frac_reward_zero_std")
 
 
-def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
-    """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.testing.door_codes import (
-        DoorBuildError,
-        DoorTable,
-        build_door_model,
-        door_environment,
-        training_rows,
-    )
-    from prompt_r1.testing.door_training import control, door_trainer, grpo_config
-    from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.progress import step_series
+def build_agent(seed: int, args: argparse.Namespace, work: Path) -> dict:
+    """The seed's agent in WORK/model-SEED, built unless an agent of the same build is there: its build figures
+    (`door_build.json`), or {"build_error": ...}."""
+    from prompt_r1.testing.door_codes import SERVED_SHAPE, DoorBuildError, build_door_model
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
     marker = model / "door_build.json"  # written last: a half-built agent, or one built otherwise, is rebuilt
     build = json.loads(marker.read_text()) if marker.is_file() else {}
-    if build.get("steps") != args.sft_steps:
+    if build.get("steps") != args.sft_steps or build.get("shape") != SERVED_SHAPE:
         try:
-            build_door_model(model, seed=seed, steps=args.sft_steps)
+            build_door_model(model, seed=seed, steps=args.sft_steps, **SERVED_SHAPE)
         except DoorBuildError as exc:  # reported with the seed's figures, not a lost run
             return {"seed": seed, "build_error": str(exc)}
         build = json.loads(marker.read_text())
+    return build
+
+
+def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
+    """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
+    from prompt_r1.testing.door_codes import DoorTable, door_environment, training_rows
+    from prompt_r1.testing.servers import ScriptedServer
+    from prompt_r1.training.progress import step_series
+
+    build = build_agent(seed, args, work)
+    if "build_error" in build:
+        return build
+    if args.build_only:
+        return {"seed": seed, "build": build}
+    model = work / f"model-{seed}"
     table = DoorTable(seed)
     rows = training_rows(args.steps * args.batch // args.group + args.batch, seed=seed)
+    run_dir = work / f"run-{seed}-{'async-' if args.async_grpo else ''}{len(list(work.glob('run-*')))}"
+    common = dict(
+        per_device_train_batch_size=args.batch,
+        num_generations=args.group,
+        max_steps=args.steps,
+        seed=seed,
+        data_seed=seed,
+        **settings,
+    )
+    extra: dict = {}
     with ScriptedServer({"env": door_environment(table)}, record=False) as server:
-        config = grpo_config(
-            work / f"run-{seed}-{len(list(work.glob('run-*')))}",
-            model,
-            server.base_url,
-            per_device_train_batch_size=args.batch,
-            num_generations=args.group,
-            max_steps=args.steps,
-            seed=seed,
-            data_seed=seed,
-            **settings,
-        )
-        trainer = door_trainer(config, table, rows)
-        before = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
-        started = time.monotonic()
-        trainer.train()
-        seconds = time.monotonic() - started
-        after = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
-    series = step_series(trainer.state.log_history, extra=SERIES)
+        if args.async_grpo:
+            from prompt_r1.testing.door_async import train_async
+
+            try:
+                run = train_async(
+                    model,
+                    table,
+                    rows,
+                    server.base_url,
+                    run_dir,
+                    held_out_step=HELD_OUT_STEP,
+                    max_staleness=args.max_staleness,
+                    **common,
+                )
+            except Exception as exc:  # noqa: BLE001 (one seed's failure is its result, not the run's end)
+                return {"seed": seed, "build": build, "error": f"{type(exc).__name__}: {exc}"}
+            config, log_history = run["config"], run["log_history"]
+            before, after, seconds = run["before"], run["after"], run["seconds"]
+            extra = {"async": async_figures(log_history), "max_staleness": args.max_staleness}
+        else:
+            from prompt_r1.testing.door_training import control, door_trainer, grpo_config
+
+            config = grpo_config(run_dir, model, server.base_url, **common)
+            trainer = door_trainer(config, table, rows)
+            before = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
+            started = time.monotonic()
+            trainer.train()
+            seconds = time.monotonic() - started
+            after = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
+            log_history = trainer.state.log_history
+    series = step_series(log_history, extra=SERIES)
 
     def ends(key: str) -> tuple[float, float]:
         values = series[key]
@@ -109,6 +158,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
     ]
     return {
         "seed": seed,
+        "trainer": "async" if args.async_grpo else "sync",
         "build": build,
         "grpo": {k: getattr(config, k) for k in GRPO_FIELDS},
         "series": series,
@@ -122,6 +172,22 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         "before": before,
         "after": after,
         "seconds": seconds,
+        **extra,
+    }
+
+
+def async_figures(log_history: list[dict]) -> dict:
+    """The async run's staleness, drops and importance ratios over its steps."""
+
+    def values(key: str) -> list[float]:
+        return [row[key] for row in log_history if row.get(key) is not None and "step" in row]
+
+    ratio = values("ratio")
+    return {
+        "staleness_mean": statistics.fmean(values("sample/staleness_mean") or [math.nan]),
+        "staleness_max": max(values("sample/staleness_max"), default=math.nan),
+        "dropped_stale": sum(values("sample/dropped_stale_total")),
+        "ratio_range": [min(ratio, default=math.nan), max(ratio, default=math.nan)],
     }
 
 
@@ -132,28 +198,51 @@ def _threads(n: int) -> None:
 
 
 def seed_line(name: str, r: dict) -> str:
-    if "build_error" in r:
-        return f"{name} seed {r['seed']}: not trained: {r['build_error']}"
+    if "series" not in r:
+        return f"{name} seed {r['seed']}: not trained: {_why(r)}"
     (a0, a1), (c0, c1) = r["asked_right"], r["from_reply"]
     return (
         f"{name} seed {r['seed']}: reward {r['first']:+.2f} -> {r['last']:+.2f} (gain {r['gain']:+.2f}); asked the "
         f"right door {a0:.0%} -> {a1:.0%}; correct from the reply {c0:.0%} -> {c1:.0%} (evaluated "
         f"{r['before']['from_reply']:.0%} -> {r['after']['from_reply']:.0%}); controls: withheld "
         f"{r['after']['withheld']:.0%}, lied to {r['after']['lying']:.0%}"
-        f"{'; COLLAPSED' if r['collapsed'] else ''}; {r['seconds']:.0f} s"
+        f"{'; COLLAPSED' if r['collapsed'] else ''}; {r['seconds']:.0f} s{_async_part(r)}"
     )
+
+
+def build_line(r: dict) -> str:
+    if "build_error" in r:
+        return f"seed {r['seed']}: agent not built: {r['build_error']}"
+    b = r["build"]
+    return (
+        f"seed {r['seed']}: agent built: {b['reading_steps']} reading steps, greedy reading "
+        f"{b['greedy_reading']:.0%}, sampled {b['sampled_reading']:.0%} ({b['mixture_attempts']} mixture tries)"
+    )
+
+
+def _async_part(r: dict) -> str:
+    if "async" not in r:
+        return ""
+    a = r["async"]
+    return (
+        f"; staleness mean {a['staleness_mean']:.2f}, max {a['staleness_max']:.0f}, {a['dropped_stale']:.0f} "
+        f"samples dropped; ratio {a['ratio_range'][0]:.3f}-{a['ratio_range'][1]:.3f}"
+    )
+
+
+def _why(r: dict) -> str:
+    return r.get("build_error") or r.get("error") or "no figures"
 
 
 def summary_line(results: list[dict]) -> str:
     from prompt_r1.testing.door_training import CHANCE
 
-    failed = [r["seed"] for r in results if "build_error" in r]
-    results = [r for r in results if "build_error" not in r]
-    unbuilt = (
-        f"; agent build failed on seed{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
-        if failed
-        else ""
-    )
+    unbuilt = ""
+    for what, key in (("agent build", "build_error"), ("training", "error")):
+        failed = [str(r["seed"]) for r in results if key in r]
+        if failed:
+            unbuilt += f"; {what} failed on seed{'s' if len(failed) > 1 else ''} {', '.join(failed)}"
+    results = [r for r in results if "series" in r]
     if not results:
         return "no seed trained" + unbuilt
     gains = [r["gain"] for r in results]
@@ -169,6 +258,41 @@ def summary_line(results: list[dict]) -> str:
         f"{statistics.fmean(lied):.0%} (max {max(lied):.0%}); "
         f"{sum(r['collapsed'] for r in results)} collapsed" + unbuilt
     )
+
+
+def comparison(sync: list[dict], runs: list[dict]) -> str:
+    """The async seeds beside the sync ones, with the sync spread of gains and a verdict per seed: the gain
+    within the spread (or above it, or below), and whether the seed collapsed. The last line is the verdict."""
+    sync = [r for r in sync if "series" in r]
+    by_seed = {r["seed"]: r for r in sync}
+    if not sync:
+        return "no synchronous seed to compare with"
+    low, high = min(r["gain"] for r in sync), max(r["gain"] for r in sync)
+    lines = [
+        f"{'seed':>6}  {'sync gain':>9}  {'async gain':>10}  {'evaluated after, sync / async':>29}  verdict",
+    ]
+    ok = collapsed = 0
+    for r in runs:
+        if "series" not in r:
+            lines.append(f"{r['seed']:>6}  not trained: {_why(r)}")
+            continue
+        s = by_seed.get(r["seed"])
+        place = "below" if r["gain"] < low else "above" if r["gain"] > high else "within"
+        ok += place != "below" and not r["collapsed"]
+        collapsed += r["collapsed"]
+        verdict = f"{place} the sync spread" + ("; COLLAPSED" if r["collapsed"] else "")
+        sync_gain = f"{s['gain']:+.2f}" if s else "-"
+        evaluated = f"{s['after']['from_reply']:.0%} / " if s else "- / "
+        evaluated += f"{r['after']['from_reply']:.0%}"
+        lines.append(f"{r['seed']:>6}  {sync_gain:>9}  {r['gain']:>+10.2f}  {evaluated:>29}  {verdict}")
+    trained = [r for r in runs if "series" in r]
+    mean = statistics.fmean(r["gain"] for r in trained) if trained else math.nan
+    lines.append(
+        f"async vs sync: mean gain {mean:+.2f} vs {statistics.fmean(r['gain'] for r in sync):+.2f}; sync spread "
+        f"{low:+.2f} to {high:+.2f} over {len(sync)} seeds; {ok}/{len(trained)} async seeds within or above it "
+        f"without collapsing; {collapsed} collapsed (sync: {sum(r['collapsed'] for r in sync)})"
+    )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -203,6 +327,28 @@ def main() -> int:
         help="where the figures and curves go (default: %(default)s, outside the repository)",
     )
     parser.add_argument("--work", type=Path, help="keep the agents and runs here (reused by a later run)")
+    parser.add_argument(
+        "--async",
+        dest="async_grpo",
+        action="store_true",
+        help="train with the async trainer (a vLLM CPU server per seed; no KL term)",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=DEFAULT_STALENESS,
+        help="async: the most policy versions a trained sample may lag (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the seeds' agents into --work and stop (a later run, sync or async, trains them)",
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="a synchronous run's learning.json to print beside the async one (default: OUT/learning.json)",
+    )
     args = parser.parse_args()
     if args.steps < 2 * WINDOW:
         parser.error(f"--steps must be at least {2 * WINDOW} (the first and last {WINDOW} are compared)")
@@ -210,6 +356,12 @@ def main() -> int:
         parser.error("--jobs must be at least 1")
     if args.seeds < 1 or args.batch < 1 or args.group < 2 or args.batch % args.group:
         parser.error("need --seeds >= 1, --group >= 2 and --batch a multiple of --group")
+    if args.async_grpo and (args.beta or args.loss_type or args.mask_truncated):
+        parser.error("--beta, --loss-type and --mask-truncated are settings the async trainer does not have")
+    if args.max_staleness < 0:
+        parser.error("--max-staleness must be at least 0")
+    if args.build_only and args.work is None:
+        parser.error("--build-only needs --work (where the agents are kept)")
 
     from prompt_r1.training.progress import CURVES, draw_curves
 
@@ -222,8 +374,25 @@ def main() -> int:
     if args.no_format_gate:
         settings["reward_format_gate"] = False
     name = "baseline" if not settings else ", ".join(f"{k}={v}" for k, v in settings.items())
+    if args.async_grpo:
+        name = f"async (max_staleness={args.max_staleness})" + (f", {name}" if settings else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    suffix = "-async" if args.async_grpo else ""
+    results: list[dict] = []
+
+    def done(result: dict) -> None:
+        """One seed finished: its line, and the figures so far saved (a run stopped early keeps its seeds)."""
+        results.append(result)
+        results.sort(key=lambda r: r["seed"])
+        if args.build_only:
+            print(build_line(result), flush=True)
+            return
+        print(seed_line(name, result), flush=True)
+        record = {"settings": settings, "steps": args.steps, "results": results}
+        if args.async_grpo:
+            record["max_staleness"] = args.max_staleness
+        (args.out / f"learning{suffix}.json").write_text(json.dumps(record, indent=1))
+
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -231,8 +400,7 @@ def main() -> int:
         if args.jobs == 1:
             for seed in seeds:
                 print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
-                results.append(train_seed(seed, args, work, **settings))
-                print(seed_line(name, results[-1]), flush=True)
+                done(train_seed(seed, args, work, **settings))
         else:  # seeds in parallel processes, the cores shared out (a thread count of its own: see docs/benchmarks.md)
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -246,20 +414,21 @@ def main() -> int:
             ) as pool:
                 futures = [pool.submit(train_seed, seed, args, work, **settings) for seed in seeds]
                 for future in as_completed(futures):
-                    results.append(future.result())
-                    print(seed_line(name, results[-1]), flush=True)
-            results.sort(key=lambda r: r["seed"])
+                    done(future.result())
+    if args.build_only:
+        return 0
     draw_curves(
         [r["series"] for r in results if "series" in r],
-        args.out / "curves.png",
+        args.out / f"curves{suffix}.png",
         title=f"door codes, {name}: mean and range over {len(results)} seeds",
         curves=(*CURVES, ("correct from the reply", "door/correct_from_reply")),
     )
-    record = {"settings": settings, "steps": args.steps, "results": results}
-    (args.out / "learning.json").write_text(json.dumps(record, indent=1))
     print(f"curves and figures in {args.out}")
     label = "learning" if name == "baseline" else f"learning ({name})"
     print(f"{label}: {summary_line(results)}")
+    compare = args.compare or args.out / "learning.json"
+    if args.async_grpo and compare.is_file():
+        print(comparison(json.loads(compare.read_text())["results"], results))
     return 0
 
 

@@ -6,7 +6,8 @@
   calling one endpoint many times (the shared-limit tests);
 - `tiny_models`: tiny transformers models and tokenizers built in process; `vllm_process`: `vllm serve` of one
   for the async trainer's CPU route; `door_codes`: a task a tiny model learns,
-  `door_training`: its GRPO trainer, rollout, controls and figures (the learning benchmark's).
+  `door_training`: its GRPO trainer, rollout, controls and figures (the learning benchmark's); `door_async`: the
+  task under the asynchronous trainer (a table per group of episodes).
 
 May import: every layer below the surfaces (training included); never cli or integrations. Nothing of the
 library imports it.

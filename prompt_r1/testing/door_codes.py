@@ -11,7 +11,10 @@ reward (the `reference` preset's format gate):
 The facts are 24 doors' codes (8 possible codes), and training redraws the whole table at every step
 (`DoorTable.draw`; the environment and the golden answers read the same table, see `prompt_r1.testing.door_training`): no
 policy that ignores the reply can do better than a guess (1 in 8). With a table fixed for a run, agents learned to
-answer the run's most common code, or to ask another door that happened to share the question's code.
+answer the run's most common code, or to ask another door that happened to share the question's code. Under the
+asynchronous trainer, groups of episodes run across steps, so each group has a table of its own instead
+(`DoorTable.group_codes`): the environment finds the group in the request's system message (`table_mark`,
+`prompt_r1.testing.door_async`) and answers from that group's table.
 
 The agent starts from `build_door_model`, a tiny model fine-tuned in two stages in which every reply's code is
 drawn afresh: fine-tuning holds no facts, so it can teach copying a reply but never a code to recall. First on
@@ -43,6 +46,7 @@ __all__ = [
     "DOORS",
     "READING_FLOOR",
     "READING_TARGET",
+    "SERVED_SHAPE",
     "DoorBuildError",
     "DoorTable",
     "build_door_model",
@@ -53,6 +57,7 @@ __all__ = [
     "named_doors",
     "question_for",
     "reading_share",
+    "table_mark",
     "training_rows",
 ]
 
@@ -83,10 +88,12 @@ WITHHELD = "The code is secret."
 
 class DoorTable:
     """The environment's facts, redrawn at each training step: `draw(step)` makes `codes` the step's table (a
-    function of the run's seed and the step alone, so a rerun or a resumed run sees the same tables).
+    function of the run's seed and the step alone, so a rerun or a resumed run sees the same tables). Under the
+    asynchronous trainer each group of episodes has its own table instead: `group_codes(group)`, a function of the
+    run's seed and the group's index alone, never one of the steps' tables.
 
     `reply` sets what the environment tells, for the controls: "honest" (the table's code), "lying" (for every
-    door a code other than its own, drawn per step: an agent that copies the reply is then never right, one that
+    door a code other than its own, drawn per table: an agent that copies the reply is then never right, one that
     knew the codes without asking would not be hurt) or "withheld" (no code at all: any agent can only guess, right
     1 time in 8). The environment runs in a server thread; the trainer sets these between steps, while no episode
     runs.
@@ -95,25 +102,54 @@ class DoorTable:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.reply = "honest"
+        self._groups: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
         self.draw(0)
 
     def draw(self, step: int) -> dict[str, str]:
-        from prompt_r1.agents.batching import derive_seed
-
         self.step = step
-        self.codes = door_codes(derive_seed(self.seed, step))
-        rng = random.Random(derive_seed(self.seed, step, 1))
-        self._lies = {door: rng.choice([c for c in CODES if c != code]) for door, code in self.codes.items()}
+        self.codes, self._lies = _table(self.seed, step)
         return self.codes
 
-    def tell(self, door: str) -> str:
-        """The environment's reply about `door` (see `reply`)."""
+    def group_codes(self, group: int) -> dict[str, str]:
+        """The table of the async worker's group `group` (drawn once, then kept: its episodes and its golden
+        answers read the same one)."""
+        return self._group(group)[0]
+
+    def _group(self, group: int) -> tuple[dict[str, str], dict[str, str]]:
+        if group not in self._groups:  # a server thread and the worker may both ask: the draw is the same
+            self._groups[group] = _table(self.seed, GROUP_TABLES, group)
+        return self._groups[group]
+
+    def tell(self, door: str, group: int | None = None) -> str:
+        """The environment's reply about `door` (see `reply`), from the current step's table or `group`'s."""
         if self.reply not in REPLIES:
             raise ValueError(f"reply must be one of {', '.join(REPLIES)}, got {self.reply!r}")
         if self.reply == "withheld":
             return WITHHELD
-        code = self._lies[door] if self.reply == "lying" else self.codes[door]
+        codes, lies = (self.codes, self._lies) if group is None else self._group(group)
+        code = lies[door] if self.reply == "lying" else codes[door]
         return f"The {door} door code is {code}."
+
+
+# Group tables are keyed (seed, GROUP_TABLES, group): steps are never negative, so no group's table is a step's.
+GROUP_TABLES = -1
+
+
+def _table(*key: int) -> tuple[dict[str, str], dict[str, str]]:
+    """The table drawn from `key` (seed, step; or seed, GROUP_TABLES, group) and its lies."""
+    from prompt_r1.agents.batching import derive_seed
+
+    codes = door_codes(derive_seed(*key))
+    rng = random.Random(derive_seed(*key, 1))
+    return codes, {door: rng.choice([c for c in CODES if c != code]) for door, code in codes.items()}
+
+
+def table_mark(group: int) -> str:
+    """What a request's system message carries to name its episode's group table (see `door_environment`)."""
+    return f"[door table {group}]"
+
+
+_MARK = re.compile(r"\[door table (\d+)\]")
 
 
 def door_rows(n: int, seed: int = 0, codes: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -135,22 +171,28 @@ def named_doors(text: str) -> list[str]:
 
 def door_environment(codes: dict[str, str] | DoorTable) -> Callable[[dict[str, Any]], str]:
     """The environment as a `ScriptedServer` responder: it reads the agent's prompt (the last user message), and
-    answers from a fixed table or from a `DoorTable`'s current one."""
+    answers from a fixed table or from a `DoorTable`: the group's table when the system message carries a
+    `table_mark`, else the current step's."""
 
     def respond(body: dict[str, Any]) -> str:
         messages = body.get("messages") or [{}]
-        content = messages[-1].get("content", "")
-        text = content if isinstance(content, str) else " ".join(str(part) for part in content)
-        named = named_doors(text)
+        named = named_doors(_text(messages[-1]))
         if not named:
             return "Name the door."
         if len(named) > 1:
             return "Name one door."
         if isinstance(codes, DoorTable):
-            return codes.tell(named[0])
+            system = next((_text(m) for m in messages if m.get("role") == "system"), "")
+            mark = _MARK.search(system)
+            return codes.tell(named[0], group=int(mark.group(1)) if mark else None)
         return f"The {named[0]} door code is {codes[named[0]]}."
 
     return respond
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content", "")
+    return content if isinstance(content, str) else " ".join(str(part) for part in content)
 
 
 def _reply(door: str | None, rng: random.Random) -> tuple[str, str | None]:
@@ -204,6 +246,11 @@ def reading_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, str, str, s
         )
     return episodes
 
+
+# The agent's attention: 2 heads 32 wide (1 key/value head), the parameters of `build_tiny_model`'s default 4 heads
+# 16 wide (2 key/value heads); vLLM's CPU attention serves heads 32 wide and more, not 16, and the learning
+# benchmark's synchronous and asynchronous runs train the same agents.
+SERVED_SHAPE: dict[str, int] = {"heads": 2, "kv_heads": 1}
 
 # The greedy agent's share of first turns that name the question's door, reached before the mixture stage.
 READING_TARGET = 0.95
@@ -342,6 +389,7 @@ def build_door_model(
         "greedy_reading": greedy,
         "mixture_attempts": attempt + 1,
         "sampled_reading": sampled,
+        "shape": shape,  # the model's shape arguments (none: build_tiny_model's defaults)
     }
     (path / "door_build.json").write_text(json.dumps(figures) + "\n")  # last: marks a finished, checked agent
     return path

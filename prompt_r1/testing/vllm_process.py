@@ -29,9 +29,11 @@ def start_vllm_server(
     served_name: str = "agent",
     max_model_len: int = 2048,
     timeout: float = 300,
+    seed: int | None = None,
 ) -> tuple[str, subprocess.Popen]:
     """Start the server, wait until it answers `/health`, and return its root URL and process (the caller
-    terminates it). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s."""
+    terminates it). `seed`: the server's sampling seed (`--seed`; requests sampled together still draw in
+    arrival order). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s."""
     from prompt_r1.training.weight_transfer import CPU_SERVER_FLAGS
 
     with socket.socket() as sock:
@@ -40,7 +42,7 @@ def start_vllm_server(
     command = [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--max-model-len", str(max_model_len), "--served-model-name", served_name,
-        *shlex.split(CPU_SERVER_FLAGS),
+        *shlex.split(CPU_SERVER_FLAGS), *(["--seed", str(seed)] if seed is not None else []),
     ]  # fmt: skip
     env = {
         **os.environ,

@@ -77,7 +77,13 @@ class GraphRolloutWorker:
     `ServedAgent` with its tokenizer); environment: the environment client; rollout: a `GraphRollout` (its loop
     settings and its `to_trajectories`, shared with sync training); rewards: the reward functions, the first the
     total (trained on), the others logged; max_inflight: most episodes in flight, an int or a callable read at
-    `start` (the trainer resolves its `max_inflight_tasks` after the worker is built)."""
+    `start` (the trainer resolves its `max_inflight_tasks` after the worker is built).
+
+    Each group has an index, counted from 0 in the order groups start; its episodes carry it in their run config's
+    metadata (`rollout_group`), which every environment call sees. A task whose facts differ per group (the
+    door-codes task draws a table per group) passes `group_row(group, row)`, the row a group plays (its golden
+    answers), and `episode_metrics(group, row, episode)`, figures of its own added to each sample's metrics and
+    averaged per step by the trainer."""
 
     def __init__(
         self,
@@ -92,6 +98,8 @@ class GraphRolloutWorker:
         queue_maxsize: int = 1024,
         max_failed_groups: int = 3,
         price: Callable[[dict[str, Any]], float | None] | None = None,
+        group_row: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
+        episode_metrics: Callable[[int, dict[str, Any], Episode], dict[str, float]] | None = None,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -106,6 +114,7 @@ class GraphRolloutWorker:
         self.price = (
             price  # an episode's state -> its dollars (the environment's calls), for rollout/cost_usd_total
         )
+        self.group_row, self.episode_metrics = group_row, episode_metrics
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -177,6 +186,8 @@ class GraphRolloutWorker:
                 if self._stop.is_set() or self.error is not None:
                     break
                 row = self.rows[group_id % len(self.rows)]
+                if self.group_row is not None:
+                    row = self.group_row(group_id, row)
                 task = asyncio.get_running_loop().create_task(self._group(runner, group_id, row))
                 tasks.add(task)
                 task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
@@ -190,7 +201,10 @@ class GraphRolloutWorker:
             version = self.model_version
             started = time.monotonic()
             question = question_of(row["prompt"])
-            episodes = await asyncio.gather(*(runner.run(question) for _ in range(self.num_generations)))
+            tag = {"rollout_group": group_id}
+            episodes = await asyncio.gather(
+                *(runner.run(question, metadata=tag) for _ in range(self.num_generations))
+            )
             await self._deliver(group_id, row, version, episodes, time.monotonic() - started)
         except asyncio.CancelledError:
             raise
@@ -270,6 +284,8 @@ class GraphRolloutWorker:
             for f in self.rewards[1:]:
                 value = scores[f.__name__][i]
                 metrics[f"rewards/{f.__name__}/mean"] = math.nan if value is None else float(value)
+            if self.episode_metrics is not None:
+                metrics.update(self.episode_metrics(group_id, row, episode))
             samples.append(
                 RolloutSample(
                     prompt=list(row["prompt"]) if not isinstance(row["prompt"], str) else row["prompt"],
