@@ -123,11 +123,10 @@ def train_async(
     at the end). `settings` go to `grpo_config` (with `async_grpo`, no KL term: the async trainer has none).
     Returns the trainer's `log_history`, the `control` figures before and after training (`evaluate` on
     `held_out_step`'s table), the training's seconds, the config, and the stopped server's exit code."""
-    import subprocess
     import time
 
     from prompt_r1.testing.door_training import grpo_config
-    from prompt_r1.testing.vllm_process import start_vllm_server
+    from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -148,12 +147,7 @@ def train_async(
         seconds = time.monotonic() - started
         trainer.save_model(str(output_dir / "final"))
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_vllm_server(server)  # with its engine and worker
     after = evaluate(
         output_dir / "final", table, env_base_url, output_dir / "eval", seed=seed, step=held_out_step
     )
