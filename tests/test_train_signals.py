@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("trl")
 
 from conftest import NAME_QUESTION, NAME_RESPONSE  # noqa: E402
+from test_signals import wait_for  # noqa: E402
 
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 
@@ -44,15 +45,6 @@ def _spawn(command: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=log.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def _wait_for(predicate, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _finish(proc: subprocess.Popen, timeout: float = 300.0) -> int:
     try:
         return proc.wait(timeout)
@@ -69,7 +61,9 @@ def test_sigterm_finishes_the_step_saves_a_checkpoint_and_resume_goes_on(protoco
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.2) as server:
         command = _train_args(protocol_model_path, tmp_path, server)
         proc = _spawn(command, log)
-        _wait_for(lambda: server.counts.get("env", 0) >= 1 or proc.poll() is not None, "the first rollout")
+        wait_for(
+            lambda: server.counts.get("env", 0) >= 1 or proc.poll() is not None, "the first rollout", 180
+        )
         proc.send_signal(signal.SIGTERM)
         code = _finish(proc)
         output = log.read_text()
@@ -95,9 +89,11 @@ def test_a_second_signal_stops_at_once(protocol_model_path, tmp_path):
     # 20 s per environment call: the first step cannot finish while the test waits.
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=20.0) as server:
         proc = _spawn(_train_args(protocol_model_path, tmp_path, server, "--env_timeout", "60"), log)
-        _wait_for(lambda: server.counts.get("env", 0) >= 1 or proc.poll() is not None, "the first rollout")
+        wait_for(
+            lambda: server.counts.get("env", 0) >= 1 or proc.poll() is not None, "the first rollout", 180
+        )
         proc.send_signal(signal.SIGINT)
-        _wait_for(lambda: "send it again to stop at once" in log.read_text(), "the first signal's line", 30)
+        wait_for(lambda: "send it again to stop at once" in log.read_text(), "the first signal's line", 30)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code = _finish(proc, timeout=60)
@@ -124,7 +120,7 @@ def test_both_ranks_under_accelerate_launch_save_the_same_step_and_stop(protocol
                       "--config_file", str(ROOT / "training/accelerate/deepspeed_zero2.yaml"),
                       "--num_processes", "2", "-m", *command[2:]]  # fmt: skip
         proc = _spawn(accelerate, log)
-        _wait_for(
+        wait_for(
             lambda: server.counts.get("env", 0) >= 2 or proc.poll() is not None, "the first rollouts", 300
         )
         proc.send_signal(signal.SIGTERM)
