@@ -1,4 +1,4 @@
-"""The door-codes task under the asynchronous trainer (prompt_r1.testing.door_async): each group of episodes plays
+"""The door-codes task under the asynchronous trainer (prompt_r1.tasks.door_async): each group of episodes plays
 a table of its own, the environment answers every episode from its group's table, and the golden answers and the
 door figures come from the same one.
 
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from prompt_r1.agents.batching import derive_seed
-from prompt_r1.testing.door_codes import (
+from prompt_r1.tasks.door_codes import (
     CODES,
     DOORS,
     DoorTable,
@@ -101,8 +101,8 @@ def _groups(tmp_path, *, copy: bool, groups: int, seed: int = 11):
     from prompt_r1.agents.served import ServedAgent
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
-    from prompt_r1.testing.door_async import GroupKeyedEnvironment, door_worker_options
-    from prompt_r1.testing.door_training import grpo_config
+    from prompt_r1.tasks.door_async import GroupKeyedEnvironment, door_worker_options
+    from prompt_r1.tasks.door_training import grpo_config
     from prompt_r1.training.async_worker import GraphRolloutWorker
     from prompt_r1.training.rollout import GraphRollout
     from prompt_r1.training.trainer import reward_functions
@@ -234,7 +234,7 @@ def _reading_agent(path, seed: int = 0):
     """A door agent of the served shape after a short reading stage alone (seconds): it asks about the
     question's door and copies the reply's code some of the time (about a third after 200 steps)."""
     from prompt_r1.core.prompts import INSTRUCTION_TEMPLATE
-    from prompt_r1.testing.door_codes import ANSWER, SERVED_SHAPE, reading_episodes
+    from prompt_r1.tasks.door_codes import ANSWER, SERVED_SHAPE, reading_episodes
     from prompt_r1.testing.tiny_models import build_protocol_model
 
     corpus = [f"{question_for(d)} The {d} door code is {c}." for d in DOORS for c in CODES]
@@ -258,8 +258,8 @@ def _reading_agent(path, seed: int = 0):
 @pytest.mark.timeout(900)
 def test_a_short_async_door_run_trains_on_each_groups_table_and_stops_its_server(tmp_path):
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
-    from prompt_r1.testing.door_async import train_async
-    from prompt_r1.testing.door_training import DOOR_METRICS
+    from prompt_r1.tasks.door_async import train_async
+    from prompt_r1.tasks.door_training import DOOR_METRICS
     from prompt_r1.training.progress import step_series
 
     model = _reading_agent(tmp_path / "agent")

@@ -1,4 +1,4 @@
-"""GRPO learns on the door-codes task (prompt_r1.testing.door_codes, prompt_r1.testing.door_training) at one seed, the check that
+"""GRPO learns on the door-codes task (prompt_r1.tasks.door_codes, prompt_r1.tasks.door_training) at one seed, the check that
 `evals/bench/learning.py` makes over many; and a run is reproducible: the same seed gives the same trajectories,
 losses and weights whatever order the environment's replies arrive in."""
 
@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from prompt_r1.runs.episode import Episode
-from prompt_r1.testing.door_codes import (
+from prompt_r1.tasks.door_codes import (
     CODES,
     DOORS,
     READING_FLOOR,
@@ -25,7 +25,7 @@ from prompt_r1.testing.door_codes import (
     reading_episodes,
     training_rows,
 )
-from prompt_r1.testing.door_training import (
+from prompt_r1.tasks.door_training import (
     CHANCE,
     DoorRollout,
     control,

@@ -3,7 +3,7 @@
     python evals/bench/learning.py --seed0 S --seeds N [--jobs 2] [--steps 100] [--out DIR] [--work DIR] [flags]
     python evals/bench/learning.py --async --seed0 S --seeds N [--max-staleness 4] [--out DIR] [--work DIR]
 
-The task (`prompt_r1.testing.door_codes`, `prompt_r1.testing.door_training`): only the environment knows the codes, and the table
+The task (`prompt_r1.tasks.door_codes`, `prompt_r1.tasks.door_training`): only the environment knows the codes, and the table
 is redrawn at every step, so no policy that ignores the reply beats a guess (1 in 8). The reward (the `reference`
 preset) pays 1 for asking about the question's door and copying the reply's code, 0 for a well-formed episode that
 does not, and −0.4 for answering at once (one turn never reaches the format gate). Each seed builds its own tiny
@@ -13,7 +13,7 @@ environment on 127.0.0.1. A run is reproducible: the same seed and flags give th
 and thread count. `--work DIR` keeps the agents, so that a later run with other flags, or the async one, reuses them
 (`--build-only` builds them and stops). The figures are saved after every seed: a run stopped early keeps its seeds.
 
-`--async` trains the same agents with the asynchronous trainer (`prompt_r1.testing.door_async`): a vLLM CPU server
+`--async` trains the same agents with the asynchronous trainer (`prompt_r1.tasks.door_async`): a vLLM CPU server
 per seed (started for the seed, always stopped after it), each group of episodes playing a table of its own (groups
 run across steps), no KL term (the async trainer has none; `--beta`, `--loss-type` and `--mask-truncated` are
 refused), and `--max-staleness` (default 4, the async trainer's own default, at which its throughput was measured).
@@ -42,7 +42,7 @@ The curves (mean over seeds, range shaded) go to OUT/curves.png, the figures to 
 
 Ablations, each a flag: `--train-env-tokens` trains on the environment's tokens as if the agent wrote them
 (env_mask forced to 1); `--no-format-gate` counts the answer whatever the format; `--beta`, `--lr`, `--loss-type`,
-`--mask-truncated` change the GRPO settings (the defaults are `prompt_r1.testing.door_training.grpo_config`'s).
+`--mask-truncated` change the GRPO settings (the defaults are `prompt_r1.tasks.door_training.grpo_config`'s).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ SERIES = ("door/asked_right", "door/correct", "door/correct_from_reply", "frac_r
 def build_agent(seed: int, args: argparse.Namespace, work: Path) -> dict:
     """The seed's agent in WORK/model-SEED, built unless an agent of the same build is there: its build figures
     (`door_build.json`), or {"build_error": ...}."""
-    from prompt_r1.testing.door_codes import SERVED_SHAPE, DoorBuildError, build_door_model
+    from prompt_r1.tasks.door_codes import SERVED_SHAPE, DoorBuildError, build_door_model
 
     model = work / f"model-{seed}"  # the seed's agent, built once and shared by the variants
     marker = model / "door_build.json"  # written last: a half-built agent, or one built otherwise, is rebuilt
@@ -93,7 +93,7 @@ def build_agent(seed: int, args: argparse.Namespace, work: Path) -> dict:
 
 def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> dict:
     """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
-    from prompt_r1.testing.door_codes import DoorTable, door_environment, training_rows
+    from prompt_r1.tasks.door_codes import DoorTable, door_environment, training_rows
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.progress import step_series
 
@@ -117,7 +117,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
     extra: dict = {}
     with ScriptedServer({"env": door_environment(table)}, record=False) as server:
         if args.async_grpo:
-            from prompt_r1.testing.door_async import train_async
+            from prompt_r1.tasks.door_async import train_async
 
             try:
                 run = train_async(
@@ -136,7 +136,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
             before, after, seconds = run["before"], run["after"], run["seconds"]
             extra = {"async": async_figures(log_history), "max_staleness": args.max_staleness}
         else:
-            from prompt_r1.testing.door_training import control, door_trainer, grpo_config
+            from prompt_r1.tasks.door_training import control, door_trainer, grpo_config
 
             config = grpo_config(run_dir, model, server.base_url, **common)
             trainer = door_trainer(config, table, rows)
@@ -235,7 +235,7 @@ def _why(r: dict) -> str:
 
 
 def summary_line(results: list[dict]) -> str:
-    from prompt_r1.testing.door_training import CHANCE
+    from prompt_r1.tasks.door_training import CHANCE
 
     unbuilt = ""
     for what, key in (("agent build", "build_error"), ("training", "error")):

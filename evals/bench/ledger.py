@@ -2,7 +2,7 @@
 
     python evals/bench/ledger.py [--seed S] [--steps 6] [--save-steps 2] [--crash-step 4] [--model DIR] [--work DIR]
 
-On the door-codes task (`prompt_r1.testing.door_codes`: a scripted environment on 127.0.0.1, the agent built for the
+On the door-codes task (`prompt_r1.tasks.door_codes`: a scripted environment on 127.0.0.1, the agent built for the
 task, GRPO as in the learning benchmark) the same seed is trained three times, side by side in one run:
 1. uninterrupted, for `--steps` steps, a checkpoint every `--save-steps`;
 2. crashed in step `--crash-step` (after its episodes' environment calls were paid, before its update: the most a
@@ -18,7 +18,7 @@ scripted server counts a message's words as its tokens). The last lines:
     crashed, resumed without ledger  ...               1.33x              equal
 
 Building the agent takes one to three minutes on 2 cores (`--model DIR` reuses one built before:
-`prompt_r1.testing.door_codes.build_door_model`); each run then takes about a minute. Needs the `train` and `dev`
+`prompt_r1.tasks.door_codes.build_door_model`); each run then takes about a minute. Needs the `train` and `dev`
 extras.
 """
 
@@ -57,7 +57,7 @@ class Crash(RuntimeError):
 
 
 def _crashing_rollout(crash_step: int | None):
-    from prompt_r1.testing.door_training import DoorRollout
+    from prompt_r1.tasks.door_training import DoorRollout
 
     class CrashingRollout(DoorRollout):
         def run_episodes(self, agent, questions, *, call=None):
@@ -75,8 +75,8 @@ def run(name: str, args, model: Path, work: Path, *, ledger: bool, crash: bool) 
 
     from prompt_r1.clients.costs import PriceTable
     from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.testing.door_codes import DoorTable, door_environment, training_rows
-    from prompt_r1.testing.door_training import grpo_config
+    from prompt_r1.tasks.door_codes import DoorTable, door_environment, training_rows
+    from prompt_r1.tasks.door_training import grpo_config
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.training.trainer import build_trainer
 
@@ -131,7 +131,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model
     if model is None:
-        from prompt_r1.testing.door_codes import build_door_model
+        from prompt_r1.tasks.door_codes import build_door_model
 
         model = build_door_model(work / "model", seed=args.seed)
     results = {

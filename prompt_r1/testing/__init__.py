@@ -5,10 +5,8 @@
   headers, for that server; `redis_server`: a real redis-server on a free port; `limit_worker`: a process
   calling one endpoint many times (the shared-limit tests);
 - `tiny_models`: tiny transformers models and tokenizers built in process; `vllm_process`: `vllm serve` of one
-  for the async trainer's CPU route; `door_codes`: a task a tiny model learns,
-  `door_training`: its GRPO trainer, rollout, controls and figures (the learning benchmark's); `door_async`: the
-  task under the asynchronous trainer (a table per group of episodes).
+  for the async trainer's CPU route.
 
-May import: every layer below the surfaces (training included); never cli or integrations. Nothing of the
-library imports it.
+May import: every layer below the surfaces (training included); never cli, integrations or tasks. Of the library,
+only `prompt_r1.tasks` imports it (a task builds its tiny agent and serves it).
 """

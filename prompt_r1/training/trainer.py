@@ -78,7 +78,7 @@ def build_trainer(
     train_rows: rows with `prompt` and `golden_answers`; default: `config.train_data`.
     rollout: the rollout's class (or a factory), called as `rollout(environment, loop=...,
         train_on_environment_tokens=...)`: a task that changes between steps subclasses `GraphRollout`
-        (prompt_r1.testing.door_training.DoorRollout).
+        (prompt_r1.tasks.door_training.DoorRollout).
     """
     from datasets import Dataset
     from transformers import AutoTokenizer

@@ -1,4 +1,4 @@
-"""GRPO on the door-codes task (`prompt_r1.testing.door_codes`): the rollout that redraws the codes at every step, the
+"""GRPO on the door-codes task (`prompt_r1.tasks.door_codes`): the rollout that redraws the codes at every step, the
 figures that say whether the agent collaborates, and the control that proves the reply is needed.
 
 `DoorRollout` is the project's `GraphRollout` with one addition: before each step's episodes it redraws the
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.runs.episode import Episode
-from prompt_r1.testing.door_codes import CODES, DoorTable, named_doors
+from prompt_r1.tasks.door_codes import CODES, DoorTable, named_doors
 from prompt_r1.training.rollout import GraphRollout
 
 __all__ = ["CHANCE", "DOOR_METRICS", "DoorRollout", "control", "door_figures", "door_trainer", "grpo_config"]
@@ -103,7 +103,7 @@ def control(trainer: Any, rollout: DoorRollout, *, step: int, samples: int = 8) 
     door (`asked_right`) and answered with the code its reply gave (`from_reply`). Collaboration shows as
     `withheld` near `CHANCE` and `lying` near 0; run before training it measures the starting agent."""
     from prompt_r1.agents.batching import derive_seed
-    from prompt_r1.testing.door_codes import DOORS, REPLIES, question_for
+    from prompt_r1.tasks.door_codes import DOORS, REPLIES, question_for
 
     questions = [question_for(door) for door in DOORS] * samples
     codes = rollout.table.draw(step)

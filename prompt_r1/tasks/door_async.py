@@ -1,4 +1,4 @@
-"""The door-codes task (`prompt_r1.testing.door_codes`) under the asynchronous trainer: a table per group of episodes.
+"""The door-codes task (`prompt_r1.tasks.door_codes`) under the asynchronous trainer: a table per group of episodes.
 
 The synchronous rollout redraws the task's table at every step (`DoorRollout`). The asynchronous worker keeps
 groups in flight across steps, so there each group plays a table of its own, drawn from the run's seed and the
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.testing.door_codes import DoorTable, named_doors, table_mark
-from prompt_r1.testing.door_training import DOOR_METRICS, door_figures
+from prompt_r1.tasks.door_codes import DoorTable, named_doors, table_mark
+from prompt_r1.tasks.door_training import DOOR_METRICS, door_figures
 
 __all__ = ["GroupKeyedEnvironment", "door_async_trainer", "door_worker_options", "evaluate", "train_async"]
 
@@ -99,8 +99,8 @@ def evaluate(
     """`control` of the agent at `model`, as the synchronous benchmark evaluates its trainer's policy: the same
     settings (`grpo_config`, `seed`), the same held-out table (`step`) and sampling seeds. The environment at
     `env_base_url` must answer from `table` (`door_environment`)."""
-    from prompt_r1.testing.door_codes import training_rows
-    from prompt_r1.testing.door_training import control, door_trainer, grpo_config
+    from prompt_r1.tasks.door_codes import training_rows
+    from prompt_r1.tasks.door_training import control, door_trainer, grpo_config
 
     config = grpo_config(output_dir, model, env_base_url, max_steps=1, seed=seed, data_seed=seed)
     trainer = door_trainer(config, table, training_rows(config.per_device_train_batch_size, seed=seed))
@@ -125,7 +125,7 @@ def train_async(
     `held_out_step`'s table), the training's seconds, the config, and the stopped server's exit code."""
     import time
 
-    from prompt_r1.testing.door_training import grpo_config
+    from prompt_r1.tasks.door_training import grpo_config
     from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
     output_dir = Path(output_dir)

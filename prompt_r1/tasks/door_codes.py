@@ -9,12 +9,12 @@ reward (the `reference` preset's format gate):
 - asking about the question's own door and copying the reply's code earns 1.
 
 The facts are 24 doors' codes (8 possible codes), and training redraws the whole table at every step
-(`DoorTable.draw`; the environment and the golden answers read the same table, see `prompt_r1.testing.door_training`): no
+(`DoorTable.draw`; the environment and the golden answers read the same table, see `prompt_r1.tasks.door_training`): no
 policy that ignores the reply can do better than a guess (1 in 8). With a table fixed for a run, agents learned to
 answer the run's most common code, or to ask another door that happened to share the question's code. Under the
 asynchronous trainer, groups of episodes run across steps, so each group has a table of its own instead
 (`DoorTable.group_codes`): the environment finds the group in the request's system message (`table_mark`,
-`prompt_r1.testing.door_async`) and answers from that group's table.
+`prompt_r1.tasks.door_async`) and answers from that group's table.
 
 The agent starts from `build_door_model`, a tiny model fine-tuned in two stages in which every reply's code is
 drawn afresh: fine-tuning holds no facts, so it can teach copying a reply but never a code to recall. First on
