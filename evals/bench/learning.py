@@ -58,18 +58,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-WINDOW = 10  # steps averaged at each end of the curve
-HELD_OUT_STEP = 10**9  # the evaluation's table: one no training run reaches
-COLLAPSE = 0.3  # reward drop from the best ten-step window that counts as a collapse
-GRPO_FIELDS = (
-    "learning_rate",
-    "beta",
-    "loss_type",
-    "epsilon",
-    "num_iterations",
-    "mask_truncated_completions",
-    "temperature",
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's own modules beside it
+
+import learning_hops  # noqa: E402
+from learning_common import COLLAPSE, GRPO_FIELDS, HELD_OUT_STEP, WINDOW, async_figures  # noqa: E402
+
 DEFAULT_STALENESS = 4  # the async trainer's own default (TRL's), at which its throughput was measured
 SERIES = ("door/asked_right", "door/correct", "door/correct_from_reply", "frac_reward_zero_std")
 
@@ -176,21 +169,6 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
     }
 
 
-def async_figures(log_history: list[dict]) -> dict:
-    """The async run's staleness, drops and importance ratios over its steps."""
-
-    def values(key: str) -> list[float]:
-        return [row[key] for row in log_history if row.get(key) is not None and "step" in row]
-
-    ratio = values("ratio")
-    return {
-        "staleness_mean": statistics.fmean(values("sample/staleness_mean") or [math.nan]),
-        "staleness_max": max(values("sample/staleness_max"), default=math.nan),
-        "dropped_stale": sum(values("sample/dropped_stale_total")),
-        "ratio_range": [min(ratio, default=math.nan), max(ratio, default=math.nan)],
-    }
-
-
 def _threads(n: int) -> None:
     import torch
 
@@ -260,7 +238,7 @@ def summary_line(results: list[dict]) -> str:
     )
 
 
-def comparison(sync: list[dict], runs: list[dict]) -> str:
+def comparison(sync: list[dict], runs: list[dict], after_key=lambda r: r["after"]["from_reply"]) -> str:
     """The async seeds beside the sync ones, with the sync spread of gains and a verdict per seed: the gain
     within the spread (or above it, or below), and whether the seed collapsed. The last line is the verdict."""
     sync = [r for r in sync if "series" in r]
@@ -282,8 +260,8 @@ def comparison(sync: list[dict], runs: list[dict]) -> str:
         collapsed += r["collapsed"]
         verdict = f"{place} the sync spread" + ("; COLLAPSED" if r["collapsed"] else "")
         sync_gain = f"{s['gain']:+.2f}" if s else "-"
-        evaluated = f"{s['after']['from_reply']:.0%} / " if s else "- / "
-        evaluated += f"{r['after']['from_reply']:.0%}"
+        evaluated = f"{after_key(s):.0%} / " if s else "- / "
+        evaluated += f"{after_key(r):.0%}"
         lines.append(f"{r['seed']:>6}  {sync_gain:>9}  {r['gain']:>+10.2f}  {evaluated:>29}  {verdict}")
     trained = [r for r in runs if "series" in r]
     mean = statistics.fmean(r["gain"] for r in trained) if trained else math.nan
@@ -298,6 +276,12 @@ def comparison(sync: list[dict], runs: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--task",
+        choices=("door-codes", "hops"),
+        default="door-codes",
+        help="door-codes: one call; hops: a chain of 1-3 dependent calls (default: %(default)s)",
     )
     parser.add_argument("--seeds", type=int, default=3, help="how many seeds")
     parser.add_argument("--seed0", type=int, default=0, help="first seed")
@@ -319,6 +303,11 @@ def main() -> int:
     parser.add_argument("--train-env-tokens", action="store_true", help="ablation: env_mask forced to 1")
     parser.add_argument(
         "--no-format-gate", action="store_true", help="ablation: the answer counts regardless"
+    )
+    parser.add_argument(
+        "--mask-first-turn",
+        action="store_true",
+        help="ablation (hops): the agent's first turn is not trained on",
     )
     parser.add_argument(
         "--out",
@@ -362,6 +351,10 @@ def main() -> int:
         parser.error("--max-staleness must be at least 0")
     if args.build_only and args.work is None:
         parser.error("--build-only needs --work (where the agents are kept)")
+    if args.mask_first_turn and (args.task != "hops" or args.async_grpo):
+        parser.error("--mask-first-turn is an ablation of the synchronous hops task (--task hops)")
+    hops = args.task == "hops"
+    task = learning_hops if hops else sys.modules[__name__]
 
     from prompt_r1.training.progress import CURVES, draw_curves
 
@@ -373,11 +366,12 @@ def main() -> int:
         settings["train_on_environment_tokens"] = True
     if args.no_format_gate:
         settings["reward_format_gate"] = False
-    name = "baseline" if not settings else ", ".join(f"{k}={v}" for k, v in settings.items())
+    shown = {**settings, **({"mask_first_turn": True} if args.mask_first_turn else {})}
+    name = "baseline" if not shown else ", ".join(f"{k}={v}" for k, v in shown.items())
     if args.async_grpo:
         name = f"async (max_staleness={args.max_staleness})" + (f", {name}" if settings else "")
     args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "-async" if args.async_grpo else ""
+    suffix = ("-hops" if hops else "") + ("-async" if args.async_grpo else "")
     results: list[dict] = []
 
     def done(result: dict) -> None:
@@ -385,10 +379,10 @@ def main() -> int:
         results.append(result)
         results.sort(key=lambda r: r["seed"])
         if args.build_only:
-            print(build_line(result), flush=True)
+            print(task.build_line(result), flush=True)
             return
-        print(seed_line(name, result), flush=True)
-        record = {"settings": settings, "steps": args.steps, "results": results}
+        print(task.seed_line(name, result), flush=True)
+        record = {"task": args.task, "settings": shown, "steps": args.steps, "results": results}
         if args.async_grpo:
             record["max_staleness"] = args.max_staleness
         (args.out / f"learning{suffix}.json").write_text(json.dumps(record, indent=1))
@@ -400,7 +394,7 @@ def main() -> int:
         if args.jobs == 1:
             for seed in seeds:
                 print(f"== {name}, seed {seed}", file=sys.stderr, flush=True)
-                done(train_seed(seed, args, work, **settings))
+                done(task.train_seed(seed, args, work, **settings))
         else:  # seeds in parallel processes, the cores shared out (a thread count of its own: see docs/benchmarks.md)
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -412,7 +406,7 @@ def main() -> int:
                 initializer=_threads,
                 initargs=(threads,),
             ) as pool:
-                futures = [pool.submit(train_seed, seed, args, work, **settings) for seed in seeds]
+                futures = [pool.submit(task.train_seed, seed, args, work, **settings) for seed in seeds]
                 for future in as_completed(futures):
                     done(future.result())
     if args.build_only:
@@ -420,15 +414,18 @@ def main() -> int:
     draw_curves(
         [r["series"] for r in results if "series" in r],
         args.out / f"curves{suffix}.png",
-        title=f"door codes, {name}: mean and range over {len(results)} seeds",
-        curves=(*CURVES, ("correct from the reply", "door/correct_from_reply")),
+        title=f"{args.task}, {name}: mean and range over {len(results)} seeds",
+        curves=(*CURVES, *learning_hops.CURVES)
+        if hops
+        else (*CURVES, ("correct from the reply", "door/correct_from_reply")),
     )
     print(f"curves and figures in {args.out}")
     label = "learning" if name == "baseline" else f"learning ({name})"
-    print(f"{label}: {summary_line(results)}")
-    compare = args.compare or args.out / "learning.json"
+    print(f"{label}: {task.summary_line(results)}")
+    compare = args.compare or args.out / f"learning{'-hops' if hops else ''}.json"
     if args.async_grpo and compare.is_file():
-        print(comparison(json.loads(compare.read_text())["results"], results))
+        after_key = learning_hops.after_key if hops else (lambda r: r["after"]["from_reply"])
+        print(comparison(json.loads(compare.read_text())["results"], results, after_key))
     return 0
 
 

@@ -21,23 +21,31 @@ same code on the same held-out table as the synchronous benchmark. Needs the `tr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.tasks.door_codes import DoorTable, named_doors, table_mark
 from prompt_r1.tasks.door_training import DOOR_METRICS, door_figures
 
-__all__ = ["GroupKeyedEnvironment", "door_async_trainer", "door_worker_options", "evaluate", "train_async"]
+__all__ = [
+    "GroupKeyedEnvironment",
+    "door_async_trainer",
+    "door_worker_options",
+    "evaluate",
+    "run_async",
+    "train_async",
+]
 
 
 class GroupKeyedEnvironment:
-    """An environment client whose every request names its episode's group in the system message (`table_mark`),
-    read from the `rollout_group` the async worker puts in the episode's run config. Calls without a group go
-    through unchanged."""
+    """An environment client whose every request names its episode's group in the system message (`mark(group)`:
+    the task's table mark, door codes' `table_mark` by default), read from the `rollout_group` the async worker
+    puts in the episode's run config. Calls without a group go through unchanged."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, mark: Callable[[int], str] = table_mark) -> None:
         self.inner = inner
+        self.mark = mark
 
     @property
     def retries(self) -> int:
@@ -53,7 +61,7 @@ class GroupKeyedEnvironment:
     ) -> Any:
         group = ((run_config or {}).get("metadata") or {}).get("rollout_group")
         if group is not None:
-            system_prompt = f"{system_prompt or self.inner.system_prompt}\n{table_mark(int(group))}"
+            system_prompt = f"{system_prompt or self.inner.system_prompt}\n{self.mark(int(group))}"
         extra = {} if system_prompt is None else {"system_prompt": system_prompt}
         return await self.inner.respond(prompt, history, run_config=run_config, **extra)
 
@@ -119,38 +127,60 @@ def train_async(
     **settings: Any,
 ) -> dict[str, Any]:
     """Train the agent at `model` with the async trainer against the scripted environment at `env_base_url`
-    (answering from `table`), its policy served by a `vllm serve` of its own (seeded with `seed`, always stopped
-    at the end). `settings` go to `grpo_config` (with `async_grpo`, no KL term: the async trainer has none).
-    Returns the trainer's `log_history`, the `control` figures before and after training (`evaluate` on
-    `held_out_step`'s table), the training's seconds, the config, and the stopped server's exit code."""
+    (answering from `table`): `run_async` with the door-codes task's config, trainer and evaluation."""
+    from prompt_r1.tasks.door_training import grpo_config
+
+    def measure(agent: str | Path) -> dict[str, float]:
+        return evaluate(agent, table, env_base_url, Path(output_dir) / "eval", seed=seed, step=held_out_step)
+
+    return run_async(
+        model,
+        output_dir,
+        configure=lambda **kw: grpo_config(output_dir, model, env_base_url, **kw),
+        build=lambda config: door_async_trainer(config, table, rows),
+        measure=measure,
+        seed=seed,
+        **settings,
+    )
+
+
+def run_async(
+    model: str | Path,
+    output_dir: str | Path,
+    *,
+    configure: Callable[..., Any],
+    build: Callable[[Any], Any],
+    measure: Callable[[str | Path], Any],
+    seed: int,
+    **settings: Any,
+) -> dict[str, Any]:
+    """A task's async training run: `measure(model)` before, the async trainer of `build(configure(**settings))`
+    trained with the policy served by a `vllm serve` of its own (seeded with `seed`, always stopped at the end),
+    then `measure` of the trained agent. `configure` gets `settings` with `async_grpo`, the server's address and
+    no KL term (the async trainer has none). Returns the trainer's `log_history`, the figures before and after,
+    the training's seconds, the config, and the stopped server's exit code."""
     import time
 
-    from prompt_r1.tasks.door_training import grpo_config
     from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    before = evaluate(model, table, env_base_url, output_dir / "eval", seed=seed, step=held_out_step)
+    before = measure(model)
     root, server = start_vllm_server(model, output_dir / "vllm.log", seed=seed)
     try:
-        config = grpo_config(
-            output_dir,
-            model,
-            env_base_url,
+        config = configure(
             **{"seed": seed, "data_seed": seed, "beta": 0.0, "bf16": False, **settings},
             async_grpo=True,
             vllm_server_base_url=root,
         )
-        trainer = door_async_trainer(config, table, rows)
+        trainer = build(config)
         started = time.monotonic()
         trainer.train()
         seconds = time.monotonic() - started
         trainer.save_model(str(output_dir / "final"))
     finally:
         stop_vllm_server(server)  # with its engine and worker
-    after = evaluate(
-        output_dir / "final", table, env_base_url, output_dir / "eval", seed=seed, step=held_out_step
-    )
+    after = measure(output_dir / "final")
     return {
         "log_history": trainer.state.log_history,
         "before": before,

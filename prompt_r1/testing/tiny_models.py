@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -136,7 +137,7 @@ def build_tiny_model(
 
 def build_protocol_model(
     path: str | Path,
-    episodes: Sequence[tuple[str, str, str | None, str | None]],
+    episodes: Sequence[tuple[Any, ...]],
     *,
     hidden_size: int = 64,
     steps: int = 400,
@@ -150,10 +151,12 @@ def build_protocol_model(
     protocol: str = "paper",
     **model_shape: int,
 ) -> Path:
-    """A tiny model fine-tuned (seconds, on CPU) to play two-turn episodes, saved to `path`.
+    """A tiny model fine-tuned (seconds, on CPU) to play scripted episodes, saved to `path`.
 
     Each episode is (question, first turn, environment response, second turn), or (question, turn, None, None)
-    for one that answers at once. The model is trained on the
+    for one that answers at once, or for longer episodes (question, [turn, response, turn, response, ..., turn]):
+    agent turns and environment responses alternating, ending on an agent turn (the paper protocol only). The
+    model is trained on the
     token-exact trajectory the graph builds (agent turns as targets, the rendered environment message masked), so
     sampling through the graph reproduces the script; where several episodes share a question and first turn but
     end differently, the model learns to choose among their endings. `model_shape` (layers, heads, kv_heads,
@@ -177,7 +180,27 @@ def build_protocol_model(
     tok = AutoTokenizer.from_pretrained(start_from or path)
     model = AutoModelForCausalLM.from_pretrained(start_from or path).to(device)
     rows, labels = [], []
-    for question, turn1, response, turn2 in episodes:
+    for episode in episodes:
+        if len(episode) == 2:  # (question, [turn, response, ..., turn]): any number of environment calls
+            question, script = episode
+            if protocol != "paper" or len(script) % 2 != 1:
+                raise ValueError(
+                    "a multi-call episode is paper-protocol turns and responses ending on a turn"
+                )
+            prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
+            row, label = list(prompt), [-100] * len(prompt)
+            for k, text in enumerate(script):
+                if k % 2:  # an environment response: rendered after the agent's turn, never a target
+                    env = user_turn_ids(tok, interaction_response(text), row)
+                    row, label = row + env, label + [-100] * len(env)
+                else:
+                    ids = tok.encode(text, add_special_tokens=False)
+                    ids += [tok.eos_token_id] if k == len(script) - 1 else []
+                    row, label = row + ids, label + ids
+            rows.append(row)
+            labels.append(label)
+            continue
+        question, turn1, response, turn2 = episode
         prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
         first = tok.encode(turn1, add_special_tokens=False)
         if protocol == "release":

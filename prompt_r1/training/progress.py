@@ -102,6 +102,11 @@ STUCK_SIGNS = (
         "every group had equal rewards (no advantage to learn from)",
     ),
     ("episode/env_calls", 0.0, "no episode called the environment"),
+    (
+        "episode/status_max_turns",
+        1.0,
+        "every episode called the environment until max_turns without answering",
+    ),
 )
 
 
