@@ -1,5 +1,5 @@
 """`PromptR1Chat`, the loop as a LangChain chat model: in an LCEL chain, as the model of a prebuilt agent, and
-streamed turn by turn with `astream`.
+streamed turn by turn with `astream_events`.
 
 python graphs/chat_model_demo.py --demo
 python graphs/chat_model_demo.py --agent-model ./my-agent --env-model gpt-4o-mini "Your question"
@@ -16,7 +16,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 
 from prompt_r1 import LoopConfig, PromptR1Chat
-from prompt_r1.core.events import format_event
+from prompt_r1.core.events import EVENT_NAME, format_event
 
 
 def in_a_chain(chat: PromptR1Chat, question: str) -> str:
@@ -38,12 +38,12 @@ def as_an_agents_model(chat: PromptR1Chat, question: str) -> str:
 
 
 async def turn_by_turn(chat: PromptR1Chat, question: str) -> None:
-    """One chunk per per-turn event (in additional_kwargs["prompt_r1_events"]), then one with the answer."""
-    async for chunk in chat.astream(question):
-        for event in chunk.additional_kwargs.get("prompt_r1_events", []):
-            print(format_event(event), flush=True)
-        if chunk.content:
-            print(f"streamed answer: {chunk.content}")
+    """Each turn as it happens (the custom events named prompt_r1), then the streamed answer's text."""
+    async for event in chat.astream_events(question, version="v2"):
+        if event["event"] == "on_custom_event" and event["name"] == EVENT_NAME:
+            print(format_event(event["data"]), flush=True)
+        elif event["event"] == "on_chat_model_stream":
+            print(f"streamed answer: {event['data']['chunk'].content}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from typing import Annotated, TypedDict
 
 import pytest
 from conftest import ANSWER, PROMPT
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
@@ -122,22 +123,54 @@ def test_as_the_model_of_a_prebuilt_agent_and_a_node_of_a_parent_graph(server):
     assert out["messages"][-1].content == "Paris"
 
 
-def test_astream_yields_each_turn_event_then_the_answer(server):
-    chunks = asyncio.run(_collect(chat_model(server).astream("Capital of France?")))
-    events = [c.additional_kwargs["prompt_r1_events"][0] for c in chunks[:-1]]
+class TurnEvents(BaseCallbackHandler):
+    """A callback handler that keeps the custom events named prompt_r1, as an app would to show turns live."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def on_custom_event(self, name, data, **kwargs) -> None:
+        if name == EVENT_NAME:
+            self.events.append(data)
+
+
+def test_a_chains_stream_yields_the_answer_and_no_empty_strings_and_turns_reach_callbacks(server):
+    chain = (
+        ChatPromptTemplate.from_messages([("human", "Capital of {country}?")])
+        | chat_model(server)
+        | StrOutputParser()
+    )
+    turns = TurnEvents()
+    assert list(chain.stream({"country": "France"}, config={"callbacks": [turns]})) == ["Paris"]
+    assert [e["type"] for e in turns.events] == EVENT_TYPES
+    assert [e["text"] for e in turns.events if e["type"] == "response"] == [
+        "Response 1: p1",
+        "Response 2: p2",
+    ]
+
+
+def test_astream_yields_the_answer_only_with_every_event_in_its_message(server):
+    turns = TurnEvents()
+    chunks = asyncio.run(
+        _collect(chat_model(server).astream("Capital of France?", config={"callbacks": [turns]}))
+    )
+    assert [c.content for c in chunks] == ["Paris"]
+    events = chunks[-1].additional_kwargs["prompt_r1_events"]
     assert [e["type"] for e in events] == EVENT_TYPES
-    assert all(c.content == "" for c in chunks[:-1]) and chunks[-1].content == "Paris"
-    assert [e["text"] for e in events if e["type"] == "response"] == ["Response 1: p1", "Response 2: p2"]
     assert events[-1] == {"type": "end", "status": "answered", "answer": "Paris", "turns": 3, "error": None}
     whole = reduce(operator.add, chunks)  # added up: the whole message, every event in order
     assert whole.content == "Paris" and whole.additional_kwargs["prompt_r1_events"] == events
     assert whole.response_metadata["status"] == "answered" and whole.usage_metadata["total_tokens"] > 0
+    # What the callback saw as it happened are the same events.
+    assert [{**e, "latency_s": 0} for e in turns.events] == [{**e, "latency_s": 0} for e in events]
 
 
-def test_sync_stream_matches_async(server):
+def test_sync_stream_and_invoke_match_async(server):
     chunks = list(chat_model(server).stream("Capital of France?"))
-    assert [c.additional_kwargs["prompt_r1_events"][0]["type"] for c in chunks[:-1]] == EVENT_TYPES
-    assert chunks[-1].content == "Paris"
+    assert [c.content for c in chunks] == ["Paris"]
+    assert [e["type"] for e in chunks[-1].additional_kwargs["prompt_r1_events"]] == EVENT_TYPES
+    message = chat_model(server).invoke("Capital of France?")
+    assert [e["type"] for e in message.additional_kwargs["prompt_r1_events"]] == EVENT_TYPES
 
 
 def test_astream_events_of_the_chat_model_and_of_the_graph_carry_the_events_in_order(server):
@@ -146,14 +179,14 @@ def test_astream_events_of_the_chat_model_and_of_the_graph_carry_the_events_in_o
     async def events(runnable, inputs):
         return [e async for e in runnable.astream_events(inputs, version="v2")]
 
-    # The chat model's stream events carry the per-turn events in their chunks, as its astream does ...
-    from_chat = [
-        e["data"]["chunk"].additional_kwargs["prompt_r1_events"][0]
-        for e in asyncio.run(events(chat, "Capital of France?"))
-        if e["event"] == "on_chat_model_stream" and e["data"]["chunk"].additional_kwargs
-    ]
+    # The chat model's stream events: the turn events as custom events named prompt_r1, then the answer's text
+    # (no empty chunk) ...
+    streamed = asyncio.run(events(chat, "Capital of France?"))
+    from_chat = [e["data"] for e in streamed if e["event"] == "on_custom_event" and e["name"] == EVENT_NAME]
     assert [e["type"] for e in from_chat] == EVENT_TYPES
-    # ... and the graph's as custom events named prompt_r1, the same dicts.
+    texts = [e["data"]["chunk"].content for e in streamed if e["event"] == "on_chat_model_stream"]
+    assert texts == ["Paris"]
+    # ... and the graph's, the same dicts.
     from_graph = [
         e["data"]
         for e in asyncio.run(events(chat.graph, {"question": "Capital of France?"}))
@@ -195,16 +228,16 @@ def test_an_environment_that_keeps_failing_raises_and_streams_an_error_event(ser
     with pytest.raises(EnvironmentCallError, match="500"):
         chat.invoke("Capital of France?")
     server.inject(Fault("500"), Fault("500"), model="env")
-    chunks = []
+    chunks, turns = [], TurnEvents()
 
     async def run():
-        async for chunk in chat.astream("Capital of France?"):
+        async for chunk in chat.astream("Capital of France?", config={"callbacks": [turns]}):
             chunks.append(chunk)
 
     with pytest.raises(EnvironmentCallError):
         asyncio.run(run())
-    types = [c.additional_kwargs["prompt_r1_events"][0]["type"] for c in chunks]
-    assert types == ["think", "prompt", "error", "end"]
+    assert chunks == []  # no answer, no chunk; the error event went to the callbacks
+    assert [e["type"] for e in turns.events] == ["think", "prompt", "error", "end"]
 
 
 def test_questions_are_read_from_text_parts_and_a_missing_question_is_a_clear_error():
@@ -291,7 +324,7 @@ def test_streamed_calls_nest_the_episode_under_the_chat_models_run():
         assert [r.name for r in roots] == ["PromptR1Chat", "PromptR1Chat"]
         for root in roots:
             assert_episode_nested(root, "s")
-        assert {c.content for c in chunks} == {"", "Response 2: Q1? / part 2", "Response 2: Q2? / part 2"}
+        assert sorted(c.content for c in chunks) == ["Response 2: Q1? / part 2", "Response 2: Q2? / part 2"]
 
         collector = RunCollectorCallbackHandler()
         asyncio.run(
@@ -331,8 +364,10 @@ def test_inside_a_parent_graph_streamed_as_messages_the_episode_nests_under_the_
 
         streamed_async = asyncio.run(run_async())
     for parts in (streamed, streamed_async):
-        # The chat model streams one chunk per event, then the answer; the episode's own model calls stay inside.
-        assert len(parts) == len(EVENT_TYPES) + 1 and parts[-1][0].content == "Response 2: Q? / part 2"
+        # The chat model streams the answer alone, its events in its message; the episode's own model calls stay
+        # inside.
+        assert [chunk.content for chunk, _ in parts] == ["Response 2: Q? / part 2"]
+        assert len(parts[0][0].additional_kwargs["prompt_r1_events"]) == len(EVENT_TYPES)
         assert {meta["langgraph_node"] for _, meta in parts} == {"answer"}
     assert len(collector.traced_runs) == 2
     for root in collector.traced_runs:

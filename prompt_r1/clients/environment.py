@@ -141,6 +141,10 @@ class EnvironmentClient:
                 update["streaming"] = False
             chat_model = chat_model.model_copy(update=update)
         self.chat_model = chat_model
+        if chat_model is not None:
+            # Its key (given as api_key=, or read from OPENAI_API_KEY when it was built) is cut from every
+            # error, log line and trace like any key this project reads itself.
+            redaction.register_from(chat_model)
         shared = config.rate_store != "memory"
         key = None
         if chat_model is None:
@@ -221,7 +225,7 @@ class EnvironmentClient:
             except Exception as exc:
                 # A server (or a proxy before it) may repeat the request's Authorization header in an error
                 # body, and the message is written to results, checkpoints and logs: the keys go first.
-                mapped = redaction.redact_exception(classify_error(exc))
+                mapped = classify_error(exc)
                 response = getattr(exc, "response", None)
                 if slot.headers is None and response is not None:  # a 429's remaining/limit headers count too
                     slot.headers = rate_headers(dict(getattr(response, "headers", None) or {}))

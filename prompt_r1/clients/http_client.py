@@ -35,6 +35,7 @@ from langchain_core.exceptions import (
 from langchain_core.messages import AIMessage
 
 from prompt_r1.clients.shared_limit import parse_reset
+from prompt_r1.core import redaction
 from prompt_r1.core.errors import (
     ContextOverflow,
     EnvironmentCallError,
@@ -59,6 +60,15 @@ __all__ = [
 # Read in an error object's `type` and `code` only: a message is free text ("connection refused, retry").
 _REFUSAL_WORDS = ("content_filter", "content_policy", "refusal", "safety")
 _SNIPPET = 200
+# The loggers of the HTTP stack that write what a server sent (headers, status lines, error bodies).
+_HTTP_LOGGERS = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "openai._base_client",
+)
 
 
 class MalformedResponse(openai.APIResponseValidationError):
@@ -123,6 +133,35 @@ def check_completion_body(raw: bytes, content_type: str = "") -> tuple[str, str]
     return None
 
 
+def _redact_body(response: httpx.Response) -> None:
+    """Cut the keys out of a response body already read (as bytes: whatever it holds, only the keys change)."""
+    raw = response.content
+    text = raw.decode("utf-8", "surrogateescape")
+    cleaned = redaction.redact(text)
+    if cleaned != text:
+        # httpx has no public way to replace a body already read; the SDK reads `content` after these hooks.
+        response._content = cleaned.encode("utf-8", "surrogateescape")
+        if "content-length" in response.headers:
+            response.headers["content-length"] = str(len(response._content))
+
+
+async def _redact_response(response: httpx.Response) -> None:
+    """The first thing done with every response: the keys the project sends are cut out of its headers and, for an
+    error, its body (a server or a gateway before it may repeat the request's Authorization header there), before
+    the SDK builds an exception from them. So the exception, and every trace, log line or row that holds its text,
+    never holds a key: not only where this project writes it, but also in the chat model's own run that a tracer
+    records before the error reaches the project."""
+    if not redaction.registered():
+        return
+    items = response.headers.multi_items()
+    cleaned = [(name, redaction.redact(value)) for name, value in items]
+    if cleaned != items:
+        response.headers = httpx.Headers(cleaned)
+    if response.status_code >= 400:
+        await response.aread()
+        _redact_body(response)
+
+
 async def _check_response(response: httpx.Response) -> None:
     request = response.request
     if response.status_code != 200 or request.method != "POST":
@@ -143,9 +182,12 @@ async def _check_response(response: httpx.Response) -> None:
 
 def checked_async_client(timeout: float | None, **kwargs: Any) -> httpx.AsyncClient:
     """An `httpx.AsyncClient` (no connection limit: the callers cap requests in flight themselves) that checks
-    every chat-completions 200 as described above."""
+    every chat-completions 200 as described above, and cuts the keys out of every response (`_redact_response`)."""
     kwargs.setdefault("limits", httpx.Limits(max_connections=None))
-    return httpx.AsyncClient(timeout=timeout, event_hooks={"response": [_check_response]}, **kwargs)
+    # httpcore logs each response's headers at DEBUG before any hook runs: its loggers cut the keys themselves.
+    redaction.protect_loggers(*_HTTP_LOGGERS)
+    hooks = {"response": [_redact_response, _check_response]}
+    return httpx.AsyncClient(timeout=timeout, event_hooks=hooks, **kwargs)
 
 
 # A chat model's fields that hold HTTP clients: an async one belongs to the event loop that first used it.
@@ -192,7 +234,16 @@ def _retry_after_seconds(headers) -> float | None:
 
 
 def classify_error(exc: BaseException) -> BaseException:
-    """Map an OpenAI/LangChain/asyncio failure to this package's error hierarchy (see errors.py)."""
+    """Map an OpenAI/LangChain/asyncio failure to this package's error hierarchy (see errors.py), with every
+    configured key cut out of the result and out of `exc` and its chain (which the caller raises it from).
+
+    This is where an environment's failure crosses into the project, whatever chat model raised it: a model
+    whose HTTP this module does not see (any other provider's) may still carry a server's echo of its key."""
+    mapped = _classified(redaction.redact_exception(exc))
+    return redaction.redact_exception(mapped)
+
+
+def _classified(exc: BaseException) -> BaseException:
     if isinstance(exc, EnvironmentCallError | ContextOverflow):
         return exc
     cause = exc.__cause__

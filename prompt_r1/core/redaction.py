@@ -33,10 +33,12 @@ __all__ = [
     "Redactor",
     "dumps",
     "json_line",
+    "protect_loggers",
     "protect_logging",
     "redact",
     "redact_exception",
     "register",
+    "register_from",
     "registered",
 ]
 
@@ -97,22 +99,43 @@ class Redactor:
         return text
 
     def exception(self, exc: BaseException) -> BaseException:
-        """`exc` with the secrets cut out of its message, in place (its type and attributes stay), and out of the
-        exceptions it was raised from, whose text a traceback would print."""
+        """`exc` with the secrets cut out of its message, in place (its type and attributes stay), and out of every
+        exception a traceback of it would print: its causes, its contexts (both, not only the one a traceback
+        follows first), the members of an exception group, and their notes."""
+        if not self.secrets:
+            return exc
         seen: set[int] = set()
-        current: BaseException | None = exc
-        while current is not None and id(current) not in seen:
+        pending: list[BaseException] = [exc]
+        while pending:
+            current = pending.pop()
+            if id(current) in seen:
+                continue
             seen.add(id(current))
-            text = str(current)
-            if any(s in text for s in self.secrets):
-                current.args = tuple(self(a) if isinstance(a, str) else a for a in current.args)
-                for name in ("message", "body"):  # openai's errors keep the text again in attributes
-                    value = getattr(current, name, None)
-                    if isinstance(value, str):
-                        with contextlib.suppress(AttributeError):
-                            setattr(current, name, self(value))
-            current = current.__cause__ or current.__context__
+            args = tuple(self.scrub(a) for a in current.args)
+            if args != current.args:
+                current.args = args
+            for name in ("message", "body"):  # openai's errors keep the text again in attributes (body: JSON)
+                value = getattr(current, name, None)
+                if isinstance(value, str | dict | list) and self.scrub(value) != value:
+                    with contextlib.suppress(AttributeError):
+                        setattr(current, name, self.scrub(value))
+            notes = getattr(current, "__notes__", None)
+            if isinstance(notes, list):
+                current.__notes__ = [self.scrub(n) for n in notes]
+            pending += [e for e in (current.__cause__, current.__context__) if e is not None]
+            pending += list(getattr(current, "exceptions", None) or ())  # an ExceptionGroup's members
         return exc
+
+    def scrub(self, value: Any) -> Any:
+        """`value` with the secrets cut from its text: a string, or the strings inside JSON-like lists and dicts
+        (keys too); anything else is returned as it is."""
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, dict):
+            return {self.scrub(k): self.scrub(v) for k, v in value.items()}
+        if type(value) in (list, tuple):  # exactly: a named tuple or a list subclass is left as it is
+            return type(value)(self.scrub(v) for v in value)
+        return value
 
     def dumps(self, obj: Any, **kwargs: Any) -> str:
         """`json.dumps(obj)` (non-ASCII kept) with the secrets cut, also in their JSON-escaped forms; text that is
@@ -136,7 +159,20 @@ def redact(text: str | None) -> str | None:
 
 
 def redact_exception(exc: BaseException) -> BaseException:
+    """`exc` and every exception a traceback of it prints, with every registered key cut, in place."""
     return _default.exception(exc)
+
+
+def register_from(model: Any) -> None:
+    """Register every secret a pydantic model holds (`SecretStr` fields: a `ChatOpenAI`'s api_key, whether given
+    as `api_key=` or read from OPENAI_API_KEY, or any other chat model's), for a model handed in ready-made."""
+    fields = getattr(type(model), "model_fields", None) or {}
+    for name in fields:
+        value = getattr(model, name, None)
+        reveal = getattr(value, "get_secret_value", None)
+        if callable(reveal):
+            secret = reveal()
+            register(secret if isinstance(secret, str) else None)
 
 
 def json_line(row: Any) -> str:
@@ -192,6 +228,16 @@ class RedactingFilter(logging.Filter):
             self.redactor.exception(record.exc_info[1])
             record.exc_text = None
         return True
+
+
+def protect_loggers(*names: str) -> None:
+    """Guard the named loggers themselves with a `RedactingFilter`, whatever handlers an application gives them
+    later: for libraries that log what a server sent (httpcore logs response headers at DEBUG). A logger's filter
+    sees only the records logged on it, so each logger that writes such records is named. Safe to call again."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())
 
 
 def protect_logging(*extra_handlers: logging.Handler) -> None:

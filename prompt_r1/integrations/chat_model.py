@@ -17,11 +17,11 @@ raises ValueError) and returns the answer as an `AIMessage`:
 `invoke`, `ainvoke`, `batch`, `abatch`, `stream`, `astream` and `astream_events` work as for any chat model, inside
 LCEL chains and as the model of a LangGraph agent that needs no tool calls (`bind_tools([])` is the model itself;
 tools or `with_structured_output` raise NotImplementedError: the answer is text). Every call, streamed or not,
-traces its episode as a run named `prompt_r1_episode` under the chat model's own run. Streaming yields one chunk per
-per-turn event (think, prompt, response, ...; see events.py) with the event in
-`additional_kwargs["prompt_r1_events"]` and empty content, then the answer; added up, the chunks give the whole
-message with every event in order; `astream_events` also carries each event as a custom event named
-`prompt_r1`. An environment that fails past its retries raises `EnvironmentCallError`
+traces its episode as a run named `prompt_r1_episode` under the chat model's own run. A stream carries the answer's
+text and nothing else (no empty chunks). The per-turn events (think, prompt, response, ...; see events.py) arrive as
+they happen as custom callback events named `prompt_r1` (`astream_events`' `on_custom_event`, or any callback
+handler's `on_custom_event`), and all of them, in order, in the message's `additional_kwargs["prompt_r1_events"]`,
+streamed or not. An environment that fails past its retries raises `EnvironmentCallError`
 (a chat model has no other way to say it has no answer); other endings are returned with their status.
 
 An unknown keyword is refused; of LangChain's standard parameters `stop` (at construction or per call) cuts the
@@ -32,7 +32,6 @@ event loop (environment.py), so sync and async calls mix in one process.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import uuid
@@ -313,12 +312,13 @@ class PromptR1Chat(BaseChatModel):
         async for chunk in _afirst_step_with(_STREAM_PARENT, parent, chunks):
             yield chunk
 
-    def _message(self, episode: Episode, options: CallOptions) -> AIMessage:
+    def _message(self, episode: Episode, options: CallOptions, events: list[dict]) -> AIMessage:
         if episode.status == "environment_error":
             raise EnvironmentCallError(redaction.redact(episode.error) or "the environment call failed")
         usage = episode.usage
         return AIMessage(
             content=cut_at_stop(episode.answer or "", options.stop),
+            additional_kwargs={EVENTS_KEY: events},
             response_metadata={
                 "model_name": self.model_name,
                 "status": episode.status,
@@ -342,8 +342,8 @@ class PromptR1Chat(BaseChatModel):
         question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(run_manager and _parent_of(run_manager), is_async=False)
         with _set(var_child_runnable_config, caller):
-            episode = _last(self.runner.stream_sync(question, tags=tags))
-        return ChatResult(generations=[ChatGeneration(message=self._message(episode, options))])
+            episode, events = _split(list(self.runner.stream_sync(question, tags=tags)))
+        return ChatResult(generations=[ChatGeneration(message=self._message(episode, options, events))])
 
     async def _agenerate(
         self,
@@ -355,20 +355,21 @@ class PromptR1Chat(BaseChatModel):
         question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(run_manager and _parent_of(run_manager), is_async=True)
         with _set(var_child_runnable_config, caller):
-            episode = [item async for item in self.runner.stream(question, tags=tags)][-1]
-        return ChatResult(generations=[ChatGeneration(message=self._message(episode, options))])
+            episode, events = _split([item async for item in self.runner.stream(question, tags=tags)])
+        return ChatResult(generations=[ChatGeneration(message=self._message(episode, options, events))])
 
     # ---- streaming ------------------------------------------------------------------------------------------
-    def _event_chunk(self, event: dict) -> ChatGenerationChunk:
-        return ChatGenerationChunk(
-            message=AIMessageChunk(content="", additional_kwargs={EVENTS_KEY: [event]})
-        )
-
-    def _final_chunk(self, episode: Episode, options: CallOptions) -> ChatGenerationChunk:
-        message = self._message(episode, options)
+    # A stream carries text only: a chunk per turn event with empty content would reach every consumer of the
+    # stream (a chain's `stream`, a chat UI, StrOutputParser) as an empty string. The turn events are custom
+    # callback events named `prompt_r1` as they happen (the graph dispatches them to the run's callbacks, which
+    # include the chat model's: `astream_events` and any handler's `on_custom_event` see them), and the answer's
+    # chunk carries them all, in order, in `additional_kwargs[EVENTS_KEY]`, as the message `invoke` returns does.
+    def _final_chunk(self, episode: Episode, options: CallOptions, events: list[dict]) -> ChatGenerationChunk:
+        message = self._message(episode, options, events)
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=message.content,
+                additional_kwargs=message.additional_kwargs,
                 response_metadata=message.response_metadata,
                 usage_metadata=message.usage_metadata,
                 chunk_position="last",
@@ -385,11 +386,12 @@ class PromptR1Chat(BaseChatModel):
         question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(self._stream_parent(run_manager), is_async=False)
         items = self.runner.stream_sync(question, tags=tags)
+        events: list[dict] = []
         for item in _first_step_with(var_child_runnable_config, caller, items):
             if isinstance(item, Episode):
-                yield self._final_chunk(item, options)
+                yield self._final_chunk(item, options, events)
             else:
-                yield self._event_chunk(item)
+                events.append(item)
 
     async def _astream(
         self,
@@ -401,16 +403,17 @@ class PromptR1Chat(BaseChatModel):
         question, options = question_of(messages), call_options(self, stop, kwargs)
         tags, caller = self._episode(self._stream_parent(run_manager), is_async=True)
         items = self.runner.stream(question, tags=tags)
+        events: list[dict] = []
         async for item in _afirst_step_with(var_child_runnable_config, caller, items):
             if isinstance(item, Episode):
-                yield self._final_chunk(item, options)
+                yield self._final_chunk(item, options, events)
             else:
-                yield self._event_chunk(item)
+                events.append(item)
 
 
-def _last(items: Iterator[Any]) -> Any:
-    """The last item of `items` (an episode stream ends with its Episode)."""
-    return collections.deque(items, maxlen=1).pop()
+def _split(items: list[Any]) -> tuple[Episode, list[dict]]:
+    """An episode stream's items as (the Episode, which comes last; the events before it, in order)."""
+    return items[-1], items[:-1]
 
 
 def _parent_of(run_manager: Any) -> _Parent:

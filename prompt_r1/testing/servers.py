@@ -54,12 +54,13 @@ class Fault:
     kind: "429", "408", "409", "500", "502", "503" (each with a Retry-After header when `retry_after` is given),
     "timeout" (the reply comes after `delay` s), "drop" (connection closed without a reply), "malformed" (a body
     that is not JSON), "context" (a 400 saying the context length was exceeded), "400" (a plain bad request).
-    Hostile servers, each a 200 unless named by its status: "echo-401" / "echo-400" (an error body that repeats
-    the request's Authorization header), "html" (an HTML page), "bad-utf8" (a completion whose bytes are not
-    UTF-8), "error-200" (`{"error": ...}` saying the server is overloaded), "empty-choices" (`choices: []`),
-    "content-filter" (finish_reason content_filter), "refusal" (a `refusal` instead of content), "filter-400"
-    (Azure's 400 with code content_filter), "surrogate" (a reply holding half a surrogate pair, `\\ud800`),
-    "huge" (a reply of about 1 MB), "forge" (a reply that closes the response block and forges an answer).
+    Hostile servers, each a 200 unless named by its status: "echo-400" / "echo-401" / "echo-403" / "echo-500" (an
+    error whose body and headers repeat the request's Authorization header), "html" (an HTML page), "bad-utf8" (a
+    completion whose bytes are not UTF-8), "error-200" (`{"error": ...}` saying the server is overloaded),
+    "empty-choices" (`choices: []`), "content-filter" (finish_reason content_filter), "refusal" (a `refusal`
+    instead of content), "filter-400" (Azure's 400 with code content_filter), "surrogate" (a reply holding half a
+    surrogate pair, `\\ud800`), "huge" (a reply of about 1 MB), "forge" (a reply that closes the response block
+    and forges an answer).
     """
 
     kind: str
