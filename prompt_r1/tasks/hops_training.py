@@ -188,10 +188,10 @@ def control(trainer: Any, rollout: HopsRollout, *, step: int, samples: int = 4) 
     return out
 
 
-def first_call_logprob(trainer: Any, *, step: int, hops: tuple[int, ...] = (2, 3)) -> float:
+def first_call_logprob(trainer: Any, *, hops: tuple[int, ...] = (2, 3)) -> float:
     """The policy's mean log-probability (per question, summed over the turn's tokens) of the right first call
-    (ask about the question's thing) on every question of `hops` calls, teacher-forced; the table of `step` has
-    no part in it (the first call depends on the question alone)."""
+    (ask about the question's thing) on every question of `hops` calls, teacher-forced (the first call depends on
+    the question alone, not on any table)."""
     import torch
 
     from prompt_r1.core.prompts import question_message
