@@ -383,3 +383,19 @@ def test_every_numeric_and_url_flag_ends_in_one_line_or_success(data):
 def test_every_numeric_and_url_flag_ends_in_one_line_or_success_many_examples(data):
     command, flag, kind = data.draw(st.sampled_from(CASES), label="flag")
     _probe(command, flag, data.draw(numbers if kind == "number" else urls, label="value"))
+
+
+def test_train_async_with_no_vllm_server_answering_is_unreachable_exit_3(tmp_path, capsys):
+    """Like every other endpoint that does not answer: one line, exit 3 (it was 2), before any model loads."""
+    from prompt_r1.testing.servers import ScriptedServer, echo_environment
+
+    model = tmp_path / "model"
+    model.mkdir()
+    with ScriptedServer({"env": echo_environment()}) as env:
+        argv = ["train", "--async", "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--bf16", "false",
+                "--model_name_or_path", str(model), "--env_base_url", env.base_url, "--env_api_key_env", PROBE_KEY,
+                "--vllm_server_base_url", DEAD.removesuffix("/v1")]  # fmt: skip
+        assert main(argv) == 3
+        assert env.counts == {}
+    line = one_error_line(capsys.readouterr().err)
+    assert "cannot reach the vLLM server at http://127.0.0.1:" in line, line

@@ -118,6 +118,8 @@ def cmd_train(argv: list[str]) -> int:
         raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     check_rate_store(config.env_rate_store)
+    if config.async_grpo and config.vllm_server_base_url:  # the async trainer's agent: unreachable is exit 3
+        check_reachable(config.vllm_server_base_url, "vLLM server", "--vllm_server_base_url")
     from prompt_r1.training.graceful_stop import graceful_stop_of
     from prompt_r1.training.spend import SpendCapReached, stop_reason
 
