@@ -71,9 +71,17 @@ def test_langgraph_dev_serves_the_loop_to_the_sdk():
                         None, "prompt_r1", input={"question": "Capital of France?"}, stream_mode="custom"
                     )
                 ]
-                return assistants, result, streamed
+                # A chat UI's thread: a second question on it is a new episode, not the first one continued.
+                thread = await client.threads.create()
+                on_thread = [
+                    await client.runs.wait(thread["thread_id"], "prompt_r1", input={"question": q})
+                    for q in ("Capital of France?", "Capital of Italy?")
+                ]
+                return assistants, result, streamed, on_thread
 
-            assistants, result, streamed = asyncio.run(use_sdk())
+            env_calls_before = len(upstream.requests_for("env"))
+            assistants, result, streamed, on_thread = asyncio.run(use_sdk())
+            env_calls = len(upstream.requests_for("env")) - env_calls_before
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(30)
@@ -83,3 +91,10 @@ def test_langgraph_dev_serves_the_loop_to_the_sdk():
     events = [part.data for part in streamed if part.event == "custom"]
     assert [e["type"] for e in events] == EVENT_TYPES
     assert events[2]["text"] == "Response 1: p1"
+    for episode in on_thread:
+        assert episode["status"] == "answered" and episode["usage"]["env_calls"] == 2
+        assert [t["kind"] for t in episode["turns"]] == ["prompt", "prompt", "answer"]
+    assert on_thread[1]["question"] == "Capital of Italy?"
+    assert (
+        env_calls == 4 * 2
+    )  # wait and stream without a thread, then two episodes on one thread: 2 calls each

@@ -25,7 +25,7 @@ from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.batch_settings import BatchSettings
 from prompt_r1.runs.results_file import write_text_file
-from prompt_r1.runs.shards import Shard, merge_shards
+from prompt_r1.runs.shards import MAX_SHARDS, Shard, merge_shards
 
 __all__ = ["add_batch_parser", "cmd_batch", "cmd_batch_merge"]
 
@@ -98,7 +98,11 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
     )
     merge.add_argument("--out", required=True, metavar="FILE.jsonl", help="the merged results file to write")
     merge.add_argument(
-        "--shards", required=True, type=flag_number(integer=True, minimum=1), metavar="N", help="N of --shard"
+        "--shards",
+        required=True,
+        type=flag_number(integer=True, minimum=1, maximum=MAX_SHARDS),
+        metavar="N",
+        help="N of --shard",
     )
 
 

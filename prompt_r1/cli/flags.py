@@ -21,6 +21,7 @@ from prompt_r1.core.config import (
     unreachable_reason,
 )
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.urls import printable_url
 
 __all__ = [
     "EXIT_FAILED",
@@ -160,7 +161,7 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
     reason = unreachable_reason(url, timeout)
     if reason is not None:
         raise _Failure(
-            f"cannot reach the {what} at {url} ({reason}); start it or point {flag} at an OpenAI-compatible server",
+            f"cannot reach the {what} at {printable_url(url, 200)} ({reason}); start it or point {flag} at an OpenAI-compatible server",
             EXIT_UNREACHABLE,
         )
 
@@ -172,7 +173,7 @@ def check_rate_store(url: str) -> None:
     from prompt_r1.clients.limit_store import check_store, store_label
     from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV, rate_store_password
 
-    reason = check_store(url, rate_store_password())
+    reason = check_store(url, rate_store_password(url))
     if reason is not None:
         raise _Failure(
             f"cannot reach the rate store at {store_label(url)} ({reason}); start it, set "

@@ -10,6 +10,7 @@ from prompt_r1.cli.flags import (
     EXIT_OK,
     EXIT_SPEND_CAP,
     EXIT_UNREACHABLE,
+    EXIT_USAGE,
     _Failure,
     check_rate_store,
     check_reachable,
@@ -18,7 +19,7 @@ from prompt_r1.core import signals
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.checks import check_training_config
 
-__all__ = ["add_train_parsers", "cmd_merge", "cmd_train"]
+__all__ = ["add_train_parsers", "cmd_merge", "cmd_train", "train_parser"]
 
 # A run stopped by max_env_cost or max_env_calls (with a checkpoint, or at one), resumable with a higher cap.
 
@@ -44,17 +45,17 @@ def add_train_parsers(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def cmd_train(argv: list[str]) -> int:
-    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
+def train_parser():
+    """`prompt-r1 train`'s parser: TRL's, over the recipe's fields (PromptR1GRPOConfig) and --resume."""
     from dataclasses import dataclass, field
 
-    import yaml
     from trl import TrlParser
 
-    from prompt_r1.clients.environment import OPENAI_BASE_URL
+    from prompt_r1.core.checks import flag_number
+    from prompt_r1.training.checks import RANGES, check_number_field
     from prompt_r1.training.config import PromptR1GRPOConfig
-    from prompt_r1.training.trainer import train
-    from prompt_r1.training.trainer_keys import check_trainer_keys
+
+    numeric: set[str] = set()
 
     @dataclass
     class TrainFlags:
@@ -66,7 +67,13 @@ def cmd_train(argv: list[str]) -> int:
         def set_defaults_with_config(self, **kwargs):
             if "async" in kwargs:  # `async: true` in a recipe (a Python keyword, so the field is async_grpo)
                 kwargs["async_grpo"] = kwargs.pop("async")
+            for name in numeric & set(kwargs):  # a recipe's numbers, which argparse never sees
+                check_number_field(name, kwargs[name])
             return super().set_defaults_with_config(**kwargs)
+
+        def error(self, message: str):
+            # As every other command: the one line that matters and where to read the usage, not 200 lines of it.
+            self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     parser = Parser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
     for name in (
@@ -76,8 +83,29 @@ def cmd_train(argv: list[str]) -> int:
         dashed = name.replace("_", "-")
         parser.add_argument(f"--no_{name}", f"--no-{dashed}", action="store_const", const=False, dest=name,
                             help=f"Same as --{name} false.")  # fmt: skip
+    # Every number flag by prompt_r1.core.checks, as the other commands' flags: argparse's plain int and float
+    # take nan, inf and 1e400, on which TRL's and transformers' own checks fail with a traceback.
+    for action in parser._actions:
+        if action.type in (int, float):
+            numeric.add(action.dest)
+            bounds = {k: v for k, v in RANGES.get(action.dest, {}).items() if k != "integer"}
+            action.type = flag_number(integer=action.type is int, **bounds)
+    return parser
+
+
+def cmd_train(argv: list[str]) -> int:
+    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
+    import yaml
+
+    from prompt_r1.clients.environment import OPENAI_BASE_URL
+    from prompt_r1.training.trainer import train
+    from prompt_r1.training.trainer_keys import check_trainer_keys
+
+    parser = train_parser()
     try:
         config, flags = parser.parse_args_and_config(argv)
+    except SystemExit as exc:  # --help (0), or a bad flag: its one line is printed (Parser.error), 2
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
         raise ConfigError(str(exc).strip()) from None
     # The cheapest checks first, and all of them before any model loads: the whole config, the model's folder or
@@ -90,6 +118,8 @@ def cmd_train(argv: list[str]) -> int:
         raise _Failure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     check_rate_store(config.env_rate_store)
+    if config.async_grpo and config.vllm_server_base_url:  # the async trainer's agent: unreachable is exit 3
+        check_reachable(config.vllm_server_base_url, "vLLM server", "--vllm_server_base_url")
     from prompt_r1.training.graceful_stop import graceful_stop_of
     from prompt_r1.training.spend import SpendCapReached, stop_reason
 

@@ -367,7 +367,7 @@ def limiter_for(config, key: str, api_key: str | None):
     limiter = _SHARED.get(name)
     if limiter is None:
         limiter = _SHARED[name] = SharedLimiter(
-            config.rate_store, prefix, limits, password=rate_store_password()
+            config.rate_store, prefix, limits, password=rate_store_password(config.rate_store)
         )
     elif not limiter.same_limits(limits, config.rate_store):
         raise ConfigError(

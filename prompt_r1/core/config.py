@@ -19,6 +19,7 @@ from prompt_r1.core import redaction
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError, MissingCredentials
 from prompt_r1.core.redaction import NO_KEY
+from prompt_r1.core.urls import RATE_STORE_PASSWORD_ENV, check_store_url, check_url, store_user
 
 __all__ = [
     "DEFAULT_AGENT_MODEL",
@@ -40,8 +41,6 @@ __all__ = [
 # loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
 DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
 DEFAULT_ENV_MODEL = "gpt-4o-mini"
-# The environment variable holding the rate store's Redis password (never a flag or a file: it is never printed).
-RATE_STORE_PASSWORD_ENV = "PROMPT_R1_RATE_STORE_PASSWORD"
 # The loop's protocols: the paper's text, or the reference release's rollout token for token (loop/release.py).
 PROTOCOLS = ("paper", "release")
 
@@ -126,12 +125,12 @@ class EnvironmentConfig:
     def __post_init__(self) -> None:
         _check_types(self)
         if self.base_url is not None:
-            _check_url(self.base_url, "--env-base-url")
+            check_url(self.base_url, "--env-base-url")
         if self.token_limit is not None and self.tokens_per_minute is not None:
             raise ConfigError(
                 "set one of env token_limit (per rate period) and env tokens_per_minute, not both"
             )
-        _check_store_url(self.rate_store)
+        check_store_url(self.rate_store)
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ class AgentConfig:
         if self.backend == "served" and not self.base_url:
             raise ConfigError("the served agent backend needs --agent-base-url")
         if self.base_url is not None:
-            _check_url(self.base_url, "--agent-base-url")
+            check_url(self.base_url, "--agent-base-url")
 
     @property
     def resolved_backend(self) -> str:
@@ -279,32 +278,18 @@ def _check_types(config: Any) -> None:
             object.__setattr__(config, f.name, number(value, name, none_ok="None" in parts, **check))
 
 
-def _check_url(url: str, flag: str) -> None:
-    parsed = urlparse(url)
-    if parsed.scheme not in {"http", "https"} or not parsed.netloc:
-        raise ConfigError(f"{flag} must be an http(s) URL such as http://127.0.0.1:8000/v1, got {url!r}")
-
-
-def _check_store_url(url: str) -> None:
-    parsed = urlparse(url)
-    if url != "memory" and (parsed.scheme not in {"redis", "rediss"} or not parsed.hostname):
-        shown = f"{parsed.scheme}://{parsed.hostname}" if parsed.hostname else repr(url.split("@")[-1])
-        raise ConfigError(
-            f"--env-rate-store must be memory or a redis:// / rediss:// URL such as redis://127.0.0.1:6379/0, "
-            f"got {shown}"
-        )
-    if parsed.password:
-        raise ConfigError(
-            f"--env-rate-store: put the Redis password in {RATE_STORE_PASSWORD_ENV}, not in the URL (a URL "
-            "is printed in logs and summaries)"
-        )
-
-
-def rate_store_password() -> str | None:
-    """The Redis password from its environment variable, registered for redaction, or None."""
+def rate_store_password(url: str | None = None) -> str | None:
+    """The Redis password from its environment variable, registered for redaction, or None. With the store's
+    `url`: a URL naming a user with no password set is refused in one line (the redis client would log in as
+    that user with an empty password, which the store refuses as if no password had been asked for)."""
     password = os.environ.get(RATE_STORE_PASSWORD_ENV) or None
     if password:
         redaction.register(password)
+    elif url is not None and store_user(url):
+        raise ConfigError(
+            f"--env-rate-store names a user but {RATE_STORE_PASSWORD_ENV} is not set: set it to that user's "
+            "password, or take the user out of the URL"
+        )
     return password
 
 

@@ -15,6 +15,7 @@ knobs and token cap do not apply to it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +148,13 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _flag(body: dict[str, Any], key: str) -> bool:
+def _flag(body: dict[str, Any], key: str, param: str | None = None) -> bool:
+    """A boolean field (null or absent: false). Only a JSON boolean: "yes", "false" and 1 are refused, since
+    Python's truth would read "false" as true."""
     value = False if body.get(key) is None else body[key]
     if not isinstance(value, bool):
-        raise RequestError(400, f"`{key}` must be true or false", param=key)
+        param = param or key
+        raise RequestError(400, f"`{param}` must be true or false, got {json.dumps(value)[:40]}", param=param)
     return value
 
 
@@ -194,7 +198,7 @@ def read_request(body: Any, model_name: str) -> ChatRequest:
     return ChatRequest(
         question=_question(body),
         stream=stream,
-        include_usage=bool((options or {}).get("include_usage")),
+        include_usage=_flag(options or {}, "include_usage", "stream_options.include_usage"),
         max_turns=_number(body, "max_turns", integer=True, minimum=0, maximum=20),
         stop=_stop(body.get("stop")),
         trajectory=_flag(body, "prompt_r1_trajectory"),

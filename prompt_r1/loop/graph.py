@@ -1,9 +1,11 @@
 """The Prompt-R1 loop as a LangGraph state machine, shared by inference, batch runs and GRPO rollouts.
 
-    START ─▶ agent ──route_after_agent──▶ environment ──route_after_environment──▶ agent …
-                 │  │                  ├─▶ final_answer ──(same router)──▶ agent   (turns used up: ask once for an answer)
-                 │  │                  └─▶ finalize ─▶ END                (environment error, overflow, turns used up)
-                 │  └─▶ END     (the agent's turn settled the episode: an answer, a malformed turn, a full context)
+    START ─▶ begin ─▶ agent ──route_after_agent──▶ environment ──route_after_environment──▶ agent …
+                          │  │                  ├─▶ final_answer ──(same router)──▶ agent   (turns used up: ask once)
+                          │  │                  └─▶ finalize ─▶ END          (environment error, overflow, turns used up)
+                          │  └─▶ END     (the agent's turn settled the episode: an answer, a malformed turn, a full context)
+
+`begin` starts each new input as a new episode (on a thread, whatever the last episode left is dropped).
 
 Nodes do the work and return only the keys they change; the two routers alone decide where to go, and
 `max_turns` lives in the router. The state is plain JSON (question, turn records, usage, and for backends with a
@@ -25,6 +27,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import Overwrite
 
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.clients.environment import Environment, as_environment
@@ -118,6 +121,47 @@ class EpisodeState(TypedDict, total=False):
     env_mask: Annotated[list[int], operator.add]
 
 
+class _BeginState(EpisodeState, total=False):
+    # Private to the begin node (not in the graph's output): the question and golden answers the thread's last
+    # episode began with, to tell golden answers a new input gave from those the earlier question left behind.
+    asked: dict
+
+
+# What an episode starts from: on a thread (a checkpointer), whatever the previous episode left is replaced, the
+# lists and counters that grow through reducers included (Overwrite bypasses them).
+_FRESH: dict[str, Any] = {
+    "turns": Overwrite([]),
+    "usage": Overwrite({}),
+    "final_request_sent": False,
+    "status": None,
+    "answer": None,
+    "error": None,
+    "prompt_ids": [],
+    "completion_ids": Overwrite([]),
+    "logprobs": Overwrite([]),
+    "env_mask": Overwrite([]),
+}
+
+
+def begin_episode(state: _BeginState) -> dict:
+    """A new input starts a new episode. Without a checkpointer the state is fresh already; on a thread that has
+    run an episode (LangGraph Studio, a chat UI, `langgraph dev` reuse threads) the earlier episode's turns,
+    usage, status and trajectory would otherwise carry into this one: the agent would see the earlier question's
+    turns and answer from them. Golden answers go with the input that gives them: those the earlier question
+    came with are dropped for a different question. Resuming an interrupted episode (input None) never passes
+    here: LangGraph continues from its last step."""
+    asked = {"question": state.get("question"), "golden_answers": state.get("golden_answers")}
+    if not state.get("turns") and state.get("status") is None:  # nothing ran on this thread yet
+        return {"asked": asked}
+    previous = state.get("asked") or {}
+    update = {**_FRESH, "asked": asked}
+    stale = asked["golden_answers"] is not None and asked["golden_answers"] == previous.get("golden_answers")
+    if stale and asked["question"] != previous.get("question"):
+        update["golden_answers"] = None
+        update["asked"] = {**asked, "golden_answers": None}
+    return update
+
+
 def environment_history(turns: Sequence[dict]) -> list[tuple[str, str]]:
     """The (prompt, response) pairs the environment has answered, oldest first."""
     return [(t["prompt"], t["response"]) for t in turns if t.get("response_source") == "environment"]
@@ -167,6 +211,8 @@ def build_graph(
         Under the release protocol: the limit on prompt + trajectory, checked before each agent turn.
     protocol: "paper", or "release" for the reference release's training rollout (prompt_r1/loop/release.py).
     token_exact: keep token ids (default: whenever the backend has a tokenizer).
+    checkpointer: a LangGraph checkpointer (threads): each input on a thread is a new episode, and `invoke(None,
+        thread)` resumes an interrupted one (graphs/README.md, "Threads").
     """
     passed = dict(
         max_turns=max_turns,
@@ -437,11 +483,13 @@ def build_graph(
         return "finalize" if by_release and len(state["turns"]) >= max_turns else "agent"
 
     builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
+    builder.add_node("begin", inline(begin_episode, "begin"), input_schema=_BeginState)
     builder.add_node("agent", sync_and_async(agent_node, "agent"))
     builder.add_node("environment", sync_and_async(environment_node, "environment"))
     builder.add_node("final_answer", sync_and_async(final_answer_node, "final_answer"))
     builder.add_node("finalize", sync_and_async(finalize_node, "finalize"))
-    builder.add_edge(START, "agent")
+    builder.add_edge(START, "begin")
+    builder.add_edge("begin", "agent")
     # The routes named, since a wrapped router hides its return type: the drawing shows every edge it can take.
     builder.add_conditional_edges(
         "agent",

@@ -23,7 +23,11 @@ from pathlib import Path
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.results_file import FAILED_STATUSES, open_results_file, row_id
 
-__all__ = ["MergeSummary", "Shard", "merge_shards"]
+__all__ = ["MAX_SHARDS", "MergeSummary", "Shard", "merge_shards"]
+
+# The most shards an input is split into: far more machines than a provider limit feeds, and few enough that
+# merging names its files at once (a typo of 10^9 would otherwise build a billion paths before finding none).
+MAX_SHARDS = 1000
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,8 @@ class Shard:
             index, count = (int(p) for p in parts)
         except ValueError:
             raise ConfigError(f"--shard must be I/N such as 2/4 (shard 2 of 4), got {text!r}") from None
-        if count < 1 or not 1 <= index <= count:
-            raise ConfigError(f"--shard {text}: I must be between 1 and N, and N at least 1")
+        if not 1 <= count <= MAX_SHARDS or not 1 <= index <= count:
+            raise ConfigError(f"--shard {text}: I must be between 1 and N, and N between 1 and {MAX_SHARDS}")
         return cls(index, count)
 
     def contains(self, row_id: str) -> bool:
@@ -84,12 +88,17 @@ def merge_shards(out: str | Path, count: int) -> MergeSummary:
     found in two shards means they were not made from one input and N, and is refused). `out` must not exist:
     nothing is overwritten. The merged file is a results file like any other: `prompt-r1 batch` on it resumes."""
     out = Path(out)
+    if not 1 <= count <= MAX_SHARDS:
+        raise ConfigError(f"--shards must be between 1 and {MAX_SHARDS}, got {count}")
     if out.exists():
         raise OutputError(f"{out} exists: batch-merge writes a new file; name another --out or move it away")
     paths = [Shard(i, count).path(out) for i in range(1, count + 1)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise OutputError(f"missing shard file(s): {', '.join(missing)}; run those shards first")
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise OutputError(
+            f"missing shard files ({len(missing)} of {count}): {', '.join(missing[:3])}{more}; run those shards first"
+        )
     summary = MergeSummary()
     owner: dict[str, Path] = {}
     tmp = out.with_name(out.name + ".merging")

@@ -18,7 +18,7 @@ from typing import Any
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["RANGES", "check_training_config"]
+__all__ = ["RANGES", "check_number_field", "check_training_config"]
 
 _COUNT = {"integer": True, "minimum": 1}
 _FRACTION = {"minimum": 0, "below": 1}
@@ -53,7 +53,15 @@ RANGES: dict[str, dict[str, Any]] = {
     "eval_steps": {"above": 0},
     "seed": {"integer": True, "minimum": 0},
     "vllm_gpu_memory_utilization": {"above": 0, "maximum": 1},
+    # Policy versions a sample may lag: past a few hundred, nothing is ever dropped (a typo for "no limit").
+    "max_staleness": {"integer": True, "minimum": 0, "maximum": 1000},
 }
+
+
+def check_number_field(name: str, value: Any) -> None:
+    """One number field of the config, by its range in RANGES (or, without one, finite): for a recipe's value
+    before TRL's and transformers' own checks see it (theirs fail on inf with an OverflowError traceback)."""
+    _check_number(name, value, RANGES.get(name))
 
 
 def _check_number(name: str, value: Any, bounds: dict[str, Any] | None) -> None:
