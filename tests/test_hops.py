@@ -8,10 +8,12 @@ from collections import Counter
 
 from prompt_r1.runs.episode import Episode
 from prompt_r1.tasks.hops import (
+    ASKED,
     CODES,
     DOORS,
     KEYS,
     KIND,
+    NAME_SOME,
     ROOMS,
     HopsTable,
     Table,
@@ -67,6 +69,10 @@ def test_the_environment_answers_one_named_thing_from_the_current_table():
     assert ask(respond, "Tell me the code.") == "Name a key, a door or a room."
     assert ask(respond, "The fox room or the owl room?") == "Name one thing."
     assert ask(respond, "Foxes are not a fox.") == f"The fox room code is {t.codes['fox']}."  # whole words
+    # Each thing is told once an episode: asking again gets no news (nor a second chance after a lie).
+    earlier = [(ask_about(room), "..."), ("Tell me the code.", NAME_SOME)]
+    assert ask(respond, ask_about(room), earlier=earlier) == ASKED
+    assert ask(respond, ask_about("owl"), earlier=earlier) == f"The owl room code is {t.codes['owl']}."
 
 
 def test_every_table_is_redrawn_each_step_so_nothing_can_be_learned_by_heart():
@@ -92,8 +98,9 @@ def test_the_lying_control_lies_on_the_first_call_to_a_chain_that_ends_wrong_and
         lie = pointed(ask(respond, ask_about(name))) if KIND[name] != "room" else None
         told = reply_code(ask(respond, ask_about(name)))
         assert (t.answer(lie) if lie else told) != t.answer(name)
-    later = ask(respond, ask_about("fox"), earlier=[("Tell me the code.", "Name a key, a door or a room.")])
+    later = ask(respond, ask_about("fox"), earlier=[("Tell me the code.", NAME_SOME)])
     assert later == f"The fox room code is {t.codes['fox']}."  # only the first reply lies
+    assert ask(respond, ask_about("fox"), earlier=[(ask_about("fox"), "a lie")]) == ASKED  # and is not undone
     table.reply = "withheld"
     assert not any(code in ask(respond, ask_about("fox")) for code in CODES)
     assert (

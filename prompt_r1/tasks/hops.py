@@ -19,7 +19,8 @@ nothing can be memorised: no policy that ignores the replies beats a guess (1 in
 preset every episode that makes at least one call passes the format gate; it earns 1 for the right code and 0 for
 a wrong one, and answering at once earns −0.4. Nothing in the reward counts calls: making exactly the calls the
 question needs is what the agent has to learn, since answering early is a guess and a call after the code has
-been given moves the code out of the last reply.
+been given moves the code out of the last reply (the environment tells each thing once an episode: asked again,
+it says "You asked about that already.").
 
 The controls (`HopsTable.reply`): "withheld", every code reply says the code is secret (the links stay honest:
 an agent can only guess, right 1 time in 8); "lying", the first reply of each episode lies (a key's other door, a
@@ -107,6 +108,7 @@ REPLIES = ("honest", "lying", "withheld")
 WITHHELD = "The code is secret."
 NAME_ONE = "Name one thing."
 NAME_SOME = "Name a key, a door or a room."
+ASKED = "You asked about that already."
 
 ASK = "<think>ask</think><interaction_prompt>{prompt}</interaction_prompt>"
 ANSWER = "<think>{thought}</think><answer>{code}</answer>"
@@ -266,7 +268,9 @@ _MARK = re.compile(r"\[hops table (\d+)\]")
 def hops_environment(table: HopsTable) -> Callable[[dict[str, Any]], str]:
     """The environment as a `ScriptedServer` responder: it reads the agent's prompt (the last user message) and
     answers from `table`: the group's table when the system message carries a `table_mark`, else the step's. A
-    request with no earlier assistant message is the episode's first call."""
+    request with no earlier assistant message is the episode's first call; a thing an earlier prompt of the episode
+    named is not told again (`ASKED`), so that calling on after the code has come costs the code its place in the
+    last reply, and a lie on the first call cannot be undone by asking the same thing twice."""
 
     def respond(body: dict[str, Any]) -> str:
         messages = body.get("messages") or [{}]
@@ -275,6 +279,9 @@ def hops_environment(table: HopsTable) -> Callable[[dict[str, Any]], str]:
             return NAME_SOME
         if len(names) > 1:
             return NAME_ONE
+        earlier = [named(_text(m)) for m in messages[:-1] if m.get("role") == "user"]
+        if names in earlier:  # each thing is told once an episode: a call never repeats the last reply's news
+            return ASKED
         system = next((_text(m) for m in messages if m.get("role") == "system"), "")
         mark = _MARK.search(system)
         first = not any(m.get("role") == "assistant" for m in messages)
@@ -360,6 +367,7 @@ def mixture_episodes(n: int = 512, seed: int = 0) -> list[tuple[str, list[str]]]
         name = rng.choice(list(KIND))
         script: list[str] = []
         reply: str | None = None
+        asked: set[str] = set()
         for call in range(MAX_SCRIPT_CALLS + 1):
             choices = ("answer", "question", "nothing") if reply is None else ("answer", "question", "reply")
             behaviour = rng.choice(choices) if call < MAX_SCRIPT_CALLS else "answer"
@@ -368,7 +376,11 @@ def mixture_episodes(n: int = 512, seed: int = 0) -> list[tuple[str, list[str]]]
                 break
             target = {"question": name, "nothing": None, "reply": pointed(reply or "")}[behaviour]
             prompt = ask_about(target) if target else ASK_NOTHING
-            reply = render(target, table.step(target)) if target else NAME_SOME
+            if target is None:
+                reply = NAME_SOME
+            else:
+                reply = ASKED if target in asked else render(target, table.step(target))
+                asked.add(target)
             script += [ASK.format(prompt=prompt), reply]
         episodes.append((question_for(name), script))
     return episodes
@@ -498,7 +510,7 @@ def build_hops_model(
         *(question_for(n) for n in KIND),
         *(f"{ask_about(n)} {render(n, table.step(n))}" for n in KIND),
         *(f"The {r} room code is {c}." for r in ROOMS for c in CODES),
-        f"{NAME_SOME} {NAME_ONE} {ASK_NOTHING} {WITHHELD}",
+        f"{NAME_SOME} {NAME_ONE} {ASK_NOTHING} {WITHHELD} {ASKED}",
         *(ANSWER.format(thought=t, code=c) for c in CODES for t in ("ok", "guess")),
     ]
     tags = [f"<{t}>" for t in ("think", "interaction_prompt", "answer", "interaction_response")]
