@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -91,6 +92,49 @@ def test_serve_finishes_the_requests_in_flight_on_sigterm_then_exits_0(tmp_path)
     assert replies[0][1]["choices"][0]["message"]["content"] == "Response 2: What is A? / part 2"
     assert "SIGTERM: no new requests; finishing the 1 in flight" in printed and "SIGTERM: stopped" in printed
     assert code == 0
+
+
+def test_a_second_sigterm_to_serve_ends_the_requests_in_flight_with_an_error_each_and_exits_143(tmp_path):
+    log = tmp_path / "serve.log"
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}, latency={"env": 30}) as server:
+        proc = spawn(["serve", "--port", "0", *endpoints(server)], log)
+        wait_for(lambda: "serving prompt-r1 on" in log.read_text(), "the server to listen")
+        url = log.read_text().split(" on ")[1].split()[0]
+        replies: dict = {}
+
+        def ask(stream: bool) -> None:
+            body = json.dumps(
+                {"messages": [{"role": "user", "content": "What is A?"}], "stream": stream}
+            ).encode()
+            request = urllib.request.Request(url + "/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    replies[stream] = (response.status, response.read().decode())
+            except urllib.error.HTTPError as exc:
+                replies[stream] = (exc.code, exc.read().decode())
+            except Exception as exc:  # a dropped connection: what a second signal did before
+                replies[stream] = (None, repr(exc))
+
+        clients = [threading.Thread(target=ask, args=(stream,)) for stream in (False, True)]
+        for client in clients:
+            client.start()
+        wait_for(lambda: len(server.requests_for("env")) >= 2, "both episodes' first environment calls")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "finishing the 2 in flight" in log.read_text(), "the first signal's line")
+        proc.send_signal(signal.SIGTERM)
+        for client in clients:
+            client.join(60)
+        code, printed = finish(proc, log)
+    status, text = replies[False]
+    assert status == 503 and json.loads(text)["error"]["code"] == "server_stopped", replies
+    status, text = replies[True]
+    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]", replies  # the stream had begun: the error travels in it
+    assert json.loads(events[-2])["error"]["code"] == "server_stopped"
+    assert "SIGTERM again: stopping at once; the 2 request(s) in flight get an error response" in printed
+    assert "CancelledError" not in printed
+    assert code == 143
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

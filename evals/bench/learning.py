@@ -1,7 +1,20 @@
-"""Does GRPO teach the agent to collaborate? Learning on the door-codes task, over seeds of your choice.
+"""Does GRPO teach the agent to collaborate? Learning on the door-codes task (one call) or the hops task (a chain
+of 1 to 3 dependent calls), over seeds of your choice.
 
     python evals/bench/learning.py --seed0 S --seeds N [--jobs 2] [--steps 100] [--out DIR] [--work DIR] [flags]
     python evals/bench/learning.py --async --seed0 S --seeds N [--max-staleness 4] [--out DIR] [--work DIR]
+    python evals/bench/learning.py --task hops --seed0 S --seeds N [--async] [--mask-first-turn] [...]
+
+`--task hops` (`prompt_r1.tasks.hops`, its figures in `evals/bench/learning_hops.py`): a question asks for the code
+behind a room, a door or a key; only the environment knows which door a key opens, which room a door leads to and
+each room's code, redrawn every step, so the agent must call once, twice or three times, each call naming what the
+last reply named, and stop when a reply gives the code. Per seed it prints the gain, correct from the last reply per
+number of calls needed (evaluated before and after on a held-out table), calls made against calls needed (and the
+share that made exactly as many), the share of k-th calls that follow the (k-1)-th reply, the controls (the code
+withheld, the first reply a lie, answering at once) and the log-probability of the right first call before and
+after training (credit that reached the first turn from a reward given at the end). Its figures go to
+OUT/learning-hops.json (and -async), its curves to OUT/curves-hops.png. `--mask-first-turn` is its ablation: the
+agent's first turn is not trained on. The door-codes description follows.
 
 The task (`prompt_r1.tasks.door_codes`, `prompt_r1.tasks.door_training`): only the environment knows the codes, and the table
 is redrawn at every step, so no policy that ignores the reply beats a guess (1 in 8). The reward (the `reference`

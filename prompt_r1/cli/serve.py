@@ -8,6 +8,7 @@ import os
 import sys
 
 from prompt_r1.cli.flags import EXIT_OK, _prepare, configs_from_args
+from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
 
@@ -20,7 +21,8 @@ def add_serve_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         help="serve the loop as an OpenAI-compatible model: /v1/chat/completions (streamed or not), /v1/models",
         description="Each chat completion runs one episode on the last user message. The agent and the "
         "environment client (with its rate limit) are shared by every request. Ctrl-C or SIGTERM stops taking "
-        "requests and lets those in flight finish (exit 0); a second signal cancels them.",
+        "requests and lets those in flight finish (exit 0); a second signal ends them at once, each with an "
+        "error response (exit 143 for SIGTERM, 130 for SIGINT).",
     )
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     sv.add_argument(
@@ -95,9 +97,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"prompt-r1: {name}: no new requests; finishing the {in_flight} in flight (up to "
               f"{SHUTDOWN_TIMEOUT:.0f} s; {name} again to stop at once)", file=sys.stderr, flush=True)  # fmt: skip
 
+    aborted: list[str] = []
+
+    def aborting(name: str, ended: int) -> None:
+        aborted.append(name)
+        print(f"prompt-r1: {name} again: stopping at once; the {ended} request(s) in flight get an error response",
+              file=sys.stderr, flush=True)  # fmt: skip
+
     try:
-        name = asyncio.run(serve(app, args.host, args.port, ready=ready, stopping=stopping))
+        name = asyncio.run(
+            serve(app, args.host, args.port, ready=ready, stopping=stopping, aborting=aborting)
+        )
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     print(f"prompt-r1: {name}: stopped", file=sys.stderr)
-    return EXIT_OK
+    # Drained: a clean stop (0). Stopped at once: requests were cut short, so the signal's own code (143/130).
+    return signals.exit_code(aborted[-1]) if aborted else EXIT_OK

@@ -44,6 +44,7 @@ __all__ = ["build_app", "serve", "serving_in_thread"]
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any question, small enough that a flood cannot exhaust memory
+_STREAM = "prompt_r1_stream"  # a request's key of its prepared stream and writer, once streaming
 SHUTDOWN_TIMEOUT = 60.0  # seconds the requests in flight get to finish once a stop signal arrives
 
 
@@ -115,6 +116,31 @@ def _slots_key():
     return web.AppKey("prompt_r1_slots", _Slots)
 
 
+class _Handlers:
+    """The request handlers running, so that a second stop signal can end them with an error response each
+    (`abort`) instead of cutting their connections."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task] = set()
+        self.aborting = False
+
+    def abort(self) -> int:
+        self.aborting = True
+        for task in self.tasks:
+            task.cancel()
+        return len(self.tasks)
+
+
+@functools.cache
+def _handlers_key():
+    from aiohttp import web
+
+    return web.AppKey("prompt_r1_handlers", _Handlers)
+
+
+STOPPED = "the server was stopped while this request ran: it was cancelled; send it again to a running server"
+
+
 def build_app(
     agent: Any,
     environment: Any,
@@ -152,6 +178,7 @@ def build_app(
         return runners[turns]
 
     slots = _Slots(max_concurrency, max_queue)
+    handlers = _Handlers()
 
     def error_response(exc: RequestError):
         # Error text may carry what an upstream server echoed, the request's Authorization header included.
@@ -173,10 +200,28 @@ def build_app(
                         headers={"WWW-Authenticate": "Bearer"},
                     )
                 )
+        task = asyncio.current_task()
+        handlers.tasks.add(task)
         try:
             return await handler(request)
         except RequestError as exc:
             return error_response(exc)
+        except asyncio.CancelledError:
+            if not handlers.aborting:  # the client went away (aiohttp cancels its handler): no one to answer
+                raise
+            task.uncancel()  # cancelled by a second stop signal: the client still gets an answer
+            stopped = RequestError(503, STOPPED, kind="server_error", code="server_stopped")
+            stream = request.get(_STREAM)
+            if stream is None:
+                return error_response(stopped)
+            response, send = stream
+            with contextlib.suppress(ConnectionError):
+                await send(stopped.body())
+                await send("[DONE]")
+                await response.write_eof()
+            return response
+        finally:
+            handlers.tasks.discard(task)
 
     async def health(request):
         return web.json_response({"status": "ok", "model": model_name, "in_flight": slots.in_flight,
@@ -251,6 +296,8 @@ def build_app(
                         if clock() - written >= every:
                             await write(b": keep-alive\n\n")
 
+            request[_STREAM] = (response, send)  # where a stop at once writes its error
+
             def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict[str, Any]:
                 return {**head, "object": "chat.completion.chunk",
                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}  # fmt: skip
@@ -292,6 +339,7 @@ def build_app(
 
     app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_BODY_BYTES)
     app[_slots_key()] = slots
+    app[_handlers_key()] = handlers
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", completions)
@@ -320,13 +368,17 @@ class _MalformedRequests(logging.Filter):
         return True
 
 
-async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None, stopping=None) -> str:
+async def serve(
+    app, host: str = "127.0.0.1", port: int = 8000, *, ready=None, stopping=None, aborting=None
+) -> str:
     """Serve `app` until SIGINT or SIGTERM (or until cancelled); return the signal's name ("" if cancelled).
 
     `ready(url)` is called once the socket listens. On the first signal the server stops taking connections,
     calls `stopping(name, requests in flight)`, and lets the requests in flight finish (up to
-    SHUTDOWN_TIMEOUT seconds, then they are cancelled); a second signal cancels them at once. Signals are
-    handled in the main thread only: from another thread (serving_in_thread) the caller stops it by cancelling."""
+    SHUTDOWN_TIMEOUT seconds, then they are cancelled); a second signal calls `aborting(name, requests ended)`
+    and ends them at once, each with an error response (503, or an error chunk and [DONE] in a stream), then the
+    server stops as after the first. Signals are handled in the main thread only: from another thread
+    (serving_in_thread) the caller stops it by cancelling."""
     from aiohttp import web
 
     server_log = logging.getLogger("aiohttp.server")
@@ -337,14 +389,16 @@ async def serve(app, host: str = "127.0.0.1", port: int = 8000, *, ready=None, s
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    loop, main = asyncio.get_running_loop(), asyncio.current_task()
+    loop = asyncio.get_running_loop()
     stop, received, installed = asyncio.Event(), [], []
 
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
         signals.note(name)
-        if received:  # the second: the requests in flight are cancelled
-            main.cancel()
+        if received:  # the second: the requests in flight end now, each with an error response
+            ended = app[_handlers_key()].abort()
+            if aborting is not None:
+                aborting(name, ended)
             return
         received.append(name)
         if stopping is not None:
