@@ -24,6 +24,7 @@ from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.batch_settings import BatchSettings
+from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.results_file import write_text_file
 from prompt_r1.runs.shards import Shard, merge_shards
 
@@ -139,6 +140,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
         flags=True,
     )
     settings.check_files()
+    # One writer per results file, from here to the end: a second run on it is refused before it loads a model
+    # or calls anything (a shard's own file is its lock's; shards run side by side).
+    with hold_output(settings.out, "--out"):
+        return _batch(args, settings)
+
+
+def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
     if args.env_pool:
