@@ -95,11 +95,22 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "batch-merge",
         help="merge the results files of `batch --shard I/N` into one",
         description="Writes --out with the last row of each id from NAME.shard-1-of-N.jsonl … "
-        "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not.",
+        "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not. Each shard file is "
+        "checked against INPUT, and only read: one still being written, with a torn row, or made from another "
+        "input or N is refused (exit 2), naming the file and the ids missing or foreign.",
+    )
+    merge.add_argument(
+        "input", metavar="INPUT", help="the input the shards were run on (the INPUT of `prompt-r1 batch`)"
     )
     merge.add_argument("--out", required=True, metavar="FILE.jsonl", help="the merged results file to write")
     merge.add_argument(
         "--shards", required=True, type=flag_number(integer=True, minimum=1), metavar="N", help="N of --shard"
+    )
+    merge.add_argument(
+        "--limit",
+        type=flag_number(integer=True, minimum=1),
+        metavar="N",
+        help="the --limit the shards were run with: only the first N input rows",
     )
 
 
@@ -199,6 +210,6 @@ def cmd_batch_merge(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"--out must be a .jsonl file, got {out}")
-    summary = merge_shards(out, args.shards)
+    summary = merge_shards(out, args.shards, source=args.input, limit=args.limit)
     print(f"merged {args.shards} shards into {out}: {summary.render()}", file=sys.stderr)
     return EXIT_OK
