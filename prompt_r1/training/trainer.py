@@ -190,7 +190,18 @@ def _train(
             checkpoint = get_last_checkpoint(config.output_dir)
         if checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
+    if checkpoint is not None:  # a damaged file is one line now, not a traceback once the model has loaded
+        from prompt_r1.training.ledger import ledger_path
+        from prompt_r1.training.resume import check_ledger_for_resume, check_resume_checkpoint
+
+        check_resume_checkpoint(checkpoint)
+        if config.call_ledger:
+            check_ledger_for_resume(checkpoint, ledger_path(config.output_dir, config.process_index))
     trainer = (build or build_trainer)(config, **build_kwargs)
+    if checkpoint is not None:
+        from prompt_r1.training.spend import check_resumed_ledger
+
+        check_resumed_ledger(trainer, checkpoint)  # fewer calls than the checkpoint logged: one line, no step
     stop = GracefulStop.install(trainer)  # Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
