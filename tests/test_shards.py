@@ -4,6 +4,7 @@ its own results file, resumable by itself, and merge into one results file; with
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -55,21 +56,131 @@ def test_batch_in_shards_with_a_shared_store_then_merge(tmp_path):
     shard_rows = [_rows(Shard(i, 3).path(out)) for i in (1, 2, 3)]
     assert all(shard_rows) and sum(map(len, shard_rows)) == 12
     assert not out.exists()
-    assert main(["batch-merge", "--out", str(out), "--shards", "3"]) == 0
+    assert main(["batch-merge", str(questions), "--out", str(out), "--shards", "3"]) == 0
     merged = _rows(out)
     assert sorted(r["id"] for r in merged) == sorted(f"q{i}" for i in range(12))
     assert not any(r["status"] in FAILED_STATUSES for r in merged)
     with pytest.raises(OutputError, match="exists"):
-        merge_shards(out, 3)
+        merge_shards(out, 3, source=questions)
+
+
+def _input(path, ids, question="question of {}?"):
+    path.write_text("".join(json.dumps({"id": i, "question": question.format(i)}) + "\n" for i in ids))
+    return path
+
+
+def _shard_files(out, ids, count, question="question of {}?"):
+    """The shard files `batch --shard I/N` writes for these ids (every row answered)."""
+    for i in range(1, count + 1):
+        rows = [{"id": x, "question": question.format(x), "status": "answered", "answer": x} for x in ids
+                if Shard(i, count).contains(x)]  # fmt: skip
+        Shard(i, count).path(out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def _merge_refused(capsys, *args) -> str:
+    assert main(["batch-merge", *map(str, args)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("prompt-r1: error: "), err
+    return err
 
 
 def test_merge_refuses_missing_or_overlapping_shards(tmp_path):
-    out = tmp_path / "r.jsonl"
-    row = json.dumps({"id": "a", "status": "ok", "question": "q"}) + "\n"
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", ["a"])
+    row = json.dumps({"id": "a", "status": "ok", "question": "question of a?"}) + "\n"
     Shard(1, 2).path(out).write_text(row)
     with pytest.raises(OutputError, match="missing shard"):
-        merge_shards(out, 2)
+        merge_shards(out, 2, source=source)
     Shard(2, 2).path(out).write_text(row)
-    with pytest.raises(OutputError, match="in both"):
-        merge_shards(out, 2)
+    with pytest.raises(OutputError, match="ids of other shards \\('a'\\)"):
+        merge_shards(out, 2, source=source)
     assert not out.exists()
+
+
+def test_merge_refuses_a_torn_row_and_leaves_the_shard_as_it_is(tmp_path, capsys):
+    ids = [f"q{i}" for i in range(12)]
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", ids)
+    _shard_files(out, ids, 2)
+    shard = Shard(2, 2).path(out)
+    shard.write_bytes(shard.read_bytes()[:-20])  # the last row cut mid-write: a run killed, or still writing
+    lines = shard.read_bytes().count(b"\n") + 1
+    before = _files(tmp_path)
+    err = _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    assert f"shard file {shard} line {lines} is a torn row (cut mid-write)" in err, err
+    assert _files(tmp_path) == before  # the shard not cut, no merged file, no lock left behind
+    middle = Shard(1, 2).path(out)  # a torn row in the middle of a file
+    text = middle.read_text().splitlines(keepends=True)
+    middle.write_text(text[0][:15] + "\n" + "".join(text[1:]))
+    before = _files(tmp_path)
+    assert f"shard file {middle} line 1 is a torn row" in _merge_refused(
+        capsys, source, "--out", out, "--shards", 2
+    )
+    assert _files(tmp_path) == before
+
+
+def test_merge_refuses_a_shard_from_another_input_naming_missing_and_foreign_ids(tmp_path, capsys):
+    ids, others = [f"q{i}" for i in range(12)], [f"other-{i}" for i in range(12)]
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", ids)
+    _shard_files(out, others, 2)  # both shards of another input
+    theirs = Shard(2, 2).path(out).read_bytes()
+    _shard_files(out, ids, 2)
+    shard = Shard(2, 2).path(out)
+    shard.write_bytes(theirs)  # shard 2 swapped for the other input's
+    before = _files(tmp_path)
+    err = _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    foreign = [x for x in others if Shard(2, 2).contains(x)]
+    missing = [x for x in ids if Shard(2, 2).contains(x)]
+    assert f"shard file {shard} (shard 2/2) does not match the input {source}: " in err, err
+    assert f"{len(foreign)} ids not in the input ({', '.join(map(repr, foreign[:5]))}" in err, err
+    assert f"{len(missing)} of its ids missing ({', '.join(map(repr, missing[:5]))}" in err, err
+    assert _files(tmp_path) == before
+
+
+def test_merge_refuses_shards_of_another_n_another_question_or_unfinished(tmp_path, capsys):
+    ids = [f"q{i}" for i in range(12)]
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", ids)
+    _shard_files(out, ids, 3)  # made with N=3, merged with N=2: the files of shards 1 and 2 of 3 are there
+    (tmp_path / "r.shard-1-of-2.jsonl").write_bytes(Shard(1, 3).path(out).read_bytes())
+    (tmp_path / "r.shard-2-of-2.jsonl").write_bytes(Shard(2, 3).path(out).read_bytes())
+    assert "ids of other shards" in _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    _shard_files(out, ids, 2, question="another question of {}?")
+    assert "ids answered for another question" in _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    _shard_files(out, ids, 2)
+    shard = Shard(1, 2).path(out)
+    shard.write_text("".join(shard.read_text().splitlines(keepends=True)[:-1]))  # stopped before its last id
+    err = _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    assert f"shard file {shard} (shard 1/2) is not finished: 1 of its ids missing" in err, err
+    assert f"run `prompt-r1 batch {source} --out {out} --shard 1/2` again, then merge" in err
+    assert not out.exists()
+    _shard_files(out, ids, 2)
+    assert main(["batch-merge", str(source), "--out", str(out), "--shards", "2"]) == 0
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == sorted(ids)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".lock") == []
+
+
+def test_merge_refuses_a_shard_still_being_written(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    ids = [f"q{i}" for i in range(6)]
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", ids)
+    _shard_files(out, ids, 2)
+    shard = Shard(1, 2).path(out)
+    code = "import time\nfrom prompt_r1.runs.output_lock import hold_output\n"
+    code += (
+        f"with hold_output({str(shard)!r}, '--out'):\n    print('held', flush=True)\n    time.sleep(300)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        err = _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"shard file {shard} is being written by another run (pid {holder.pid} on " in err, err
+    assert not out.exists()
+    assert main(["batch-merge", str(source), "--out", str(out), "--shards", "2", "--limit", "6"]) == 0

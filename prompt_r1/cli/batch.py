@@ -24,6 +24,7 @@ from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.batch_settings import BatchSettings
+from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.results_file import write_text_file
 from prompt_r1.runs.shards import MAX_SHARDS, Shard, merge_shards
 
@@ -94,7 +95,12 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "batch-merge",
         help="merge the results files of `batch --shard I/N` into one",
         description="Writes --out with the last row of each id from NAME.shard-1-of-N.jsonl … "
-        "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not.",
+        "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not. Each shard file is "
+        "checked against INPUT, and only read: one still being written, with a torn row, or made from another "
+        "input or N is refused (exit 2), naming the file and the ids missing or foreign.",
+    )
+    merge.add_argument(
+        "input", metavar="INPUT", help="the input the shards were run on (the INPUT of `prompt-r1 batch`)"
     )
     merge.add_argument("--out", required=True, metavar="FILE.jsonl", help="the merged results file to write")
     merge.add_argument(
@@ -103,6 +109,12 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         type=flag_number(integer=True, minimum=1, maximum=MAX_SHARDS),
         metavar="N",
         help="N of --shard",
+    )
+    merge.add_argument(
+        "--limit",
+        type=flag_number(integer=True, minimum=1),
+        metavar="N",
+        help="the --limit the shards were run with: only the first N input rows",
     )
 
 
@@ -143,6 +155,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
         flags=True,
     )
     settings.check_files()
+    # One writer per results file, from here to the end: a second run on it is refused before it loads a model
+    # or calls anything (a shard's own file is its lock's; shards run side by side).
+    with hold_output(settings.out, "--out"):
+        return _batch(args, settings)
+
+
+def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
     if args.env_pool:
@@ -195,6 +214,6 @@ def cmd_batch_merge(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix != ".jsonl":
         raise ConfigError(f"--out must be a .jsonl file, got {out}")
-    summary = merge_shards(out, args.shards)
+    summary = merge_shards(out, args.shards, source=args.input, limit=args.limit)
     print(f"merged {args.shards} shards into {out}: {summary.render()}", file=sys.stderr)
     return EXIT_OK

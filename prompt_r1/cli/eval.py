@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from prompt_r1.evaluation.run import (
 )
 from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
 from prompt_r1.runs.metering import check_budget_prices
+from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import named_keys
 from prompt_r1.scoring.scorers import SCORERS, release_rows
 
@@ -209,6 +211,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     given = {name: getattr(args, f"environment__{name}", None) for name in SWEEP_FIELDS}
     sweep = environment_sweep(env_cfg, given) if needs_env else [("", None)]
     folders = [(Path(args.out) / name if len(sweep) > 1 else Path(args.out), cfg) for name, cfg in sweep]
+    # One writer per folder, to the end: a second eval on it is refused here, before a search or a row is paid for.
+    with contextlib.ExitStack() as held:
+        for folder, _ in folders:
+            held.enter_context(hold_output(folder, "--out", folder=True))
+        return _eval_folders(
+            args, methods, samples, sources, search, prices, agent_cfg, loop_cfg, sweep, folders
+        )
+
+
+def _eval_folders(
+    args, methods, samples, sources, search, prices, agent_cfg, loop_cfg, sweep, folders
+) -> int:
+    """`cmd_eval` once its folders are held: settings recorded, clients made, each folder evaluated."""
     # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
     for folder, cfg in folders:
         record_settings(

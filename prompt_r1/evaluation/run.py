@@ -72,6 +72,7 @@ from prompt_r1.runs.metering import (
     check_budget_prices,
     row_cost,
 )
+from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, check_limits, run_many
 from prompt_r1.runs.results import ResultStore
 from prompt_r1.scoring.rewards import PRESETS, score_episode
@@ -260,109 +261,113 @@ async def run_evaluation(
     if budget is not None:
         check_budget_prices(prices, environment, agent)
     out_dir = Path(out_dir)
-    record_settings(
-        out_dir,
-        methods,
-        agent_config=agent_config,
-        environment_config=environment_config,
-        loop=loop,
-        search=search,
-    )
-    # The folder's rows are checked before anything is appended: a file there that is not ours is left untouched.
-    store = ResultStore.open(
-        out_dir / PREDICTIONS, row_prefix=_ROW_PREFIX, what="predictions file", key=_key, redact=redact,
-        check=prediction_problem,
-    )  # fmt: skip
-    meter = UsageMeter(prices)
-    agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
-    # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.
-    agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
-    agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
-    environment = MeteredEnvironment(environment, meter, redact) if environment is not None else None
-    runner = EpisodeRunner(agent, environment, loop, tags=["eval"]) if "prompt-r1" in methods else None
-
-    async def work(item: EvalItem) -> dict[str, Any]:
-        method, sample = item.method, item.sample
-        row = _row_head(item)
-        if method == "prompt-r1":
-            episode = await runner.run(
-                sample.question,
-                id=str(sample.id),
-                golden_answers=sample.golden_answers,
-                metadata={"dataset": sample.dataset, "method": method},
-            )
-            prediction, status, error = episode.answer or "", episode.status, episode.error
-            row.update(turns=episode.turns, usage=episode.usage)
-            state = {**episode.to_row(), "golden_answers": sample.golden_answers}
-            row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
-            if runner.loop.protocol == "release":  # the release's own reward: on its stream (release.py)
-                row["reward"]["release"] = release.episode_reward(
-                    sample.question, episode.turns, sample.golden_answers
-                ).total
-            latency = episode.latency_s
-        else:
-            instruction = (instructions or {}).get((method, sample.dataset)) if method in OPTIMIZERS else None
-            prediction, status, error, latency = await _baseline(
-                method, sample, row, agent, environment, instruction
-            )
-        row.update(prediction=prediction, status=status, error=error, latency_s=round(latency, 3))
-        row["cost_usd"] = row_cost(row, prices, agent_model, agent_paid=agent_paid)
-        if status not in FAILED_STATUSES:
-            row["metrics"] = row_metrics(prediction, sample.golden_answers)
-        return row
-
-    from tqdm.auto import tqdm
-
-    pending = len(samples) * len(methods) - sum(
-        store.is_finished((m, str(s.dataset), str(s.id))) for s in samples for m in methods
-    )
-    bar = tqdm(total=pending, desc="eval", unit="row", disable=not progress, dynamic_ncols=True, file=log)
-    running: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # method → [n, Σ EM, Σ F1]
-    outcome = RunOutcome()
-
-    def postfix(row: dict[str, Any], in_flight: int) -> None:
-        if row["status"] not in FAILED_STATUSES:
-            stats = running[row["method"]]
-            stats[0] += 1
-            stats[1] += row["metrics"]["em"]
-            stats[2] += row["metrics"]["f1"]
-        bar.set_postfix_str(
-            " · ".join(f"{m} EM {s[1] / s[0]:.3f} F1 {s[2] / s[0]:.3f}" for m, s in running.items())
-            + (f" · failed {outcome.failed}" if outcome.failed else ""),
-            refresh=False,
+    # One writer per folder (re-entered when `prompt-r1 eval` already holds it), held to the end.
+    with hold_output(out_dir, "--out", folder=True):
+        record_settings(
+            out_dir,
+            methods,
+            agent_config=agent_config,
+            environment_config=environment_config,
+            loop=loop,
+            search=search,
         )
+        # The folder's rows are checked before anything is appended: a file there that is not ours is left untouched.
+        store = ResultStore.open(
+            out_dir / PREDICTIONS, row_prefix=_ROW_PREFIX, what="predictions file", key=_key, redact=redact,
+            check=prediction_problem,
+        )  # fmt: skip
+        meter = UsageMeter(prices)
+        agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
+        # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.
+        agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
+        agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
+        environment = MeteredEnvironment(environment, meter, redact) if environment is not None else None
+        runner = EpisodeRunner(agent, environment, loop, tags=["eval"]) if "prompt-r1" in methods else None
 
-    def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
-        """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
-        return {
-            **_row_head(item),
-            "prediction": "",
-            "status": "internal_error",
-            "error": describe_exception(exc),
-            "latency_s": 0.0,
-        }
+        async def work(item: EvalItem) -> dict[str, Any]:
+            method, sample = item.method, item.sample
+            row = _row_head(item)
+            if method == "prompt-r1":
+                episode = await runner.run(
+                    sample.question,
+                    id=str(sample.id),
+                    golden_answers=sample.golden_answers,
+                    metadata={"dataset": sample.dataset, "method": method},
+                )
+                prediction, status, error = episode.answer or "", episode.status, episode.error
+                row.update(turns=episode.turns, usage=episode.usage)
+                state = {**episode.to_row(), "golden_answers": sample.golden_answers}
+                row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
+                if runner.loop.protocol == "release":  # the release's own reward: on its stream (release.py)
+                    row["reward"]["release"] = release.episode_reward(
+                        sample.question, episode.turns, sample.golden_answers
+                    ).total
+                latency = episode.latency_s
+            else:
+                instruction = (
+                    (instructions or {}).get((method, sample.dataset)) if method in OPTIMIZERS else None
+                )
+                prediction, status, error, latency = await _baseline(
+                    method, sample, row, agent, environment, instruction
+                )
+            row.update(prediction=prediction, status=status, error=error, latency_s=round(latency, 3))
+            row["cost_usd"] = row_cost(row, prices, agent_model, agent_paid=agent_paid)
+            if status not in FAILED_STATUSES:
+                row["metrics"] = row_metrics(prediction, sample.golden_answers)
+            return row
 
-    items = (EvalItem(method, sample) for sample in samples for method in methods)
-    try:
-        await run_many(
-            items,
-            work,
-            store,
-            failure_row=failure_row,
-            concurrency=concurrency,
-            key=lambda item: item.key,
-            describe=EvalItem.describe,
-            max_failures=max_failures,
-            stop=budget_rule(meter, budget),
-            on_row=postfix,
-            tally=outcome,
-            progress=bar,
-            log=log,
+        from tqdm.auto import tqdm
+
+        pending = len(samples) * len(methods) - sum(
+            store.is_finished((m, str(s.dataset), str(s.id))) for s in samples for m in methods
         )
-    finally:
-        bar.close()
-        outcome.usage = meter.to_dict()
-    return outcome
+        bar = tqdm(total=pending, desc="eval", unit="row", disable=not progress, dynamic_ncols=True, file=log)
+        running: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # method → [n, Σ EM, Σ F1]
+        outcome = RunOutcome()
+
+        def postfix(row: dict[str, Any], in_flight: int) -> None:
+            if row["status"] not in FAILED_STATUSES:
+                stats = running[row["method"]]
+                stats[0] += 1
+                stats[1] += row["metrics"]["em"]
+                stats[2] += row["metrics"]["f1"]
+            bar.set_postfix_str(
+                " · ".join(f"{m} EM {s[1] / s[0]:.3f} F1 {s[2] / s[0]:.3f}" for m, s in running.items())
+                + (f" · failed {outcome.failed}" if outcome.failed else ""),
+                refresh=False,
+            )
+
+        def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
+            """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
+            return {
+                **_row_head(item),
+                "prediction": "",
+                "status": "internal_error",
+                "error": describe_exception(exc),
+                "latency_s": 0.0,
+            }
+
+        items = (EvalItem(method, sample) for sample in samples for method in methods)
+        try:
+            await run_many(
+                items,
+                work,
+                store,
+                failure_row=failure_row,
+                concurrency=concurrency,
+                key=lambda item: item.key,
+                describe=EvalItem.describe,
+                max_failures=max_failures,
+                stop=budget_rule(meter, budget),
+                on_row=postfix,
+                tally=outcome,
+                progress=bar,
+                log=log,
+            )
+        finally:
+            bar.close()
+            outcome.usage = meter.to_dict()
+        return outcome
 
 
 async def _baseline(

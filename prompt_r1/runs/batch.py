@@ -16,6 +16,8 @@ How it runs:
   most the episodes in flight. With `checkpoint=` (LangGraph's SQLite checkpointer, one thread per id) those too
   resume from their last completed step, and a failed episode resumes from the environment call that failed:
   turns already paid for are not called again. A finished episode's thread is deleted once its row is written.
+  One run writes an output at a time: a second run on the same results file is refused before it reads a row
+  (prompt_r1.runs.output_lock; the lock goes with the process, so a killed run leaves none).
 - **Faults.** The environment client retries (429 with Retry-After, 5xx, timeouts, dropped connections,
   malformed bodies); an episode whose call still fails is written with status `environment_error` and the error,
   and the batch goes on (as it does, with status `internal_error`, for anything else one episode raises).
@@ -50,6 +52,7 @@ from prompt_r1.runs.metering import (
     check_budget_prices,
     episode_cost,
 )
+from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, named_keys
 from prompt_r1.runs.results import ResultStore
 from prompt_r1.runs.results_file import check_checkpoint, crc
@@ -197,7 +200,6 @@ async def run_batch(
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
-    source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
     prices = prices or PriceTable.load()
 
     environment = as_environment(environment)
@@ -205,7 +207,18 @@ async def run_batch(
     agent_model = str(getattr(agent_config, "model", None) or "agent")
     if settings.budget is not None:
         check_budget_prices(prices, environment, agent)
-    path, _ = resolve_source(source)
+    path, _ = resolve_source(settings.source)
+    # One writer per results file (re-entered when `prompt-r1 batch` already holds it), held to the end: a second
+    # run on it is refused here, before it reads a row or calls anything.
+    with hold_output(settings.out, "--out" if settings.flags else "the output"):
+        return await _run_batch(settings, agent, environment, loop, prices, log, redact, path, agent_model)
+
+
+async def _run_batch(
+    settings, agent, environment, loop, prices, log, redact, path, agent_model
+) -> BatchSummary:
+    """`run_batch`'s run, with the results file held."""
+    source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
     input_rows = scan_input(source, limit, settings.shard)
     samples = iter_samples(source, limit=limit, require_answers=False)
     if settings.shard is not None:

@@ -29,7 +29,9 @@ __all__ = [
     "check_summary_path",
     "compact_output",
     "crc",
+    "RowsRead",
     "open_results_file",
+    "read_rows",
     "row_id",
     "write_text_file",
 ]
@@ -189,6 +191,43 @@ def open_results_file(
         except OSError as exc:
             raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
     return state
+
+
+@dataclass
+class RowsRead:
+    """A results file read whole and left as it is: the last row of each key (its line, newline-ended, and the
+    row), in the order the keys first appear, and how many earlier rows later ones superseded."""
+
+    last: dict[Hashable, tuple[str, dict]] = field(default_factory=dict)
+    superseded: int = 0
+
+
+def read_rows(path: str | Path, what: str, key: Callable[[dict], Hashable] = row_id) -> RowsRead:
+    """Read a results file that another step wrote (a shard's, for a merge) without changing a byte of it: every
+    line must be a whole results row, so a row cut mid-write (the file of a run killed, or still being written)
+    or a line that is not a row is refused with `OutputError`, naming the file and the line."""
+    path = Path(path)
+    read = RowsRead()
+    try:
+        with path.open("rb") as handle:
+            for line_no, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                row = _row(line)
+                if row is None:
+                    torn = not line.endswith(b"\n") or not _is_json(line)
+                    raise OutputError(
+                        f"{what} {path} line {line_no} is "
+                        + ("a torn row (cut mid-write)" if torn else "not a results row")
+                        + ": it was left untouched; run the command that writes it again to finish it"
+                    )
+                row_key = key(row)
+                read.superseded += row_key in read.last
+                text = line.decode("utf-8")
+                read.last[row_key] = (text if text.endswith("\n") else text + "\n", row)
+    except OSError as exc:
+        raise OutputError(f"cannot read {what} {path}: {_reason(exc)}") from None
+    return read
 
 
 def compact_output(path: str | Path, key: Callable[[dict], Hashable] = row_id) -> int:

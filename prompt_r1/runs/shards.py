@@ -5,23 +5,27 @@ A row belongs to shard `1 + blake2b(id) mod N`: stable across machines, Python v
 salted `hash`), and independent of row order, so every machine given the same input and N picks a disjoint
 part and together they cover every row once. Each shard writes its own results file beside `--out`
 (`results.shard-2-of-4.jsonl`), resumes by itself (rerun the same command), and all of them may share one
-provider limit through `--env-rate-store`.
+provider limit through `--env-rate-store`. The merge checks every shard file against the input, and reads it
+without changing it: a shard that is still being written, holds a torn row, or was made from another input or
+another N is refused, naming the file, what is wrong and the ids.
 
     shard = Shard.parse("2/4")
     shard.path("results.jsonl")         # results.shard-2-of-4.jsonl
-    merge_shards("results.jsonl", 4)   # results.jsonl: every shard's rows, one per id
+    merge_shards("results.jsonl", 4, source="questions.jsonl")   # results.jsonl: every shard's rows, one per id
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from prompt_r1.core.errors import ConfigError, OutputError
-from prompt_r1.runs.results_file import FAILED_STATUSES, open_results_file, row_id
+from prompt_r1.data.datasets import iter_samples
+from prompt_r1.runs.output_lock import hold_output
+from prompt_r1.runs.results_file import FAILED_STATUSES, crc, read_rows
 
 __all__ = ["MAX_SHARDS", "MergeSummary", "Shard", "merge_shards"]
 
@@ -83,48 +87,102 @@ class MergeSummary:
         return f"{self.rows} rows ({self.failed} failed), {self.superseded} superseded rows dropped"
 
 
-def merge_shards(out: str | Path, count: int) -> MergeSummary:
-    """Write `out` with the last row of each id from the `count` shard files beside it (each must exist; an id
-    found in two shards means they were not made from one input and N, and is refused). `out` must not exist:
-    nothing is overwritten. The merged file is a results file like any other: `prompt-r1 batch` on it resumes."""
+def _some(ids: list[str]) -> str:
+    """A few ids, for a one-line message.
+
+    >>> _some(["a", "b", "c", "d", "e", "f", "g"])
+    "'a', 'b', 'c', 'd', 'e', … (7)"
+    """
+    shown = ", ".join(repr(i) for i in ids[:5])
+    return shown + (f", … ({len(ids)})" if len(ids) > 5 else "")
+
+
+def _mismatch(shard: Shard, rows: dict, questions: dict[str, int]) -> dict[str, str]:
+    """What does not match between a shard's rows and its part of the input: ids the input lacks, ids of another
+    shard (the shards were made with another N), ids answered for another question, and its ids with no row."""
+    foreign, elsewhere, changed = [], [], []
+    for key, (_, row) in rows.items():
+        if key not in questions:
+            foreign.append(key)
+        elif not shard.contains(key):
+            elsewhere.append(key)
+        elif crc(str(row.get("question", ""))) != questions[key]:
+            changed.append(key)
+    missing = [key for key in questions if shard.contains(key) and key not in rows]
+    return {
+        kind: f"{len(ids)} {what} ({_some(ids)})"
+        for kind, ids, what in (
+            ("foreign", foreign, "ids not in the input"),
+            ("elsewhere", elsewhere, "ids of other shards"),
+            ("changed", changed, "ids answered for another question"),
+            ("missing", missing, "of its ids missing"),
+        )
+        if ids
+    }
+
+
+def merge_shards(
+    out: str | Path, count: int, *, source: str | Path, limit: int | None = None
+) -> MergeSummary:
+    """Write `out` with the last row of each id from the `count` shard files beside it, checked against the input
+    they were run on (`source`, its first `limit` rows): each shard must hold a whole row for every id of its part
+    of the input and nothing else. A shard file that is missing, still being written (its lock is held), holds a
+    torn row, or does not match the input (ids the input lacks, ids of another shard, another question, or its
+    ids missing) is refused, naming the file, what is wrong and the ids; shard files are only read, and `out`,
+    which must not exist, is written only when every check passed. The merged file is a results file like any
+    other: `prompt-r1 batch` on it resumes."""
     out = Path(out)
     if not 1 <= count <= MAX_SHARDS:
         raise ConfigError(f"--shards must be between 1 and {MAX_SHARDS}, got {count}")
     if out.exists():
         raise OutputError(f"{out} exists: batch-merge writes a new file; name another --out or move it away")
-    paths = [Shard(i, count).path(out) for i in range(1, count + 1)]
-    missing = [str(p) for p in paths if not p.is_file()]
+    shards = [Shard(i, count) for i in range(1, count + 1)]
+    missing = [str(shard.path(out)) for shard in shards if not shard.path(out).is_file()]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise OutputError(
             f"missing shard files ({len(missing)} of {count}): {', '.join(missing[:3])}{more}; run those shards first"
         )
+    questions = {
+        str(sample.id): crc(sample.question)
+        for sample in iter_samples(source, limit=limit, require_answers=False)
+    }
     summary = MergeSummary()
-    owner: dict[str, Path] = {}
-    tmp = out.with_name(out.name + ".merging")
-    try:
-        with tmp.open("w", encoding="utf-8") as dst:
-            for path in paths:
-                state = open_results_file(path, row_prefix='{"id": ', what="shard file")
-                summary.superseded += state.superseded
-                last: dict[str, str] = {}
-                with path.open(encoding="utf-8") as src:
-                    for line in src:
-                        if line.strip():
-                            last[row_id(json.loads(line))] = line if line.endswith("\n") else line + "\n"
-                for key, line in last.items():
-                    if key in owner:
-                        raise OutputError(
-                            f"id {key!r} is in both {owner[key]} and {path}: these shards were not made from "
-                            "one input with one N"
-                        )
-                    owner[key] = path
-                    dst.write(line)
-                    summary.rows += 1
-                    summary.failed += json.loads(line).get("status") in FAILED_STATUSES
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with contextlib.ExitStack() as held:
+        held.enter_context(hold_output(out, "--out"))
+        for shard in shards:  # a shard still being written is refused, and none starts while they are read
+            held.enter_context(hold_output(shard.path(out), "shard file"))
+        parts: list[dict] = []
+        for shard in shards:
+            path = shard.path(out)
+            read = read_rows(path, "shard file")
+            wrong = _mismatch(shard, read.last, questions)
+            rerun = f"`prompt-r1 batch {source} --out {out} --shard {shard}`"
+            if set(wrong) == {"missing"}:  # a shard stopped early (a budget, a signal): finish it
+                raise OutputError(
+                    f"shard file {path} (shard {shard}) is not finished: {wrong['missing']}; run {rerun} again, "
+                    "then merge"
+                )
+            if wrong:
+                what = "; ".join(wrong.values())
+                raise OutputError(
+                    f"shard file {path} (shard {shard}) does not match the input {source}: {what}; "
+                    f"was it made from another input or another N? Rerun {rerun}, or merge against the input "
+                    "it was made from"
+                )
+            summary.superseded += read.superseded
+            parts.append(read.last)
+        tmp = out.with_name(out.name + ".merging")
+        try:
+            with tmp.open("w", encoding="utf-8") as dst:
+                for rows in parts:
+                    for line, row in rows.values():
+                        dst.write(line)
+                        summary.rows += 1
+                        summary.failed += row.get("status") in FAILED_STATUSES
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return summary

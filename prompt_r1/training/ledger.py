@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -138,29 +139,41 @@ class CallLedger:
 
     @classmethod
     def open(cls, path: str | Path, identity: Mapping[str, Any]) -> CallLedger:
+        """Open this process's ledger, creating it when there is none. A file that is there is read as a ledger or
+        refused (`LedgerError`), whatever its size: a ledger is never empty on disk (it is made whole under
+        another name, then renamed), so an empty or cut file is a damaged one, and taking it as new would pay
+        its calls again and restart the run's spend total."""
         path = Path(path)
         identity = {k: str(v) for k, v in identity.items()}
-        existed = path.exists() and path.stat().st_size > 0
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            wal = path.with_name(path.name + "-wal")
+            if not path.exists() and wal.is_file() and wal.stat().st_size > 0:
+                # The calls of a killed run live in its write-ahead log until they are checkpointed into the
+                # file: a log without its file is a ledger whose file was lost, and a new file would take it in.
+                raise LedgerError(
+                    f"{path} is missing but its write-ahead log {wal.name} is there; {_WAYS_ON}"
+                )
+            if not path.exists():
+                _create(path, identity)
+            elif path.is_file() and path.stat().st_size == 0:
+                raise LedgerError(
+                    f"{path} is empty (0 bytes), so it was damaged: its calls would be paid again and the spend "
+                    f"total restart; {_WAYS_ON}"
+                )
             connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            connection.execute("PRAGMA busy_timeout = 5000")
-            if existed:
+            try:
+                connection.execute("PRAGMA busy_timeout = 5000")
                 _check(connection, path, identity)
-            connection.execute("PRAGMA journal_mode = WAL")
-            connection.execute(
-                "PRAGMA synchronous = FULL"
-            )  # each commit reaches the disk before the reply is used
-            if not existed:
-                connection.executescript(_SCHEMA)
-                rows = [("format", FORMAT), ("version", VERSION), *sorted(identity.items())]
-                with connection:
-                    connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
+                connection.execute("PRAGMA journal_mode = WAL")
+                # Each commit reaches the disk before the reply is used.
+                connection.execute("PRAGMA synchronous = FULL")
+            except BaseException:
+                connection.close()  # and with it the -wal and -shm files it made beside a refused file
+                raise
         except sqlite3.DatabaseError as exc:
-            raise LedgerError(
-                f"{path} is not a readable call ledger ({exc}): move it away to start a new one "
-                "(its recorded calls are then paid again)"
-            ) from None
+            raise LedgerError(f"{path} is not a readable call ledger ({exc}); {_WAYS_ON}") from None
+        except OSError as exc:
+            raise LedgerError(f"cannot use the call ledger {path}: {exc.strerror or exc}") from None
         return cls(connection, path)
 
     def lookup(self, key: CallKey) -> dict[str, Any] | None:
@@ -203,11 +216,36 @@ class CallLedger:
         self.connection.close()
 
 
+# What a user can do with a damaged ledger; never "start a new one in its place", which pays every call again.
+_WAYS_ON = (
+    "restore it from a copy, or resume with call_ledger false (the spend total then comes from the checkpoint's "
+    "log, and calls after it are paid again), or start a new output_dir"
+)
+
+
+def _create(path: Path, identity: dict[str, str]) -> None:
+    """Write a new, empty ledger whole under a temporary name, then rename it into place: a process killed
+    while creating it leaves no file at `path`, so a file there is always a ledger or a damaged one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".creating")
+    for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+        leftover.unlink(missing_ok=True)
+    connection = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        connection.executescript(_SCHEMA)
+        rows = [("format", FORMAT), ("version", VERSION), *sorted(identity.items())]
+        with connection:
+            connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
+    finally:
+        connection.close()
+    os.replace(tmp, path)
+
+
 def _check(connection: sqlite3.Connection, path: Path, identity: dict[str, str]) -> None:
     """Refuse a damaged file, a database that is not a ledger, and another run's ledger, each in one line."""
     problem = connection.execute("PRAGMA quick_check").fetchone()[0]
     if problem != "ok":
-        raise LedgerError(f"{path} is damaged ({problem}): move it away to start a new ledger")
+        raise LedgerError(f"{path} is damaged ({problem}); {_WAYS_ON}")
     tables = {r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     meta = dict(connection.execute("SELECT name, value FROM meta")) if "meta" in tables else {}
     if meta.get("format") != FORMAT or "calls" not in tables:

@@ -19,6 +19,7 @@ resumed with a higher cap goes on; one resumed at a cap already reached stops be
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,15 @@ from transformers import TrainerCallback
 from prompt_r1.core.errors import PromptR1Error
 from prompt_r1.training.ledger import LedgerEnvironment
 
-__all__ = ["ESTIMATE_STEPS", "SpendCap", "SpendCapReached", "install", "paid_environment", "stop_reason"]
+__all__ = [
+    "ESTIMATE_STEPS",
+    "SpendCap",
+    "SpendCapReached",
+    "check_resumed_ledger",
+    "install",
+    "paid_environment",
+    "stop_reason",
+]
 
 # Steps whose mean estimates the next one's cost and calls.
 ESTIMATE_STEPS = 3
@@ -83,6 +92,7 @@ class SpendCap(TrainerCallback):
         if logged:
             last = logged[-1]
             self.base = {"cost": last.get("env/total_cost", 0.0), "calls": last.get("env/total_calls", 0.0)}
+            self._check_ledger(last.get("env/total_calls", 0.0), state.global_step, args.output_dir)
         self.environment.take()  # calls made before training (none in a normal run) belong to no step
         if state.global_step >= state.max_steps:
             return
@@ -92,6 +102,28 @@ class SpendCap(TrainerCallback):
             raise SpendCapReached(
                 f"nothing run: {reason} at step {state.global_step} (the run's last checkpoint); "
                 "resume with a higher cap to go on"
+            )
+
+    def _check_ledger(self, logged_calls: float, step: int, output_dir: str) -> None:
+        """A ledger only grows, so one holding fewer calls than the checkpoint logged as paid lost some (deleted
+        and made anew, its write-ahead log lost, another file put in its place): trusted, it would pay them again
+        and restart the spend total below what was spent. Every process sees the same sums, so all refuse."""
+        ledger = self.environment.ledger
+        if ledger is None:
+            return
+        held = self._totals()["calls"]
+        if held < logged_calls:
+            from prompt_r1.training.ledger import LEDGER_FOLDER, LedgerError
+
+            where = (
+                ledger.path
+                if self.trainer.accelerator.num_processes == 1
+                else Path(output_dir) / LEDGER_FOLDER
+            )
+            raise LedgerError(
+                f"{where} holds {held:.0f} calls, but step {step} (the checkpoint resumed from) logged {logged_calls:.0f} "
+                "paid: it is not this run's whole ledger; restore it, or resume with call_ledger false (the spend "
+                "total then comes from the checkpoint's log, and calls after it are paid again)"
             )
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -171,6 +203,19 @@ def paid_environment(config: Any, environment: Any) -> LedgerEnvironment:
         }
         ledger = CallLedger.open(ledger_path(config.output_dir, rank), identity)
     return LedgerEnvironment(environment, ledger, prices)
+
+
+def check_resumed_ledger(trainer: Any, checkpoint: str | Path) -> None:
+    """Refuse, before training begins (and its progress bar), to resume from `checkpoint` with ledgers that hold
+    fewer calls than it logged as paid: the check `SpendCap` makes again when training begins."""
+    from prompt_r1.training.resume import TRAINER_STATE, logged_calls
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, SpendCap):
+            step = json.loads((Path(checkpoint) / TRAINER_STATE).read_text(encoding="utf-8")).get(
+                "global_step"
+            )
+            callback._check_ledger(logged_calls(checkpoint), step, trainer.args.output_dir)
 
 
 def install(trainer: Any, environment: LedgerEnvironment, config: Any) -> SpendCap:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,25 @@ def train(
     """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint.
     `build`: the trainer's builder (default `build_trainer`; `build_async_trainer` for `async_grpo`). Ctrl-C or
     SIGTERM stops after the step in flight with a checkpoint of it (`prompt_r1.training.graceful_stop`); the model
-    is then not saved to output_dir, and `graceful_stop_of(trainer)` says which signal, step and checkpoint."""
+    is then not saved to output_dir, and `graceful_stop_of(trainer)` says which signal, step and checkpoint.
+    A second run on the same output_dir while this one runs is refused (`OutputError`)."""
+    from prompt_r1.runs.output_lock import hold_output
+
+    # One run per output folder, held to the end: a second is refused before a model loads or a call is paid. The
+    # ranks of one run share the folder, so its first process alone holds the lock (a refused rank 0 ends the
+    # launch).
+    with (
+        hold_output(config.output_dir, "output_dir", folder=True)
+        if config.process_index == 0
+        else nullcontext()
+    ):
+        return _train(config, resume, build, build_kwargs)
+
+
+def _train(
+    config: PromptR1GRPOConfig, resume: bool, build: Callable[..., Any] | None, build_kwargs: dict
+) -> Any:
+    """`train`, with the output folder held."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from prompt_r1.training.graceful_stop import GracefulStop
@@ -171,7 +190,18 @@ def train(
             checkpoint = get_last_checkpoint(config.output_dir)
         if checkpoint is None:
             raise ConfigError(f"--resume: no checkpoint-* folder in {config.output_dir}")
+    if checkpoint is not None:  # a damaged file is one line now, not a traceback once the model has loaded
+        from prompt_r1.training.ledger import ledger_path
+        from prompt_r1.training.resume import check_ledger_for_resume, check_resume_checkpoint
+
+        check_resume_checkpoint(checkpoint)
+        if config.call_ledger:
+            check_ledger_for_resume(checkpoint, ledger_path(config.output_dir, config.process_index))
     trainer = (build or build_trainer)(config, **build_kwargs)
+    if checkpoint is not None:
+        from prompt_r1.training.spend import check_resumed_ledger
+
+        check_resumed_ledger(trainer, checkpoint)  # fewer calls than the checkpoint logged: one line, no step
     stop = GracefulStop.install(trainer)  # Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
