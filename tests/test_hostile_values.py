@@ -162,7 +162,10 @@ def test_a_billion_shards_are_refused_at_once(tmp_path, capsys):
     from prompt_r1.runs.shards import MAX_SHARDS
 
     started = time.monotonic()
-    assert main(["batch-merge", "--out", str(tmp_path / "m.jsonl"), "--shards", "1000000000"]) == 2
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "a", "question": "A?"}\n')
+    merge = ["batch-merge", str(questions), "--out", str(tmp_path / "m.jsonl"), "--shards"]
+    assert main([*merge, "1000000000"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert f"--shards: must be an integer ≥ 1 and ≤ {MAX_SHARDS}, got 1000000000" in line, line
     assert (
@@ -180,7 +183,7 @@ def test_a_billion_shards_are_refused_at_once(tmp_path, capsys):
     )
     assert f"N between 1 and {MAX_SHARDS}" in one_error_line(capsys.readouterr().err)
     # The most shards allowed, none written yet: one short line, not a thousand paths.
-    assert main(["batch-merge", "--out", str(tmp_path / "m.jsonl"), "--shards", str(MAX_SHARDS)]) == 2
+    assert main([*merge, str(MAX_SHARDS)]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert (
         f"missing shard files ({MAX_SHARDS} of {MAX_SHARDS})" in line
