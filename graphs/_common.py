@@ -15,6 +15,8 @@ DEMO_AGENT = [
 ]
 
 
+DEMO_NOTICE = "demo: the agent and the environment are scripted (canned replies served at {url}), not models"
+
 DEFAULT_QUESTION = "Which magazine was started first, Arthur's Magazine or First for Women?"
 
 
@@ -42,6 +44,8 @@ def parts_from_args(args: argparse.Namespace):
             )
             args.agent_model, args.agent_base_url = "agent", server.base_url
             args.env_model, args.env_base_url = "env", server.base_url
+            # Said first, so that nobody takes the canned replies below for a model's work.
+            print(DEMO_NOTICE.format(url=server.base_url), flush=True)
         agent = load_agent(AgentConfig(model=args.agent_model, base_url=args.agent_base_url))
         environment = EnvironmentClient(EnvironmentConfig(model=args.env_model, base_url=args.env_base_url))
         yield agent, environment

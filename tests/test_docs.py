@@ -1,5 +1,6 @@
 """The docs site (mkdocs.yml, docs/) builds with `mkdocs build --strict` (a broken link or a missing reference
-fails), and its architecture page draws the layers of the import contract in pyproject.toml."""
+fails; the Concepts page's Mermaid drawing is a diagram; the home page and Concepts link the paper), and its
+architecture page draws the layers of the import contract in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ def test_the_docs_site_builds_strict(tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "reference" / "loop" / "index.html").is_file()
+    site = tmp_path / "site"
+    assert (site / "reference" / "loop" / "index.html").is_file()
+    # The loop's drawing is a diagram (mermaid.js draws a `pre.mermaid`), not its source shown as code.
+    concepts = (site / "concepts" / "index.html").read_text(encoding="utf-8")
+    assert '<pre class="mermaid"><code>' in concepts and "language-mermaid" not in concepts
+    assert "assets/stylesheets/extra.css" in concepts  # wide code blocks scroll inside a wider page
+    for page in ("index.html", "concepts/index.html"):
+        assert 'href="https://arxiv.org/abs/2511.01016"' in (site / page).read_text(encoding="utf-8"), page
 
 
 def test_the_architecture_page_draws_the_contracts_layers():

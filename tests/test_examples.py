@@ -40,6 +40,10 @@ def test_example_runs(script, expected):
         [sys.executable, str(GRAPHS / script), "--demo"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+    # The first line says the players are scripted, before any canned answer can pass for a model's.
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("demo: the agent and the environment are scripted (canned replies served at "
+                            "http://127.0.0.1:"), first  # fmt: skip
     for part in expected:
         assert part in done.stdout
     assert "Warning" not in done.stderr, done.stderr

@@ -1,7 +1,8 @@
 """Test doubles, shipped as LangChain ships its fakes: the outside world played offline.
 
 - `scripted`: responders and in-process agent and environment doubles; `servers`: a scripted OpenAI-compatible
-  HTTP server with fault injection; `provider`: a provider's RPM/TPM per key with its 429s and x-ratelimit-*
+  HTTP server with fault injection (`server_command`: `python -m prompt_r1.testing.servers --port N`, that server
+  on its own for any client); `provider`: a provider's RPM/TPM per key with its 429s and x-ratelimit-*
   headers, for that server; `redis_server`: a real redis-server on a free port; `limit_worker`: a process
   calling one endpoint many times (the shared-limit tests);
 - `tiny_models`: tiny transformers models and tokenizers built in process; `vllm_process`: `vllm serve` of one

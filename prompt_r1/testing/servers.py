@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "FAULT_KINDS",
     "Fault",
     "RecordedRequest",
     "ScriptedServer",
@@ -44,6 +45,11 @@ from prompt_r1.testing.scripted import (  # the responders, re-exported: a serve
     relay_agent,
     scripted_agent,
     scripted_turns,
+)
+
+FAULT_KINDS = (
+    frozenset({"429", "408", "409", "500", "502", "503", "timeout", "drop", "malformed", "context", "400"})
+    | HOSTILE_KINDS
 )
 
 
@@ -458,3 +464,9 @@ class ScriptedServer:
                 "total_tokens": len(prompt) + len(ids),
             },
         }
+
+
+if __name__ == "__main__":  # `python -m prompt_r1.testing.servers`: the command line lives in its own module
+    from prompt_r1.testing.server_command import main
+
+    raise SystemExit(main(ScriptedServer, FAULT_KINDS))
