@@ -62,7 +62,7 @@ from prompt_r1.evaluation.reports import (
     write_reports,
     write_summary_csv,
 )
-from prompt_r1.loop import release
+from prompt_r1.loop.protocols import release
 from prompt_r1.loop.graph import STATUSES
 from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment, describe_exception
 from prompt_r1.runs.metering import (

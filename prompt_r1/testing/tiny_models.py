@@ -171,7 +171,7 @@ def build_protocol_model(
 
     from prompt_r1.core.prompts import interaction_response, question_message
     from prompt_r1.core.tokens import initial_prompt_ids, user_turn_ids
-    from prompt_r1.loop import release
+    from prompt_r1.loop.protocols import release
 
     if start_from is None:
         path = build_tiny_model(

@@ -29,7 +29,7 @@ from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import extract_question
 from prompt_r1.core.tokens import turn_end_ids
-from prompt_r1.loop import release
+from prompt_r1.loop.protocols import release
 from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.ledger import call_scope
