@@ -21,7 +21,7 @@ A_n that it is not blank, C_f that the final turn is complete. Two presets (`ref
 `score_transcript` scores the Qwen chat-format text the reference release scores (`<|im_start|>assistant\\n…
 <|im_end|>` blocks), `score_episode` a result of the graph, `score_turns` a list of agent generations, and
 `trl_reward` wraps them in TRL's reward-function signature (and, for `--protocol release` rollouts, scores the
-decoded stream as the release does: see prompt_r1/loop/release.py).
+decoded stream as the release does: see prompt_r1/loop/protocols/release.py).
 
     >>> one_turn = "<|im_start|>assistant\\n<think>t</think><answer>Paris</answer><|im_end|>"
     >>> score_transcript(one_turn, ["Paris"]).total, score_transcript(one_turn, ["Paris"], "release").total
