@@ -22,7 +22,7 @@ from prompt_r1.clients.environment import EnvironmentClient
 from prompt_r1.core.config import EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import extract_question
-from prompt_r1.loop import release
+from prompt_r1.loop.protocols import release
 from prompt_r1.loop.graph import build_graph
 from prompt_r1.scoring.rewards import score_transcript, trl_reward
 from prompt_r1.testing.servers import ScriptedServer

@@ -16,7 +16,7 @@ from prompt_r1.cli.main import main as cli_main  # noqa: E402
 from prompt_r1.core.config import LoopConfig  # noqa: E402
 from prompt_r1.core.errors import ConfigError  # noqa: E402
 from prompt_r1.core.prompts import question_message  # noqa: E402
-from prompt_r1.loop import release  # noqa: E402
+from prompt_r1.loop.protocols import release  # noqa: E402
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 from prompt_r1.training.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.rollout import GraphRollout  # noqa: E402

@@ -329,7 +329,7 @@ def test_colocated_vllm_rollouts_under_the_release_protocol(
     wide_head_model_path, tmp_path, own_process_group
 ):
     from prompt_r1.core.prompts import question_message
-    from prompt_r1.loop import release
+    from prompt_r1.loop.protocols import release
     from prompt_r1.training.trainer import build_trainer
 
     rows = [
@@ -525,7 +525,7 @@ def test_a_served_vllm_agent_under_the_release_protocol_is_token_exact(vllm_serv
     same ids, turn after turn, as the transformers backend on the same weights."""
     from prompt_r1.agents.local import TransformersAgent
     from prompt_r1.agents.served import ServedAgent
-    from prompt_r1.loop import release
+    from prompt_r1.loop.protocols import release
 
     settings = dict(temperature=0.0, max_new_tokens=40)
     served = ServedAgent(

@@ -38,7 +38,7 @@ from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sw
 from prompt_r1.runs.metering import check_budget_prices
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import named_keys
-from prompt_r1.scoring.scorers import SCORERS, release_rows
+from prompt_r1.scoring.scorers import SCORERS, read_rows
 
 __all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
 
@@ -305,8 +305,7 @@ def _evaluate(
         for r in read_predictions(Path(out) / PREDICTIONS)
         if (str(r["method"]), str(r["dataset"]), str(r["id"])) in wanted
     ]
-    if args.scorer == "release":
-        rows = release_rows(rows)
+    rows = read_rows(args.scorer, rows)  # each row's prediction as the scorer reads it
     summary = summarize(rows, scoring=args.scorer)
     for s in summary:  # what a prompt optimiser's search cost, beside what answering the rows cost
         record = records.get((s.method, s.dataset))

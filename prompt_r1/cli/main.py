@@ -117,8 +117,14 @@ def _trajectory(agent: Any, result: dict) -> dict[str, Any]:
 
 def _drift(agent: Any, result: dict, protocol: str = "paper") -> dict[str, Any]:
     """Whether re-rendering the episode with the agent's chat template changes its tokens (agents/vllm_server.py)."""
-    if protocol != "paper":  # the check renders the paper's messages; the release's stream is its own
-        return {"checked": False, "reason": f"the drift check renders the paper protocol, not {protocol}"}
+    from prompt_r1.loop.protocols import protocol_for
+
+    # The check re-renders the episode with the agent's own chat template; a protocol with its own stream has none.
+    if protocol_for(protocol).chat_template() is not None:
+        return {
+            "checked": False,
+            "reason": f"the drift check renders the agent's own chat template, which protocol {protocol} does not use",
+        }
     tokenizer = getattr(agent, "drift_tokenizer", None) or getattr(agent, "tokenizer", None)
     if tokenizer is None:
         return {"checked": False, "reason": "no tokenizer for the agent (--agent-tokenizer)"}

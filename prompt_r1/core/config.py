@@ -28,6 +28,8 @@ __all__ = [
     "EnvironmentConfig",
     "LoopConfig",
     "PROTOCOLS",
+    "PROTOCOL_RULES",
+    "ProtocolRules",
     "RATE_STORE_PASSWORD_ENV",
     "configs_from_env",
     "load_config_file",
@@ -41,8 +43,27 @@ __all__ = [
 # loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
 DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
 DEFAULT_ENV_MODEL = "gpt-4o-mini"
-# The loop's protocols: the paper's text, or the reference release's rollout token for token (loop/release.py).
-PROTOCOLS = ("paper", "release")
+
+
+@dataclass(frozen=True)
+class ProtocolRules:
+    """What a loop config must hold under one protocol, as data: the protocols themselves (prompt_r1.loop.protocols)
+    sit a layer above, and a config is refused where it is built."""
+
+    asks_final_answer: (
+        bool  # force_final_answer's default; False: it may not be on (turns run out unanswered)
+    )
+    turns_counted: str  # what max_turns counts, for its error
+    min_turns: int = 0
+
+
+# The loop's protocols: the paper's text, or the reference release's rollout token for token
+# (prompt_r1/loop/protocols/release.py).
+PROTOCOL_RULES: dict[str, ProtocolRules] = {
+    "paper": ProtocolRules(asks_final_answer=True, turns_counted="environment calls"),
+    "release": ProtocolRules(asks_final_answer=False, turns_counted="agent turns", min_turns=1),
+}
+PROTOCOLS = tuple(PROTOCOL_RULES)
 
 
 def _help(text: str, *, check: dict[str, Any] | None = None, **kw: Any) -> Any:
@@ -227,7 +248,8 @@ class LoopConfig:
     )
     protocol: str = _help(
         "paper (the paper's loop) or release (the reference release's training rollout token for token: its "
-        "tools prompt, JSON calls and replies, error observations, turn counting; see prompt_r1/loop/release.py).",
+        "tools prompt, JSON calls and replies, error observations, turn counting; see "
+        "prompt_r1/loop/protocols/release.py).",
         default="paper",
     )
 
@@ -235,14 +257,17 @@ class LoopConfig:
         _check_types(self)
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        rules = PROTOCOL_RULES[self.protocol]
         if self.force_final_answer is None:  # the protocol's own: frozen, so set through object
-            object.__setattr__(self, "force_final_answer", self.protocol == "paper")
-        if self.protocol == "release" and self.max_turns < 1:
-            raise ConfigError("the release protocol counts agent turns: max_turns must be >= 1")
-        if self.force_final_answer and self.protocol == "release":
+            object.__setattr__(self, "force_final_answer", rules.asks_final_answer)
+        if self.max_turns < rules.min_turns:
             raise ConfigError(
-                "the release protocol ends an episode unanswered when its turns run out: force_final_answer must "
-                "be off under it"
+                f"the {self.protocol} protocol counts {rules.turns_counted}: max_turns must be >= {rules.min_turns}"
+            )
+        if self.force_final_answer and not rules.asks_final_answer:
+            raise ConfigError(
+                f"the {self.protocol} protocol ends an episode unanswered when its turns run out: "
+                "force_final_answer must be off under it"
             )
 
     def graph_options(self) -> dict[str, Any]:

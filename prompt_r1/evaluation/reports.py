@@ -20,7 +20,7 @@ from prompt_r1.evaluation.charts import LABELS, write_chart, write_cost_chart
 from prompt_r1.evaluation.plan import METHODS, ordered
 from prompt_r1.runs.episode import FAILED_STATUSES
 from prompt_r1.scoring.metrics import METRICS, SemanticScorer, as_answer_list
-from prompt_r1.scoring.scorers import SCORERS, check_scorer, release_scores
+from prompt_r1.scoring.scorers import SCORERS, check_scorer, metric_scores
 
 __all__ = [
     "SummaryRow",
@@ -40,18 +40,8 @@ def _scores(
     scorer: SemanticScorer | None = None,
     scoring: str = "paper",
 ) -> list[float]:
-    """Metric `name` per row. Under the paper's scorer a row without an answer earns nothing, even against a
-    golden answer that normalises to "" (which an empty prediction would otherwise match); the release's rules
-    are prompt_r1.scoring.scorers'."""
-    if scoring == "release":
-        return release_scores(name, predictions, golds, scorer)
-    if name == "ssim" and scorer is not None:
-        values = scorer.similarity_batch(predictions, golds)
-    else:
-        values = METRICS[name](predictions, golds)
-    return [
-        value if prediction.strip() else 0.0 for value, prediction in zip(values, predictions, strict=True)
-    ]
+    """Metric `name` per row under the scorer's rules (prompt_r1.scoring.scorers)."""
+    return metric_scores(scoring, name, predictions, golds, scorer)
 
 
 def row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:

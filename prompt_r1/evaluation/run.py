@@ -62,8 +62,8 @@ from prompt_r1.evaluation.reports import (
     write_reports,
     write_summary_csv,
 )
-from prompt_r1.loop import release
 from prompt_r1.loop.graph import STATUSES
+from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment, describe_exception
 from prompt_r1.runs.metering import (
     MeteredAgent,
@@ -283,6 +283,7 @@ async def run_evaluation(
         agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
         environment = MeteredEnvironment(environment, meter, redact) if environment is not None else None
         runner = EpisodeRunner(agent, environment, loop, tags=["eval"]) if "prompt-r1" in methods else None
+        protocol = protocol_for(loop)
 
         async def work(item: EvalItem) -> dict[str, Any]:
             method, sample = item.method, item.sample
@@ -298,10 +299,10 @@ async def run_evaluation(
                 row.update(turns=episode.turns, usage=episode.usage)
                 state = {**episode.to_row(), "golden_answers": sample.golden_answers}
                 row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
-                if runner.loop.protocol == "release":  # the release's own reward: on its stream (release.py)
-                    row["reward"]["release"] = release.episode_reward(
-                        sample.question, episode.turns, sample.golden_answers
-                    ).total
+                # The protocol's own reward where it has one (the release's: on its stream), under its preset's name.
+                own = protocol.episode_reward(sample.question, episode.turns, sample.golden_answers)
+                if own is not None:
+                    row["reward"][protocol.reward_preset] = own.total
                 latency = episode.latency_s
             else:
                 instruction = (

@@ -21,7 +21,7 @@ A_n that it is not blank, C_f that the final turn is complete. Two presets (`ref
 `score_transcript` scores the Qwen chat-format text the reference release scores (`<|im_start|>assistant\\n…
 <|im_end|>` blocks), `score_episode` a result of the graph, `score_turns` a list of agent generations, and
 `trl_reward` wraps them in TRL's reward-function signature (and, for `--protocol release` rollouts, scores the
-decoded stream as the release does: see prompt_r1/loop/release.py).
+decoded stream as the release does: see prompt_r1/loop/protocols/release.py).
 
     >>> one_turn = "<|im_start|>assistant\\n<think>t</think><answer>Paris</answer><|im_end|>"
     >>> score_transcript(one_turn, ["Paris"]).total, score_transcript(one_turn, ["Paris"], "release").total
@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,7 +80,7 @@ class RewardPreset:
     def __post_init__(self) -> None:
         if self.rule == "reference":  # the rule's former name
             object.__setattr__(self, "rule", "release")
-        if self.rule not in ("paper", "release"):
+        if self.rule not in ("paper", "release"):  # the rules of _RULES below
             raise ConfigError(f"reward rule must be 'paper' or 'release', got {self.rule!r}")
         for name in ("alpha", "beta", "gamma", "delta", "epsilon"):
             value = getattr(self, name)
@@ -198,6 +198,22 @@ def _paper_terms(turns: Sequence[str]) -> tuple[int, bool, bool, bool, str | Non
     return intermediate_ok, parsed, nonempty, complete, answer
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """How a preset's rule judges an episode: its format terms, and whether an answer that normalises to nothing
+    ("the") earns 0 whatever the golden answers (the reference's F1 does, even against an equally empty golden
+    answer; the metric's convention, both empty → 1, would differ there)."""
+
+    terms: Callable[[Sequence[str]], tuple[int, bool, bool, bool, str | None]]
+    blank_answer_scores_zero: bool
+
+
+_RULES: dict[str, _Rule] = {
+    "paper": _Rule(_paper_terms, blank_answer_scores_zero=False),
+    "release": _Rule(_release_terms, blank_answer_scores_zero=True),
+}
+
+
 def score_turns(
     turns: Sequence[str],
     golden_answers: str | Iterable[str],
@@ -214,8 +230,8 @@ def score_turns(
     if not turns:
         return RewardScore(0.0, 0.0, -spec.epsilon, False, 0, 0, False, False, False, None, spec.name)
 
-    terms = _release_terms if spec.rule == "release" else _paper_terms
-    intermediate_ok, parsed, nonempty, complete, answer = terms(turns)
+    rule = _RULES[spec.rule]
+    intermediate_ok, parsed, nonempty, complete, answer = rule.terms(turns)
     # Summed term by term in this order, as the reference does, so float results match it to the last bit.
     fmt = 0.0
     for _ in range(intermediate_ok):
@@ -233,9 +249,7 @@ def score_turns(
 
     answer_reward = 0.0
     if nonempty and answer is not None:
-        # The reference's F1 gives 0 when the answer normalises to nothing ("the"), even against an equally empty
-        # golden answer; the metric's convention (both empty → 1) would differ there.
-        if spec.rule == "release" and not normalize_answer(answer).split():
+        if rule.blank_answer_scores_zero and not normalize_answer(answer).split():
             answer_reward = 0.0
         else:
             answer_reward = f1(answer, golds)

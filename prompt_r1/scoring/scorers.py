@@ -1,7 +1,7 @@
 """The two scorers of an evaluation: `paper`, the paper's definitions (the default), and `release`, the rules of
 the reference release's scripts, which produced its published numbers.
 
-    summary = summarize(release_rows(rows), scoring="release")   # prompt_r1.evaluation.reports
+    summary = summarize(read_rows("release", rows), scoring="release")   # prompt_r1.evaluation.reports
 
 `paper` (prompt_r1.scoring.metrics, Appendix F): substring match asks whether a golden answer is inside the prediction,
 and a row without an answer earns nothing on any metric.
@@ -34,6 +34,7 @@ from typing import Any
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.scoring.metrics import (
+    METRICS,
     SemanticScorer,
     as_answer_list,
     default_semantic_scorer,
@@ -47,6 +48,9 @@ __all__ = [
     "MAX_TURNS_REACHED",
     "SCORERS",
     "check_scorer",
+    "metric_scores",
+    "paper_scores",
+    "read_rows",
     "release_prediction",
     "release_rows",
     "release_scores",
@@ -115,7 +119,43 @@ def release_scores(
         scores = (semantic or default_semantic_scorer()).similarity_batch(predictions, golds, empty_score=1.0)
         return [max(0.0, score) for score in scores]
     if name == "math":  # the release has no math-aware column; ours is reported beside EM as it is
-        from prompt_r1.scoring.metrics import METRICS
-
         return METRICS["math"](predictions, golds)
     raise ConfigError(f"unknown metric {name!r}")
+
+
+def paper_scores(
+    name: str,
+    predictions: Sequence[str],
+    golds: Sequence[Sequence[str]],
+    semantic: SemanticScorer | None = None,
+) -> list[float]:
+    """Metric `name` per row under the paper's definitions: a row without an answer earns nothing, even against a
+    golden answer that normalises to "" (which an empty prediction would otherwise match)."""
+    if name == "ssim" and semantic is not None:
+        values = semantic.similarity_batch(predictions, golds)
+    else:
+        values = METRICS[name](predictions, golds)
+    return [
+        value if prediction.strip() else 0.0 for value, prediction in zip(values, predictions, strict=True)
+    ]
+
+
+# Each scorer: how it reads a row's prediction, and how it scores a metric.
+_READINGS = {"paper": lambda rows: [dict(row) for row in rows], "release": release_rows}
+_RULES = {"paper": paper_scores, "release": release_scores}
+
+
+def read_rows(scoring: str, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their `prediction` as scorer `scoring` reads it."""
+    return _READINGS[check_scorer(scoring)](rows)
+
+
+def metric_scores(
+    scoring: str,
+    name: str,
+    predictions: Sequence[str],
+    golds: Sequence[Sequence[str]],
+    semantic: SemanticScorer | None = None,
+) -> list[float]:
+    """Metric `name` per row under scorer `scoring`'s rules."""
+    return _RULES[check_scorer(scoring)](name, predictions, golds, semantic)

@@ -155,8 +155,7 @@ def build_protocol_model(
 
     Each episode is (question, first turn, environment response, second turn), or (question, turn, None, None)
     for one that answers at once, or for longer episodes (question, [turn, response, turn, response, ..., turn]):
-    agent turns and environment responses alternating, ending on an agent turn (the paper protocol only). The
-    model is trained on the
+    agent turns and environment responses alternating, ending on an agent turn. The model is trained on the
     token-exact trajectory the graph builds (agent turns as targets, the rendered environment message masked), so
     sampling through the graph reproduces the script; where several episodes share a question and first turn but
     end differently, the model learns to choose among their endings. `model_shape` (layers, heads, kv_heads,
@@ -169,9 +168,22 @@ def build_protocol_model(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from prompt_r1.core.prompts import interaction_response, question_message
-    from prompt_r1.core.tokens import initial_prompt_ids, user_turn_ids
-    from prompt_r1.loop import release
+    from prompt_r1.clients.environment import EnvironmentReply
+    from prompt_r1.loop.protocols import protocol_for
+
+    stream = protocol_for(protocol)
+
+    def response_ids(text: str, row: list[int]) -> list[int]:
+        # The environment's reply as the graph appends it under the protocol (rendered, masked).
+        reply = EnvironmentReply(text, input_tokens=0, output_tokens=0, attempts=1, latency_s=0.0)
+        state = {"turns": [{"index": 0}], "completion_ids": row}
+        return stream.observe(state, reply, tok, max_total_tokens=1 << 30)[0]["completion_ids"]
+
+    def turn_ids(text: str, last: bool) -> list[int]:
+        # A turn that ends the episode ends on the end-of-turn token, and so does every turn of a protocol with
+        # no stop strings (it is sampled and kept); a stop string ends the others.
+        ids = tok.encode(text, add_special_tokens=False)
+        return ids + [tok.eos_token_id] if last or not stream.stop else ids
 
     if start_from is None:
         path = build_tiny_model(
@@ -183,38 +195,22 @@ def build_protocol_model(
     for episode in episodes:
         if len(episode) == 2:  # (question, [turn, response, ..., turn]): any number of environment calls
             question, script = episode
-            if protocol != "paper" or len(script) % 2 != 1:
-                raise ValueError(
-                    "a multi-call episode is paper-protocol turns and responses ending on a turn"
-                )
-            prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
-            row, label = list(prompt), [-100] * len(prompt)
-            for k, text in enumerate(script):
-                if k % 2:  # an environment response: rendered after the agent's turn, never a target
-                    env = user_turn_ids(tok, interaction_response(text), row)
-                    row, label = row + env, label + [-100] * len(env)
-                else:
-                    ids = tok.encode(text, add_special_tokens=False)
-                    ids += [tok.eos_token_id] if k == len(script) - 1 else []
-                    row, label = row + ids, label + ids
-            rows.append(row)
-            labels.append(label)
-            continue
-        question, turn1, response, turn2 = episode
-        prompt = initial_prompt_ids(tok, [{"role": "user", "content": question_message(question)}])
-        first = tok.encode(turn1, add_special_tokens=False)
-        if protocol == "release":
-            prompt, first = release.first_prompt_ids(tok, question), first + [tok.eos_token_id]
-            env = release.observation(release.reply_content(response)) if response is not None else ""
-            env = tok.encode(env, add_special_tokens=False)
-            second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id] if env else []
-        elif response is None:  # answered at once: the turn ends the episode
-            first, env, second = first + [tok.eos_token_id], [], []
-        else:
-            env = user_turn_ids(tok, interaction_response(response), first)
-            second = tok.encode(turn2, add_special_tokens=False) + [tok.eos_token_id]
-        rows.append(prompt + first + env + second)
-        labels.append([-100] * len(prompt) + first + [-100] * len(env) + second)
+        else:  # (question, turn, response, turn), or (question, turn, None, None): answered at once
+            question, turn1, response, turn2 = episode
+            script = [turn1] if response is None else [turn1, response, turn2]
+        if len(script) % 2 != 1:
+            raise ValueError("a multi-call episode is turns and responses ending on a turn")
+        prompt = stream.first_prompt_ids(tok, question)
+        row, label = list(prompt), [-100] * len(prompt)
+        for k, text in enumerate(script):
+            if k % 2:  # an environment response: rendered after the agent's turn, never a target
+                env = response_ids(text, row)
+                row, label = row + env, label + [-100] * len(env)
+            else:
+                ids = turn_ids(text, last=k == len(script) - 1)
+                row, label = row + ids, label + ids
+        rows.append(row)
+        labels.append(label)
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), tok.pad_token_id)
     target = torch.full((len(rows), width), -100)

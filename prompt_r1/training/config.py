@@ -14,6 +14,7 @@ from trl import GRPOConfig
 
 from prompt_r1.core.config import DEFAULT_AGENT_MODEL, PROTOCOLS, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.scoring.rewards import PRESET_ALIASES, PRESETS
 
 __all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
@@ -106,7 +107,7 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     )
     protocol: str = _help(
         "paper, or release: the reference release's rollout token for token and its reward on the decoded "
-        "stream (training/configs/release.yaml; prompt_r1/loop/release.py).",
+        "stream (training/configs/release.yaml; prompt_r1/loop/protocols/release.py).",
         default="paper",
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
@@ -181,15 +182,17 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
-        self.reward_preset = PRESET_ALIASES.get(self.reward_preset, self.reward_preset) or self.protocol
+        protocol = protocol_for(self.protocol)
+        preset = PRESET_ALIASES.get(self.reward_preset, self.reward_preset)
+        self.reward_preset = preset or protocol.reward_preset
         if self.reward_preset not in PRESETS:
             raise ConfigError(
                 f"reward_preset must be one of {', '.join(PRESETS)}, got {self.reward_preset!r}"
             )
-        if self.protocol == "release" and self.reward_preset != "release":
+        if protocol.fixed_reward_preset and self.reward_preset != protocol.reward_preset:
             raise ConfigError(
-                "protocol release scores the decoded stream as the release does, with its coefficients: "
-                f"reward_preset must be release (or unset), got {self.reward_preset!r}"
+                f"protocol {protocol.name} scores its trajectories with its own reward preset: reward_preset must "
+                f"be {protocol.reward_preset} (or unset), got {self.reward_preset!r}"
             )
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")

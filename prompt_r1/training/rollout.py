@@ -28,9 +28,8 @@ from prompt_r1.core.aio import run_sync
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import extract_question
-from prompt_r1.core.tokens import turn_end_ids
-from prompt_r1.loop import release
 from prompt_r1.loop.graph import STATUSES, build_graph
+from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.ledger import call_scope
 from prompt_r1.training.policy import VLLMServerPolicy, trainer_policy
@@ -185,45 +184,25 @@ class GraphRollout:
         return episodes
 
     def to_trajectories(self, results: list[Episode], tokenizer: Any) -> dict[str, list]:
-        """TRL's rollout output: ids, logprobs and env_mask per episode, plus the columns the rewards read."""
-        by_release = self.loop.protocol == "release"
+        """TRL's rollout output: ids, logprobs and env_mask per episode, plus the columns the rewards read (and
+        those the loop's protocol adds for its reward)."""
+        protocol = protocol_for(self.loop)
+        columns = ("turn_texts", "status", "answer", "num_turns", "env_calls", *protocol.reward_column_names)
         out: dict[str, list] = {
-            k: []
-            for k in (
-                "prompt_ids",
-                "completion_ids",
-                "logprobs",
-                "env_mask",
-                "turn_texts",
-                "status",
-                "answer",
-                "num_turns",
-                "env_calls",
-                *(("transcript", "ends_on_agent_token") if by_release else ()),
-            )
+            k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", *columns)
         }
         for episode in results:
             trajectory = episode.trajectory or {}
-            completion = list(trajectory.get("completion_ids") or [])
-            logprobs = list(trajectory.get("logprobs") or [])
-            mask = list(trajectory.get("env_mask") or [])
             turns = episode.turns
-            # Close the agent's last turn as the chat template does when the agent stopped on a stop string
-            # (the template's end-of-turn marker, not trained on): TRL reads a completion that does not end on
-            # EOS as truncated. Episodes cut off by a budget stay as they are, and are truncated.
             cut_off = episode.status == "context_overflow" or (
                 turns and turns[-1].get("finish_reason") == "length"
             )
-            # The release appends nothing: an episode that ended on its environment's message ends there.
-            if not by_release and (not cut_off or not completion):
-                end = turn_end_ids(tokenizer, completion[-3:])
-                if not completion or len(completion) + len(end) <= self.max_total_tokens:
-                    completion += end
-                    logprobs += [0.0] * len(end)
-                    mask += [0] * len(end)
-            if by_release:  # the release cuts the trajectory at its response limit (max_response_length)
-                completion, logprobs = completion[: self.max_total_tokens], logprobs[: self.max_total_tokens]
-                mask = mask[: self.max_total_tokens]
+            completion, logprobs, mask = protocol.finish_trajectory(
+                tokenizer,
+                tuple(list(trajectory.get(k) or []) for k in ("completion_ids", "logprobs", "env_mask")),
+                cut_off=bool(cut_off),
+                max_total_tokens=self.max_total_tokens,
+            )
             out["prompt_ids"].append(list(trajectory["prompt_ids"]))
             out["completion_ids"].append(completion)
             out["logprobs"].append(logprobs)
@@ -233,9 +212,9 @@ class GraphRollout:
             out["answer"].append(episode.answer)
             out["num_turns"].append(len(turns))
             out["env_calls"].append(episode.usage.get("env_calls", 0))
-            if by_release:  # what the release's reward reads: the decoded stream, and whose token ends it
-                out["transcript"].append(release.transcript(tokenizer, trajectory["prompt_ids"] + completion))
-                out["ends_on_agent_token"].append(bool(mask) and mask[-1] == 1)
+            extra = protocol.reward_columns(tokenizer, list(trajectory["prompt_ids"]), completion, mask)
+            for key, value in extra.items():
+                out[key].append(value)
         return out
 
 

@@ -2,8 +2,8 @@
 
 The public repository QwenQKing/Prompt-R1 (commit 2c51728) trains its agent with `run_prompt-R1.sh`, which runs
 `promptr1_agent.src.main_agent`. Its rollout differs from the paper's text, which our default protocol (`paper`)
-follows. Each rule below names the release file it comes from; `graph.py` applies them when
-`LoopConfig.protocol == "release"`.
+follows. Each rule below names the release file it comes from; `ReleaseProtocol` (at the end) is how the loop,
+the rollout and the evaluation apply them (prompt_r1.loop.protocols.base has the interface).
 
 - The first prompt (`src/agent_rl_dataset.py`, `use_default_tool_template: True` in `src/config/agent_trainer.yaml`)
   is the chat template applied with one tool, `prompt` (`tool/tools/LLM_tool.py`, in `tool/base.py`'s
@@ -41,7 +41,6 @@ follows. Each rule below names the release file it comes from; `graph.py` applie
   `compute_score_format_answer` (`src/reward_score/qa_em_and_format.py`; our reward preset `release`), placed on
   the last token; GRPO sums it over the agent's tokens only (`src/core_algos.py`,
   `compute_grpo_outcome_advantage`), so an episode that ends on an environment token gets 0.
-
 - Padding ids are dropped from the trajectory, the agent's sampled ones (Qwen3's `<|endoftext|>` also ends a
   turn) and any a reply spells out (`generation.py`, `_update_rolling_state`).
 
@@ -57,11 +56,12 @@ import re
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT, question_message
-from prompt_r1.core.protocol import AgentTurn
+from prompt_r1.core.protocol import AgentTurn, parse_agent_output
+from prompt_r1.loop.protocols.base import LoopProtocol, TurnBudget, reply_usage
 
 __all__ = [
     "ENVIRONMENT_SYSTEM_PROMPT_RELEASE",
@@ -69,6 +69,7 @@ __all__ = [
     "PREFILL",
     "PROMPT_TOOL",
     "ReleaseCall",
+    "ReleaseProtocol",
     "agent_messages",
     "chat_template",
     "episode_reward",
@@ -118,7 +119,9 @@ _RESPONSE = re.compile(r"<interaction_response>(.*?)</interaction_response>", re
 def chat_template() -> str:
     """The release's chat template (`Prompr-R1_Qwen3_chat_template.jinja`, byte for byte)."""
     return (
-        resources.files("prompt_r1.loop").joinpath("release_chat_template.jinja").read_text(encoding="utf-8")
+        resources.files("prompt_r1.loop.protocols")
+        .joinpath("release_chat_template.jinja")
+        .read_text(encoding="utf-8")
     )
 
 
@@ -304,12 +307,7 @@ def observation_update(index: int, text: str, reply: Any, tokenizer: Any) -> tup
     update: dict[str, Any] = {"turns": [record]}
     if reply is not None:
         record["environment_call"] = reply.to_dict()
-        update["usage"] = {
-            "env_calls": 1,
-            "env_input_tokens": reply.input_tokens,
-            "env_output_tokens": reply.output_tokens,
-            "env_retries": reply.attempts - 1,
-        }
+        update["usage"] = reply_usage(reply)
         event = {"type": "response", "turn": index, "text": text, "attempts": reply.attempts}
         event["latency_s"] = round(reply.latency_s, 3)
     else:
@@ -407,3 +405,104 @@ def transcript(tokenizer: Any, ids: list[int]) -> str:
     if eos and not text.endswith(eos):
         text += eos
     return text
+
+
+class ReleaseProtocol(LoopProtocol):
+    """The rules above, as the loop, the rollout and the evaluation ask for them."""
+
+    name = "release"
+    stop = ()  # a turn ends on the end-of-turn token alone
+    environment_system_prompt = ENVIRONMENT_SYSTEM_PROMPT_RELEASE
+    reward_preset = "release"
+    fixed_reward_preset = True  # the release scores its decoded stream with its own coefficients
+    reward_column_names = ("transcript", "ends_on_agent_token")
+
+    def chat_template(self) -> str:
+        return chat_template()
+
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        check_tokenizer(tokenizer)
+
+    def agent_messages(self, state: dict) -> list[dict[str, str]]:
+        return agent_messages(state["question"], state.get("turns", []))
+
+    def first_prompt_ids(self, tokenizer: Any, question: str) -> list[int]:
+        return first_prompt_ids(tokenizer, question)
+
+    def turn_budget(
+        self, prompt_tokens: int, used: int, max_total_tokens: int, per_turn: int | None
+    ) -> TurnBudget | None:
+        # The release stops before a turn once prompt + trajectory exceed its limit, and never cuts a turn short.
+        return None if prompt_tokens + used > max_total_tokens else TurnBudget(per_turn)
+
+    def read_turn(self, text: str, *, index: int, token_exact: bool) -> tuple[AgentTurn, dict[str, Any]]:
+        if token_exact and index > 0:
+            text = PREFILL + text  # the turn as the agent's context has it: the prefill is its start
+        return release_turn(parse_agent_output(text), text)
+
+    def kept_ids(
+        self, tokenizer: Any, ids: list[int], logprobs: list[float]
+    ) -> tuple[list[int], list[float]]:
+        if tokenizer.pad_token_id not in ids:
+            return ids, logprobs
+        # The release drops padding ids from what was sampled (Qwen3's <|endoftext|> also ends a turn).
+        kept = [k for k, token in enumerate(ids) if token != tokenizer.pad_token_id]
+        return [ids[k] for k in kept], [logprobs[k] for k in kept]
+
+    def environment_history(self, turns: list[dict]) -> list[tuple[str, str]]:
+        return environment_history(turns)
+
+    def answer_without_environment(self, state: dict, tokenizer: Any) -> tuple[dict, dict] | None:
+        last = state["turns"][-1]
+        if not last.get("call_error"):
+            return None
+        return observation_update(last["index"], last["call_error"], None, tokenizer)
+
+    def observe(self, state: dict, reply: Any, tokenizer: Any, max_total_tokens: int) -> tuple[dict, dict]:
+        return observation_update(state["turns"][-1]["index"], reply.text.strip(), reply, tokenizer)
+
+    def environment_overflow(self, index: int, error: str) -> dict:
+        # The release would show the API's error text; like any failed call here, it fails the episode.
+        return {
+            "status": "environment_error",
+            "error": error,
+            "turns": [{"index": index, "error": error}],
+            "usage": {"env_failed_calls": 1},
+        }
+
+    def route_prompt(self, state: dict, max_turns: int, force_final_answer: bool) -> Literal["environment"]:
+        return (
+            "environment"  # every call is answered, the last turn's too; the turn limit is checked after it
+        )
+
+    def turns_used_up(self, state: dict, max_turns: int) -> bool:
+        return len(state["turns"]) >= max_turns  # max_turns counts agent generations
+
+    def finish_trajectory(
+        self,
+        tokenizer: Any,
+        trajectory: tuple[list[int], list[float], list[int]],
+        *,
+        cut_off: bool,
+        max_total_tokens: int,
+    ) -> tuple[list[int], list[float], list[int]]:
+        # Nothing is appended (an episode that ended on its environment's message ends there), and the trajectory
+        # is cut at the release's response limit (max_response_length).
+        completion, logprobs, mask = trajectory
+        return (
+            list(completion[:max_total_tokens]),
+            list(logprobs[:max_total_tokens]),
+            list(mask[:max_total_tokens]),
+        )
+
+    def reward_columns(
+        self, tokenizer: Any, prompt_ids: list[int], completion: list[int], mask: list[int]
+    ) -> dict:
+        # What the release's reward reads: the decoded stream, and whose token ends it.
+        return {
+            "transcript": transcript(tokenizer, prompt_ids + completion),
+            "ends_on_agent_token": bool(mask) and mask[-1] == 1,
+        }
+
+    def episode_reward(self, question: str, turns: list[dict], golden_answers: Any) -> Any:
+        return episode_reward(question, turns, golden_answers)
