@@ -37,7 +37,7 @@ CURVES = (
 def build_agent(seed: int, args: argparse.Namespace, work: Path) -> dict:
     """The seed's agent in WORK/hops-model-SEED, built unless an agent of the same build is there."""
     from prompt_r1.tasks.door_codes import SERVED_SHAPE
-    from prompt_r1.tasks.hops import HopsBuildError, build_hops_model
+    from prompt_r1.tasks.hops_agent import HopsBuildError, build_hops_model
 
     model = work / f"hops-model-{seed}"
     marker = model / "hops_build.json"

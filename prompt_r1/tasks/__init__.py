@@ -4,7 +4,8 @@ from, and the rollout hooks and figures that say whether GRPO taught the agent t
 - `door_codes`: one call (ask the question's door, copy its code); `door_training`: its synchronous rollout,
   controls and figures; `door_async`: the same task under the asynchronous trainer (a table per group);
 - `hops`: a chain of 1 to 3 dependent calls (a key opens a door, a door leads to a room, a room has a code);
-  `hops_training`: its rollout, chain figures and controls, sync and async.
+  `hops_agent`: the tiny agent it starts from; `hops_training`: its rollout, chain figures and controls;
+  `hops_async`: the same task under the asynchronous trainer.
 
 Add a task: a module with its facts (redrawn per step, or per group under the async trainer, so that nothing can
 be memorised), a `ScriptedServer` responder, rows, and an agent builder that teaches skills, not the choice; a
