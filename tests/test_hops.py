@@ -153,7 +153,7 @@ def test_the_mixture_prefers_no_choice_at_any_turn():
         assert len(shares) == 3 and max(shares) - min(shares) < 0.05, counter
     # After a code reply, asking about the room again is both "question" (1-hop) and "reply": answer stays a third.
     assert abs(after_code["answer"] / sum(after_code.values()) - 1 / 3) < 0.04
-    assert abs(sum(copied) / len(copied) - 0.5) < 0.05  # a code copied about half the time
+    assert copied and all(copied)  # copying is a skill kept whole: only when to answer is left to GRPO
 
 
 def _episode(question, calls, answer):

@@ -5,9 +5,12 @@ The agent starts from `build_hops_model`: fine-tuned first on whole chains (the 
 thing, name the thing a reply names, copy a reply's code; every reply drawn afresh, so no fact is learned), until
 the greedy agent does each in `READING_TARGET` of cases; then on a mixture that undoes the chain: at every turn
 each behaviour is equally likely whatever came before (answer, ask about the question's thing again, ask about
-the thing the last reply names, or at the first turn ask about nothing), and an answer copies the last reply's
-code or as often another. The build then checks, on sampled turns, that each skill is still there
-(`SKILL_FLOOR`) and that no choice is preferred (`CHOICE_CEILING`), and fails with `HopsBuildError` otherwise.
+the thing the last reply names, or at the first turn ask about nothing). An answer copies the last reply's code
+when it gives one, and guesses otherwise: copying is a skill (how to answer), not a choice (when to answer), so
+the mixture keeps it whole; door codes' mixture copied half the time, which here, with 24 codes, left some seeds'
+agents copying in under a fifth of their answers. The build then checks, on sampled turns, that each skill is
+still there (`SKILL_FLOOR` for the choices' skills, `COPY_FLOOR` for copying) and that no choice is preferred
+(`CHOICE_CEILING`), and fails with `HopsBuildError` otherwise.
 What GRPO adds is the chain: when to call, what to name, when to stop. `prompt_r1.tasks.hops_training` trains
 it; `evals/bench/learning.py --task hops` measures it.
 """
@@ -45,6 +48,7 @@ from prompt_r1.tasks.hops import (
 
 __all__ = [
     "CHOICE_CEILING",
+    "COPY_FLOOR",
     "READING_TARGET",
     "SKILL_FLOOR",
     "HopsBuildError",
@@ -55,11 +59,12 @@ __all__ = [
 ]
 
 
-def _answer(rng: random.Random, last_reply: str | None, copy: bool) -> str:
+def _answer(rng: random.Random, last_reply: str | None) -> str:
+    """The answer after `last_reply`: its code when it gives one, else a guess."""
     code = reply_code(last_reply or "")
-    if code is not None and copy:
+    if code is not None:
         return ANSWER.format(thought="ok", code=code)
-    return ANSWER.format(thought="guess", code=rng.choice([c for c in CODES if c != code]))
+    return ANSWER.format(thought="guess", code=rng.choice(CODES))
 
 
 def reading_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, list[str]]]:
@@ -73,7 +78,7 @@ def reading_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, list[str]]]
         script: list[str] = []
         for asked in chain_of(table, name):
             script += [ASK.format(prompt=ask_about(asked)), render(asked, table.step(asked))]
-        script.append(_answer(rng, script[-1], copy=True))
+        script.append(_answer(rng, script[-1]))
         episodes.append((question_for(name), script))
     return episodes
 
@@ -93,7 +98,7 @@ def mixture_episodes(n: int = 512, seed: int = 0) -> list[tuple[str, list[str]]]
             choices = ("answer", "question", "nothing") if reply is None else ("answer", "question", "reply")
             behaviour = rng.choice(choices) if call < MAX_SCRIPT_CALLS else "answer"
             if behaviour == "answer":
-                script.append(_answer(rng, reply, copy=rng.random() < 0.5))
+                script.append(_answer(rng, reply))
                 break
             target = {"question": name, "nothing": None, "reply": pointed(reply or "")}[behaviour]
             prompt = ask_about(target) if target else ASK_NOTHING
@@ -109,9 +114,11 @@ def mixture_episodes(n: int = 512, seed: int = 0) -> list[tuple[str, list[str]]]
 
 # The greedy agent's share of each skill reached by the whole-chain stage before the mixture.
 READING_TARGET = 0.95
-# After the mixture (sampled turns): each skill at least this often (the mixture gives 1/3 for naming the
-# question's thing or the reply's thing, 1/2 for copying a code when answering after a code reply) ...
+# After the mixture (sampled turns): each choice's skill at least this often (the mixture gives 1/3 for naming the
+# question's thing, naming the reply's thing, and answering after a code) ...
 SKILL_FLOOR = 0.2
+# ... an answer after a code reply copies it at least this often (the mixture always copies) ...
+COPY_FLOOR = 0.8
 # ... and no choice this much more often than the mixture's share (no chain held: its 1/3 choices stay below it).
 CHOICE_CEILING = 0.55
 MAX_READING_STEPS = 3000
@@ -311,10 +318,9 @@ def _shares(shares: dict[str, float]) -> str:
 
 
 def _mixture_problems(sampled: dict[str, float]) -> list[str]:
-    """What the sampled agent lacks (a skill under `SKILL_FLOOR`) or holds (a choice over `CHOICE_CEILING`)."""
-    problems = [
-        f"{s} {v:.0%} < {SKILL_FLOOR:.0%} (a skill lost)" for s, v in sampled.items() if v < SKILL_FLOOR
-    ]
+    """What the sampled agent lacks (a skill under its floor) or holds (a choice over `CHOICE_CEILING`)."""
+    floors = {skill: COPY_FLOOR if skill == "copy" else SKILL_FLOOR for skill in sampled}
+    problems = [f"{s} {v:.0%} < {floors[s]:.0%} (a skill lost)" for s, v in sampled.items() if v < floors[s]]
     problems += [
         f"{s} {sampled[s]:.0%} > {CHOICE_CEILING:.0%} (a choice preferred)"
         for s in ("question", "follow", "stop")
