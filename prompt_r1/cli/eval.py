@@ -12,8 +12,8 @@ from pathlib import Path
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
-    _prepare,
     add_stop_flags,
+    build_players,
     check_run_flags,
     configs_from_args,
 )
@@ -236,8 +236,8 @@ def _eval_folders(
         )
     # Every environment's key and socket are checked before the agent loads (the cheap checks first), and the
     # agent is loaded once, whatever the environments.
-    environments = [_prepare(None, cfg)[1] for _, cfg in folders]
-    agent, _ = _prepare(agent_cfg, None)
+    environments = [build_players(None, cfg)[1] for _, cfg in folders]
+    agent, _ = build_players(agent_cfg, None)
     if args.budget is not None:  # every environment's model priced before the first one is paid for
         for environment in environments:
             check_budget_prices(prices, environment, agent)

@@ -30,8 +30,10 @@ __all__ = [
     "EXIT_SPEND_CAP",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
+    "CommandFailure",
     "add_run_flags",
     "add_stop_flags",
+    "build_players",
     "check_rate_store",
     "check_reachable",
     "check_run_flags",
@@ -47,7 +49,7 @@ _SECTIONS = (
 )
 
 
-class _Failure(Exception):
+class CommandFailure(Exception):
     """A failure the user can act on, with its exit code: the command ends with its one line, no traceback."""
 
     def __init__(self, message: str, code: int) -> None:
@@ -160,7 +162,7 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
     """Fail fast, with one line, when nothing listens at `url` (before loading models or paying for calls)."""
     reason = unreachable_reason(url, timeout)
     if reason is not None:
-        raise _Failure(
+        raise CommandFailure(
             f"cannot reach the {what} at {printable_url(url, 200)} ({reason}); start it or point {flag} at an OpenAI-compatible server",
             EXIT_UNREACHABLE,
         )
@@ -175,16 +177,17 @@ def check_rate_store(url: str) -> None:
 
     reason = check_store(url, rate_store_password(url))
     if reason is not None:
-        raise _Failure(
+        raise CommandFailure(
             f"cannot reach the rate store at {store_label(url)} ({reason}); start it, set "
             f"{RATE_STORE_PASSWORD_ENV} if it wants a password, or use --env-rate-store memory",
             EXIT_UNREACHABLE,
         )
 
 
-def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
-    """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
-    then model loading."""
+def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
+    """The run's (agent, environment client) from its configs (a config None: that player is not needed, and
+    None comes back in its place), cheapest checks first: keys, sockets, then model loading. An unreachable
+    endpoint or model is a `CommandFailure` with exit code 3."""
     from prompt_r1.agents import load_agent
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
@@ -202,5 +205,5 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
                 check_model_source(agent_cfg.model, "--agent-model")
             agent = load_agent(agent_cfg)
         except ConfigError as exc:
-            raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
+            raise CommandFailure(str(exc), EXIT_UNREACHABLE) from exc
     return agent, environment

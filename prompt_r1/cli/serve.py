@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 
-from prompt_r1.cli.flags import EXIT_OK, _prepare, configs_from_args
+from prompt_r1.cli.flags import EXIT_OK, build_players, configs_from_args
 from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
@@ -78,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"--api-key-env {args.api_key_env}: that environment variable is empty or unset"
             )
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
-    agent, environment = _prepare(agent_cfg, env_cfg)
+    agent, environment = build_players(agent_cfg, env_cfg)
     app = build_app(
         agent,
         environment,

@@ -42,7 +42,14 @@ from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV
 from prompt_r1.core.errors import RateStoreUnreachable
 
-__all__ = ["SharedLimiter", "limiter_for", "parse_reset", "rate_headers", "reset_shared_limiters"]
+__all__ = [
+    "SharedLimiter",
+    "limiter_for",
+    "parse_reset",
+    "per_period_limits",
+    "rate_headers",
+    "reset_shared_limiters",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +99,7 @@ def rate_headers(headers: dict | None) -> dict[str, float]:
     return out
 
 
-def _per_period(headers: dict[str, float] | None, limits: Limits) -> dict[str, float] | None:
+def per_period_limits(headers: dict[str, float] | None, limits: Limits) -> dict[str, float] | None:
     """The provider's x-ratelimit-limit-* in the store's periods. OpenAI-style headers give requests and tokens
     per minute: read as per `rate_period`, a limit of 500 a minute would become 500 an hour for a run counting
     hours, sixty times too low."""
@@ -310,7 +317,7 @@ class SharedLimiter:
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
                 ago = time.monotonic() - handle.replied_at if handle.replied_at is not None else 0.0
-                headers = _per_period(handle.headers, self.limits)
+                headers = per_period_limits(handle.headers, self.limits)
                 await asyncio.shield(store.release(lease, handle.actual, headers, ago))
             except asyncio.CancelledError:
                 raise
