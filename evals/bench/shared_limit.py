@@ -41,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from prompt_r1.core.urls import MEMORY_STORE
 from prompt_r1.testing.provider import ProviderLimit
 from prompt_r1.testing.redis_server import RedisServer
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
@@ -91,7 +92,7 @@ def _row(name, processes, shared, headers, straggler, folder, questions, redis, 
                    "--env-model", "env", "--env-base-url", server.base_url, "--agent-model", agent,
                    "--agent-base-url", server.base_url, "--env-rate-limit", str(rate),
                    "--env-rate-period", str(PERIOD), "--env-token-limit", str(tokens), "--env-max-tokens", "32",
-                   "--env-max-in-flight", "64", "--env-rate-store", redis.url if shared else "memory",
+                   "--env-max-in-flight", "64", "--env-rate-store", redis.url if shared else MEMORY_STORE,
                    "--env-backoff-initial", "0.5"]  # fmt: skip
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             log = (run / f"process{i}.log").open("w")

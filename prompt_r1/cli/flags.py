@@ -21,7 +21,7 @@ from prompt_r1.core.config import (
     unreachable_reason,
 )
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.core.urls import printable_url
+from prompt_r1.core.urls import MEMORY_STORE, is_shared_store, printable_url
 
 __all__ = [
     "EXIT_FAILED",
@@ -170,7 +170,7 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
 
 def check_rate_store(url: str) -> None:
     """Fail fast, with one line and nothing sent to any provider, when a shared rate store does not answer."""
-    if url == "memory":
+    if not is_shared_store(url):
         return
     from prompt_r1.clients.limit_store import check_store, store_label
     from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV, rate_store_password
@@ -179,7 +179,7 @@ def check_rate_store(url: str) -> None:
     if reason is not None:
         raise CommandFailure(
             f"cannot reach the rate store at {store_label(url)} ({reason}); start it, set "
-            f"{RATE_STORE_PASSWORD_ENV} if it wants a password, or use --env-rate-store memory",
+            f"{RATE_STORE_PASSWORD_ENV} if it wants a password, or use --env-rate-store {MEMORY_STORE}",
             EXIT_UNREACHABLE,
         )
 

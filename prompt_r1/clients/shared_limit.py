@@ -41,6 +41,7 @@ from prompt_r1.clients.ratelimit import EndpointLimiter, LimiterStats, TokenSlot
 from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV
 from prompt_r1.core.errors import RateStoreUnreachable
+from prompt_r1.core.urls import MEMORY_STORE, is_shared_store
 
 __all__ = [
     "SharedLimiter",
@@ -288,7 +289,7 @@ class SharedLimiter:
                     raise RateStoreUnreachable(
                         f"cannot reach the rate store at {self.label} ({type(exc).__name__}: {exc}); nothing was "
                         f"sent. Start it, set {RATE_STORE_PASSWORD_ENV} if it wants a password, or use the "
-                        "'memory' rate store"
+                        f"'{MEMORY_STORE}' rate store"
                     ) from None
                 self._lost(exc)
                 store = lease = None
@@ -357,7 +358,7 @@ def limiter_for(config, key: str, api_key: str | None):
         token_limit, token_period = config.token_limit, config.rate_period
     else:
         token_limit, token_period = config.tokens_per_minute, 60.0
-    if config.rate_store == "memory":
+    if not is_shared_store(config.rate_store):
         return get_limiter(
             key,
             rate_limit=config.rate_limit,

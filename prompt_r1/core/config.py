@@ -19,7 +19,7 @@ from prompt_r1.core import redaction
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError, MissingCredentials
 from prompt_r1.core.redaction import NO_KEY
-from prompt_r1.core.urls import RATE_STORE_PASSWORD_ENV, check_store_url, check_url, store_user
+from prompt_r1.core.urls import MEMORY_STORE, RATE_STORE_PASSWORD_ENV, check_store_url, check_url, store_user
 
 __all__ = [
     "DEFAULT_AGENT_MODEL",
@@ -115,7 +115,7 @@ class EnvironmentConfig:
     rate_store: str = _help(
         "Where the limits are kept: memory (this process only), or redis://host:port/db (rediss:// for TLS), "
         f"shared by every process and machine naming it; a password comes from {RATE_STORE_PASSWORD_ENV}.",
-        default="memory",
+        default=MEMORY_STORE,
     )
     timeout: float = _help(
         "Seconds allowed for one call before it counts as a timeout.", default=60.0, check=POSITIVE
