@@ -38,6 +38,7 @@ from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sw
 from prompt_r1.runs.metering import check_budget_prices
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import named_keys
+from prompt_r1.scoring.metrics import METRICS
 from prompt_r1.scoring.scorers import SCORERS, read_rows
 
 __all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
@@ -103,7 +104,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     sc.add_argument(
         "--metric",
         action="append",
-        choices=["em", "sm", "f1", "ssim", "math"],
+        choices=list(METRICS),
         help="repeatable (default: EM, SM, F1, plus SSim on text sets and math equivalence on math sets)",
     )
     sc.add_argument(

@@ -285,12 +285,9 @@ async def _run_batch(
                 summary.resumed += 1
             row = row_of(sample, episode)
             if sample.golden_answers and episode.answer is not None:
-                from prompt_r1.scoring.metrics import exact_match, f1
+                from prompt_r1.scoring.scorers import row_metrics
 
-                row["metrics"] = {
-                    "em": exact_match(episode.answer, sample.golden_answers),
-                    "f1": f1(episode.answer, sample.golden_answers),
-                }
+                row["metrics"] = row_metrics(episode.answer, sample.golden_answers)
             return row
 
         async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
