@@ -8,6 +8,7 @@ over a `--config` file, into the typed configs once, at the command line's edge.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "CommandFailure",
+    "add_deprecated_alias",
     "add_run_flags",
     "add_stop_flags",
     "build_players",
@@ -107,6 +109,26 @@ def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[s
                 )
             else:
                 group.add_argument(flag, dest=dest, type=parse, default=None, metavar=metavar, help=help_text)
+
+
+def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """`old`, a former name of the flag `new` (already added to `parser`): it still sets `new`'s value, checked by
+    `new`'s own rule, and prints a one-line notice naming `new` each time it is used. Kept for one release."""
+    current = next(action for action in parser._actions if new in action.option_strings)
+
+    class Alias(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None) -> None:
+            print(f"prompt-r1: warning: {old} is deprecated, use {new}", file=sys.stderr, flush=True)
+            setattr(namespace, self.dest, values)
+
+    parser.add_argument(
+        old,
+        dest=current.dest,
+        type=current.type,
+        action=Alias,
+        metavar=current.metavar,
+        help=f"deprecated name of {new}",
+    )
 
 
 def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:

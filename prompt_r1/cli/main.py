@@ -3,7 +3,7 @@
     prompt-r1 run "QUESTION" [--agent-model M] [--agent-base-url URL] [--env-model M] [--env-base-url URL] ...
     prompt-r1 run "QUESTION" --config run.yaml --json
     prompt-r1 batch questions.jsonl --out results.jsonl [--concurrency N] [--checkpoint results.sqlite] [run flags]
-    prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--max-concurrency N] [run flags]
+    prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--concurrency N] [run flags]
     prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
     prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
 
