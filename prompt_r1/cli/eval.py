@@ -1,4 +1,4 @@
-"""`prompt-r1 eval` and `prompt-r1 score`: the commands around `prompt_r1.evaluation.run.run_evaluation` and
+"""`prompt-r1 eval` and `prompt-r1 score`: the commands around `prompt_r1.evaluation.harness.run_evaluation` and
 `prompt_r1.evaluation.reports` (flags, plan, reports, exit code)."""
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import load_samples, resolve_source
-from prompt_r1.evaluation.optimizers.opro import OproSettings
-from prompt_r1.evaluation.optimizers.search import SearchSettings, search_instructions, search_spend
-from prompt_r1.evaluation.reports import summarize, write_reports
-from prompt_r1.evaluation.run import (
+from prompt_r1.evaluation.harness import (
     METHODS,
     PREDICTIONS,
     SUITES,
@@ -34,6 +31,9 @@ from prompt_r1.evaluation.run import (
     resolve_plan,
     run_evaluation,
 )
+from prompt_r1.evaluation.optimizers.opro import OproSettings
+from prompt_r1.evaluation.optimizers.search import SearchSettings, search_instructions, search_spend
+from prompt_r1.evaluation.reports import summarize, write_reports
 from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
 from prompt_r1.runs.metering import check_budget_prices
 from prompt_r1.runs.output_lock import hold_output
@@ -372,7 +372,7 @@ def _verdict(outcome, failed: int) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     from prompt_r1.core.errors import DataError
-    from prompt_r1.evaluation.run import prediction_problem, read_predictions, summarize, write_reports
+    from prompt_r1.evaluation.harness import prediction_problem, read_predictions, summarize, write_reports
     from prompt_r1.scoring.rewards import golden_answers_of
 
     path = Path(args.file)

@@ -52,10 +52,10 @@ from prompt_r1.runs.metering import (
     check_budget_prices,
     episode_cost,
 )
+from prompt_r1.runs.output_files import check_checkpoint, crc
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, named_keys
-from prompt_r1.runs.results import ResultStore
-from prompt_r1.runs.results_file import check_checkpoint, crc
+from prompt_r1.runs.result_store import ResultStore
 from prompt_r1.runs.shards import Shard
 
 __all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
