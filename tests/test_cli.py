@@ -191,7 +191,9 @@ def test_one_cap_has_one_flag_name_in_every_command_and_serves_old_name_still_wo
 
     args = parser.parse_args(["serve", "--max-concurrency", "5"])
     assert args.concurrency == 5  # the one setting, whichever name set it
-    assert capsys.readouterr().err == "prompt-r1: warning: --max-concurrency is deprecated, use --concurrency\n"
+    assert (
+        capsys.readouterr().err == "prompt-r1: warning: --max-concurrency is deprecated, use --concurrency\n"
+    )
     # The old name is checked by the flag's own rule, and named in the error.
     assert main(["serve", "--max-concurrency", "0"]) == 2
     err = capsys.readouterr().err

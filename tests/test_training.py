@@ -149,7 +149,9 @@ def test_every_environment_setting_reaches_training_with_its_type_and_default():
 
 
 def test_the_rollouts_loop_keywords_still_work_for_one_release_with_a_warning():
-    with pytest.warns(DeprecationWarning, match=re.escape("GraphRollout(max_turns=...) is deprecated; pass loop=")):
+    with pytest.warns(
+        DeprecationWarning, match=re.escape("GraphRollout(max_turns=...) is deprecated; pass loop=")
+    ):
         rollout = GraphRollout(None, max_turns=2)
     assert rollout.loop == rollout_loop(max_turns=2)
     with pytest.raises(ValueError, match="not both"):
