@@ -18,7 +18,7 @@ import sys
 
 from prompt_r1.cli.main import main as prompt_r1
 from prompt_r1.data.datasets import load_samples
-from prompt_r1.evaluation.run import SUITES
+from prompt_r1.evaluation.harness import SUITES
 from prompt_r1.testing.servers import ScriptedServer
 
 

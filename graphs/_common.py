@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, build_graph, load_agent
+from prompt_r1 import AgentConfig, EnvironmentClient, EnvironmentConfig, LoopConfig, build_graph, load_agent
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, scripted_agent
 
 DEMO_AGENT = [
@@ -55,4 +55,4 @@ def parts_from_args(args: argparse.Namespace):
 def loop_from_args(args: argparse.Namespace):
     """Yield a compiled Prompt-R1 graph for the flags (or for a scripted demo server)."""
     with parts_from_args(args) as (agent, environment):
-        yield build_graph(agent, environment, max_turns=args.max_turns)
+        yield build_graph(agent, environment, loop=LoopConfig(max_turns=args.max_turns))

@@ -19,7 +19,7 @@ from prompt_r1.core.config import configs_from_env
 @functools.cache
 def _graph():
     agent_config, env_config, loop_config = configs_from_env()
-    return build_graph(load_agent(agent_config), EnvironmentClient(env_config), **loop_config.graph_options())
+    return build_graph(load_agent(agent_config), EnvironmentClient(env_config), loop=loop_config)
 
 
 def make_graph():

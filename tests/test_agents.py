@@ -16,7 +16,7 @@ from prompt_r1.agents.batching import BatchingBackend
 from prompt_r1.agents.local import TransformersAgent
 from prompt_r1.agents.served import ServedAgent
 from prompt_r1.clients.environment import EnvironmentClient
-from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import BackendUnavailable, ConfigError
 from prompt_r1.core.prompts import question_message
 from prompt_r1.core.tokens import initial_prompt_ids, user_turn_ids
@@ -80,7 +80,9 @@ async def test_per_turn_budget_ends_with_format_error(tiny_model_path):
     )
     assert out.finish_reason == "length" and len(out.token_ids) == 5 == len(out.logprobs)
     with ScriptedServer({"env": echo_environment()}) as server:
-        result = build_graph(agent, env_client(server), max_new_tokens=8).invoke({"question": "Q?"})
+        result = build_graph(agent, env_client(server), loop=LoopConfig(max_turn_tokens=8)).invoke(
+            {"question": "Q?"}
+        )
     assert result["status"] == "format_error"
     assert len(result["completion_ids"]) == 8
 
@@ -89,7 +91,7 @@ def test_trajectory_budget_ends_with_context_overflow(trained_tiny_model_path):
     agent = greedy(trained_tiny_model_path)
     turn1_len = len(agent.tokenizer.encode(TINY_TURN_1, add_special_tokens=False))
     with ScriptedServer({"env": echo_environment()}) as server:
-        graph = build_graph(agent, env_client(server), max_total_tokens=turn1_len + 10)
+        graph = build_graph(agent, env_client(server), loop=LoopConfig(max_total_tokens=turn1_len + 10))
         result = graph.invoke({"question": TINY_QUESTION})
     assert result["status"] == "context_overflow"
     assert len(server.requests_for("env")) == 1  # the first turn fitted and was answered
@@ -242,7 +244,9 @@ def test_per_turn_cap_defaults_to_the_agent_config(tiny_model_path):
     """Without max_new_tokens, a turn is capped by AgentConfig.max_new_tokens, not by the trajectory budget."""
     agent = TransformersAgent(AgentConfig(model=str(tiny_model_path), temperature=0.0, max_new_tokens=5))
     with ScriptedServer({"env": echo_environment()}) as server:
-        result = build_graph(agent, env_client(server), max_total_tokens=60).invoke({"question": "Q?"})
+        result = build_graph(agent, env_client(server), loop=LoopConfig(max_total_tokens=60)).invoke(
+            {"question": "Q?"}
+        )
     assert result["status"] == "format_error"  # a turn cut by its own cap is malformed, not an overflow
     assert len(result["completion_ids"]) == 5
 
@@ -254,7 +258,7 @@ def test_trajectory_never_exceeds_its_budget(trained_tiny_model_path, spare):
     agent = greedy(trained_tiny_model_path)
     budget = len(agent.tokenizer.encode(TINY_TURN_1, add_special_tokens=False)) + spare
     with ScriptedServer({"env": echo_environment()}) as server:
-        result = build_graph(agent, env_client(server), max_total_tokens=budget).invoke(
+        result = build_graph(agent, env_client(server), loop=LoopConfig(max_total_tokens=budget)).invoke(
             {"question": TINY_QUESTION}
         )
     assert result["status"] == "context_overflow"

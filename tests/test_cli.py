@@ -177,3 +177,24 @@ def test_trajectory_needs_json(server, capsys):
         == "prompt-r1: error: --trajectory adds to the JSON output: give --json too"
     )
     assert not server.requests
+
+
+def test_one_cap_has_one_flag_name_in_every_command_and_serves_old_name_still_works_with_a_notice(capsys):
+    from prompt_r1.cli.main import build_parser
+
+    parser = build_parser()
+    commands = {"batch": ["in.jsonl", "--out", "o.jsonl"], "eval": [], "serve": []}
+    for command, needed in commands.items():
+        args = parser.parse_args([command, *needed, "--concurrency", "3"])
+        assert args.concurrency == 3, command
+    assert capsys.readouterr().err == ""
+
+    args = parser.parse_args(["serve", "--max-concurrency", "5"])
+    assert args.concurrency == 5  # the one setting, whichever name set it
+    assert (
+        capsys.readouterr().err == "prompt-r1: warning: --max-concurrency is deprecated, use --concurrency\n"
+    )
+    # The old name is checked by the flag's own rule, and named in the error.
+    assert main(["serve", "--max-concurrency", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-concurrency" in err and "Traceback" not in err

@@ -20,7 +20,7 @@ import pytest
         "prompt_r1.integrations.chat_model",
         "prompt_r1.core.config",
         "prompt_r1.clients.shared_limit",
-        "prompt_r1.testing.provider",
+        "prompt_r1.testing.rate_limit_simulator",
     ],
 )
 def test_docstring_examples(module):

@@ -10,7 +10,7 @@ import pytest
 from prompt_r1.cli.main import main
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import load_samples
-from prompt_r1.evaluation.run import read_predictions, resolve_plan
+from prompt_r1.evaluation.harness import read_predictions, resolve_plan
 from prompt_r1.testing.servers import Fault, ScriptedServer
 
 ROWS = {
@@ -291,7 +291,7 @@ def test_datasets_with_one_name_are_refused(eval_server, tmp_path, capsys):
 
 def test_a_folder_written_before_a_loop_setting_existed_resumes(tmp_path):
     from prompt_r1.core.config import LoopConfig
-    from prompt_r1.evaluation.run import record_settings
+    from prompt_r1.evaluation.harness import record_settings
 
     record_settings(tmp_path, ["prompt-r1"], loop=LoopConfig())
     manifest = tmp_path / "run.json"

@@ -20,7 +20,7 @@ from prompt_r1.cli.main import main
 from prompt_r1.clients.environment import EnvironmentClient
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig
 from prompt_r1.data.datasets import load_samples
-from prompt_r1.evaluation.run import read_predictions, run_evaluation
+from prompt_r1.evaluation.harness import read_predictions, run_evaluation
 from prompt_r1.testing.servers import Fault, ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]

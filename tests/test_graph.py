@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, TypedDict
@@ -14,7 +15,7 @@ from langgraph.graph import END, START, StateGraph
 
 from prompt_r1.agents.served import ServedAgent
 from prompt_r1.clients.environment import EnvironmentClient
-from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT, FINAL_ANSWER_REQUEST, question_message
 from prompt_r1.loop.graph import build_graph, mermaid
 from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment
@@ -28,7 +29,9 @@ def loop(server, *, agent_model="agent", max_turns=5, force_final_answer=True, *
     settings.update(env)
     environment = EnvironmentClient(EnvironmentConfig(**settings), api_key="k")
     agent = ServedAgent(AgentConfig(model=agent_model, base_url=server.base_url), api_key="k")
-    return build_graph(agent, environment, max_turns=max_turns, force_final_answer=force_final_answer)
+    return build_graph(
+        agent, environment, loop=LoopConfig(max_turns=max_turns, force_final_answer=force_final_answer)
+    )
 
 
 class InProcess:
@@ -52,7 +55,9 @@ class InProcess:
 def run_script(turns, *, max_turns=5, force_final_answer=True):
     players = InProcess(turns)
     graph = build_graph(
-        players.agent, players.environment, max_turns=max_turns, force_final_answer=force_final_answer
+        players.agent,
+        players.environment,
+        loop=LoopConfig(max_turns=max_turns, force_final_answer=force_final_answer),
     )
     return graph.invoke({"question": "Q?", "golden_answers": ["a"]}), players
 
@@ -254,8 +259,24 @@ def test_bad_input_is_a_clear_error(server, bad):
 def test_bad_arguments():
     with pytest.raises(ValueError, match="max_turns"):
         build_graph(
-            object(), EnvironmentClient(EnvironmentConfig(base_url="http://127.0.0.1:1/v1")), max_turns=-1
+            object(),
+            EnvironmentClient(EnvironmentConfig(base_url="http://127.0.0.1:1/v1")),
+            loop=LoopConfig(max_turns=-1),
         )
+
+
+def test_the_loops_keywords_still_work_for_one_release_with_a_warning_naming_loop_config():
+    players = InProcess([PROMPT.format(k=1), ANSWER.format(a="a")])
+    notice = (
+        "build_graph(max_turns=..., max_new_tokens=...) is deprecated; pass loop=LoopConfig(max_turns=..., "
+    )
+    with pytest.warns(DeprecationWarning, match=re.escape(notice + "max_turn_tokens=...) instead")) as caught:
+        graph = build_graph(players.agent, players.environment, max_turns=0, max_new_tokens=16)
+    assert caught[0].filename == __file__  # the notice points at the caller's line
+    result = graph.invoke({"question": "Q?"})
+    assert result["status"] == "answered" and not players.requests_for("env")  # max_turns=0 took effect
+    with pytest.raises(ValueError, match="not both"):
+        build_graph(players.agent, players.environment, loop=LoopConfig(), max_turns=3)
 
 
 def test_environment_error_counts_the_retries(server):

@@ -18,7 +18,7 @@ import pytest
 from prompt_r1.cli.main import main
 from prompt_r1.core.errors import DataError
 from prompt_r1.data.datasets import count_rows, iter_rows, iter_samples, jsonl_rows, load_samples, read_rows
-from prompt_r1.evaluation.run import read_predictions
+from prompt_r1.evaluation.harness import read_predictions
 from prompt_r1.scoring.rewards import golden_answers_of
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 

@@ -13,9 +13,9 @@ import pytest
 from prompt_r1.cli.main import main
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import load_samples
+from prompt_r1.evaluation.harness import read_predictions
 from prompt_r1.evaluation.optimizers.opro import OproSettings, meta_prompt, opro_search, parse_instruction
 from prompt_r1.evaluation.optimizers.search import SearchSettings, training_rows
-from prompt_r1.evaluation.run import read_predictions
 from prompt_r1.testing.servers import ScriptedServer
 
 GOLD = {s.question: s.golden_answers[0] for s in load_samples("hotpot", limit=12)}

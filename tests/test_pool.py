@@ -12,7 +12,7 @@ import pytest
 
 from prompt_r1.core.errors import ConfigError, DataError
 from prompt_r1.runs.pool import check_limits, named_keys, run_many
-from prompt_r1.runs.results import ResultStore
+from prompt_r1.runs.result_store import ResultStore
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from prompt_r1.core.protocol import (
     MAX_TURN_CHARS,
     STOP_SEQUENCES,
     AgentTurn,
-    _tool_call_prompt,
     cut_at_stop,
     last_answer,
     parse_agent_output,
     repair_stopped_text,
+    tool_call_prompt,
 )
 
 
@@ -307,7 +307,7 @@ _TOOL_CALL_PIECES = st.sampled_from(
 @settings(max_examples=500, deadline=None)
 @given(st.lists(_TOOL_CALL_PIECES, max_size=12).map("".join))
 def test_tool_call_form_accepts_what_the_regex_accepted(content):
-    assert _tool_call_prompt(content) == _old_tool_call_prompt(content)
+    assert tool_call_prompt(content) == _old_tool_call_prompt(content)
 
 
 _OLD_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -22,8 +22,8 @@ from prompt_r1.clients.environment import EnvironmentClient
 from prompt_r1.core.config import EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import extract_question
-from prompt_r1.loop.protocols import release
 from prompt_r1.loop.graph import build_graph
+from prompt_r1.loop.protocols import release
 from prompt_r1.scoring.rewards import score_transcript, trl_reward
 from prompt_r1.testing.servers import ScriptedServer
 from prompt_r1.testing.tiny_models import build_tiny_model
@@ -498,7 +498,7 @@ def test_padding_in_a_reply_is_dropped_and_a_tokenizer_padding_with_its_end_of_t
 
 def test_eval_under_the_release_protocol_scores_the_stream(tmp_path):
     from prompt_r1.cli.main import main
-    from prompt_r1.evaluation.run import read_predictions
+    from prompt_r1.evaluation.harness import read_predictions
     from prompt_r1.testing.servers import scripted_agent
 
     data = tmp_path / "q.jsonl"

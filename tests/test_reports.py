@@ -10,7 +10,7 @@ import pytest
 from test_eval import endpoint_flags, eval_server  # noqa: F401  (the fixture)
 
 from prompt_r1.cli.main import main
-from prompt_r1.evaluation.run import read_predictions
+from prompt_r1.evaluation.harness import read_predictions
 
 # $ per 1M tokens: round numbers, so each row's cost is checked by hand below.
 PRICES = {"env": {"input": 1.0, "output": 2.0}, "agent": {"input": 0.5, "output": 4.0}}
@@ -68,3 +68,41 @@ def test_an_unpriced_model_leaves_the_cost_blank_not_zero(eval_server, tmp_path)
         (row,) = list(csv.DictReader(handle))
     assert row["cost_usd"] == "" and row["usd_per_row"] == "" and row["env_calls"] == "2"
     assert "| Env only (w/o agent) | – | 1.00 | unpriced |" in (out / "table.md").read_text()
+
+
+def test_a_metric_added_to_the_registry_reaches_every_report_and_both_scorers(tmp_path, monkeypatch, capsys):
+    """The registry is the one list: a new `Metric` (here, the prediction's length against the golden answer's) is
+    taken by `score --metric`, written to summary.csv and table.md under its label, scored by the release's rules
+    as well as the paper's, and stored with each row when it is cheap; no other file names it."""
+    from prompt_r1.scoring.metrics import METRICS, Metric
+    from prompt_r1.scoring.scorers import release_scores, row_metrics
+
+    def length_ratio(predictions, golden_answers):
+        return [
+            min(1.0, len(p) / max(1, len(g[0]))) for p, g in zip(predictions, golden_answers, strict=True)
+        ]
+
+    monkeypatch.setitem(METRICS, "len", Metric("len", "Len", length_ratio, per_row=True))
+    rows = [
+        {"id": "a", "dataset": "mine", "method": "m", "prediction": "Pa", "golden_answers": ["Paris"]},
+        {"id": "b", "dataset": "mine", "method": "m", "prediction": "Rome", "golden_answers": ["Rome"]},
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    for scorer in ("paper", "release"):
+        assert (
+            main(["score", str(path), "--metric", "len", "--metric", "em", "--scorer", scorer, "--no-chart"])
+            == 0
+        )
+        tail = "" if scorer == "paper" else ".release"
+        with (tmp_path / f"mine.summary{tail}.csv").open(encoding="utf-8") as handle:
+            (written,) = list(csv.DictReader(handle))
+        assert float(written["len"]) == pytest.approx((0.4 + 1.0) / 2) and float(written["em"]) == 0.5
+        assert "mine Len" in (tmp_path / f"mine.table{tail}.md").read_text(encoding="utf-8")
+    assert release_scores("len", ["Pa"], [["Paris"]]) == [pytest.approx(0.4)]
+    assert row_metrics("Pa", ["Paris"])["len"] == pytest.approx(0.4)
+
+    monkeypatch.delitem(METRICS, "len")  # gone from the registry, gone from the command line
+    assert main(["score", str(path), "--metric", "len"]) == 2
+    assert "invalid choice: 'len'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The results store (prompt_r1.runs.results, prompt_r1.runs.results_file): resumable JSONL rows, the conflict rule, compaction."""
+"""The results store (prompt_r1.runs.result_store, prompt_r1.runs.output_files): resumable JSONL rows, the conflict rule, compaction."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from prompt_r1.core.errors import OutputError
-from prompt_r1.runs.results import ResultStore
-from prompt_r1.runs.results_file import compact_output, open_results_file
+from prompt_r1.runs.output_files import compact_output, open_results_file
+from prompt_r1.runs.result_store import ResultStore
 
 
 def rows_of(path):

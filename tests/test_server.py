@@ -371,7 +371,7 @@ def test_the_serve_command_answers_and_stops_on_ctrl_c(upstream):
         [sys.executable, "-m", "prompt_r1", "serve", "--port", "0",
          "--agent-model", "agent", "--agent-base-url", upstream.base_url, "--agent-api-key-env", "SERVE_TEST_KEY",
          "--env-model", "env", "--env-base-url", upstream.base_url, "--env-api-key-env", "SERVE_TEST_KEY",
-         "--keepalive", "5"],
+         "--keepalive", "5", "--concurrency", "4"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

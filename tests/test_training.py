@@ -33,7 +33,7 @@ from conftest import (  # noqa: E402
 
 from prompt_r1.cli.main import main as cli_main  # noqa: E402
 from prompt_r1.clients.environment import EnvironmentClient  # noqa: E402
-from prompt_r1.core.config import EnvironmentConfig  # noqa: E402
+from prompt_r1.core.config import EnvironmentConfig, LoopConfig  # noqa: E402
 from prompt_r1.core.prompts import interaction_response, question_message  # noqa: E402
 from prompt_r1.core.tokens import user_turn_ids  # noqa: E402
 from prompt_r1.runs.episode import Episode  # noqa: E402
@@ -69,6 +69,11 @@ def stand_in_trainer(model_path: Path, *, temperature: float = 1.0):
         tools=None,
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
+
+
+def rollout_loop(**settings) -> LoopConfig:
+    """A training rollout's loop: the paper's per-turn budget (1,024), and no final-answer request."""
+    return LoopConfig(**{"max_turn_tokens": 1024, "force_final_answer": False, **settings})
 
 
 def env_client(server: ScriptedServer, **overrides) -> EnvironmentClient:
@@ -143,6 +148,16 @@ def test_every_environment_setting_reaches_training_with_its_type_and_default():
     )
 
 
+def test_the_rollouts_loop_keywords_still_work_for_one_release_with_a_warning():
+    with pytest.warns(
+        DeprecationWarning, match=re.escape("GraphRollout(max_turns=...) is deprecated; pass loop=")
+    ):
+        rollout = GraphRollout(None, max_turns=2)
+    assert rollout.loop == rollout_loop(max_turns=2)
+    with pytest.raises(ValueError, match="not both"):
+        GraphRollout(None, loop=rollout_loop(), max_turns=2)
+
+
 def test_every_loop_setting_reaches_the_rollouts_or_is_fixed_by_training():
     """Each LoopConfig field is a training field of the same name or one training fixes (ROLLOUT_LOOP): a loop
     setting added there fails here until training takes it; loop_config() hands every one over."""
@@ -167,7 +182,9 @@ def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained
         [{"role": "user", "content": question_message(TINY_QUESTION)}]
     ] * 6  # one group, already repeated
     with ScriptedServer({"env": echo_environment()}) as server:
-        rollout = GraphRollout(env_client(server), max_turns=3, max_turn_tokens=64, max_total_tokens=512)
+        rollout = GraphRollout(
+            env_client(server), loop=rollout_loop(max_turns=3, max_turn_tokens=64, max_total_tokens=512)
+        )
         out = rollout(prompts, trainer)
         env_requests = len(server.requests_for("env"))
 
@@ -213,9 +230,9 @@ def test_rollout_logprobs_are_those_of_the_sampled_tokens(trained_tiny_model_pat
     trainer = stand_in_trainer(trained_tiny_model_path, temperature=1.0)
     prompts = [[{"role": "user", "content": question_message(TINY_QUESTION)}]] * 4
     with ScriptedServer({"env": echo_environment()}) as server:
-        out = GraphRollout(env_client(server), max_turns=3, max_turn_tokens=64, max_total_tokens=512)(
-            prompts, trainer
-        )
+        out = GraphRollout(
+            env_client(server), loop=rollout_loop(max_turns=3, max_turn_tokens=64, max_total_tokens=512)
+        )(prompts, trainer)
     for i in range(4):
         ids = torch.tensor([out["prompt_ids"][i] + out["completion_ids"][i]])
         with torch.no_grad():
@@ -234,7 +251,7 @@ def test_rollout_closes_a_turn_that_stopped_on_a_stop_string(trained_tiny_model_
     (env_mask 0) so TRL does not read the trajectory as truncated."""
     trainer = stand_in_trainer(trained_tiny_model_path)
     tok = trainer.processing_class
-    rollout = GraphRollout(None, max_turns=1)
+    rollout = GraphRollout(None, loop=rollout_loop(max_turns=1))
     result = Episode(
         id=None,
         question="Q?",
@@ -257,7 +274,9 @@ def test_episode_whose_environment_failed_gets_no_reward(trained_tiny_model_path
     prompts = [[{"role": "user", "content": question_message(TINY_QUESTION)}]] * 2
     with ScriptedServer({"env": echo_environment()}) as server:
         server.inject(*[Fault("500")] * 10, model="env")
-        rollout = GraphRollout(env_client(server, max_retries=1), max_turns=3, max_turn_tokens=64)
+        rollout = GraphRollout(
+            env_client(server, max_retries=1), loop=rollout_loop(max_turns=3, max_turn_tokens=64)
+        )
         out = rollout(prompts, trainer)
     assert out["status"] == ["environment_error", "environment_error"]
     columns = {
@@ -668,7 +687,7 @@ def test_the_step_lines_say_when_the_policy_is_stuck():
 
 
 def test_each_rollout_call_gets_its_own_seed_and_evaluation_does_not_shift_trainings():
-    rollout = GraphRollout(object(), max_turn_tokens=8)
+    rollout = GraphRollout(object(), loop=rollout_loop(max_turn_tokens=8))
 
     def trainer(step, training=True, seed=0, reproducible=True):
         return SimpleNamespace(
@@ -680,9 +699,9 @@ def test_each_rollout_call_gets_its_own_seed_and_evaluation_does_not_shift_train
 
     first = rollout.step_seed(trainer(3))
     assert rollout.step_seed(trainer(3)) != first  # a second call in the same step samples afresh
-    fresh = GraphRollout(object(), max_turn_tokens=8)
+    fresh = GraphRollout(object(), loop=rollout_loop(max_turn_tokens=8))
     fresh.step_seed(trainer(3, training=False))  # an evaluation at that step first
     assert fresh.step_seed(trainer(3)) == first  # leaves training's seed as it was
     assert len({rollout.step_seed(trainer(s)) for s in range(50)}) == 50
-    assert GraphRollout(object(), max_turn_tokens=8).step_seed(trainer(3, seed=1)) != first
+    assert GraphRollout(object(), loop=rollout_loop(max_turn_tokens=8)).step_seed(trainer(3, seed=1)) != first
     assert rollout.step_seed(trainer(3, reproducible=False)) is None

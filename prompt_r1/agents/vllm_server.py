@@ -166,7 +166,7 @@ def rendering_drift(tokenizer: Any, state: dict[str, Any]) -> dict[str, Any]:
     The token-exact trajectory is rebuilt from the turn texts (the agent's turns encoded, the environment's
     messages rendered as training renders them), so this also works for an episode that ran on the chat path."""
     from prompt_r1.core.prompts import agent_messages, interaction_response
-    from prompt_r1.core.tokens import _ids, initial_prompt_ids, user_turn_ids
+    from prompt_r1.core.tokens import initial_prompt_ids, token_id_list, user_turn_ids
 
     messages = agent_messages(state)
     exact = initial_prompt_ids(tokenizer, messages[:1])
@@ -181,7 +181,9 @@ def rendering_drift(tokenizer: Any, state: dict[str, Any]) -> dict[str, Any]:
             exact += user_turn_ids(tokenizer, body, sampled)
     last = state.get("turns", [])[-1:] or [None]
     open_turn = last[0] is not None and last[0].get("response") is not None
-    rendered = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=open_turn, tokenize=True))
+    rendered = token_id_list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=open_turn, tokenize=True)
+    )
     if not open_turn:  # the conversation ends on the agent's turn: compare up to its end
         rendered = rendered[: len(exact)]
     first = next((i for i, (a, b) in enumerate(zip(rendered, exact, strict=False)) if a != b), None)

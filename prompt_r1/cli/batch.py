@@ -11,8 +11,8 @@ from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
-    _prepare,
     add_stop_flags,
+    build_players,
     check_rate_store,
     check_reachable,
     configs_from_args,
@@ -24,8 +24,8 @@ from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.runs.batch import run_batch
 from prompt_r1.runs.batch_settings import BatchSettings
+from prompt_r1.runs.output_files import write_text_file
 from prompt_r1.runs.output_lock import hold_output
-from prompt_r1.runs.results_file import write_text_file
 from prompt_r1.runs.shards import MAX_SHARDS, Shard, merge_shards
 
 __all__ = ["add_batch_parser", "cmd_batch", "cmd_batch_merge"]
@@ -171,9 +171,9 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
                 member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
             )
             check_rate_store(member.config.rate_store)
-        agent, _ = _prepare(agent_cfg, None)
+        agent, _ = build_players(agent_cfg, None)
     else:
-        agent, environment = _prepare(agent_cfg, env_cfg)
+        agent, environment = build_players(agent_cfg, env_cfg)
     if settings.log_file is not None:
         _log_to_file(settings.log_file)
     summary = asyncio.run(

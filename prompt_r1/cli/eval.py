@@ -1,4 +1,4 @@
-"""`prompt-r1 eval` and `prompt-r1 score`: the commands around `prompt_r1.evaluation.run.run_evaluation` and
+"""`prompt-r1 eval` and `prompt-r1 score`: the commands around `prompt_r1.evaluation.harness.run_evaluation` and
 `prompt_r1.evaluation.reports` (flags, plan, reports, exit code)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
-    _prepare,
     add_stop_flags,
+    build_players,
     check_run_flags,
     configs_from_args,
 )
@@ -22,10 +22,7 @@ from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import load_samples, resolve_source
-from prompt_r1.evaluation.optimizers.opro import OproSettings
-from prompt_r1.evaluation.optimizers.search import SearchSettings, search_instructions, search_spend
-from prompt_r1.evaluation.reports import summarize, write_reports
-from prompt_r1.evaluation.run import (
+from prompt_r1.evaluation.harness import (
     METHODS,
     PREDICTIONS,
     SUITES,
@@ -34,10 +31,14 @@ from prompt_r1.evaluation.run import (
     resolve_plan,
     run_evaluation,
 )
+from prompt_r1.evaluation.optimizers.opro import OproSettings
+from prompt_r1.evaluation.optimizers.search import SearchSettings, search_instructions, search_spend
+from prompt_r1.evaluation.reports import summarize, write_reports
 from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
 from prompt_r1.runs.metering import check_budget_prices
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import named_keys
+from prompt_r1.scoring.metrics import METRICS
 from prompt_r1.scoring.scorers import SCORERS, read_rows
 
 __all__ = ["add_eval_parsers", "cmd_eval", "cmd_score"]
@@ -103,7 +104,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     sc.add_argument(
         "--metric",
         action="append",
-        choices=["em", "sm", "f1", "ssim", "math"],
+        choices=list(METRICS),
         help="repeatable (default: EM, SM, F1, plus SSim on text sets and math equivalence on math sets)",
     )
     sc.add_argument(
@@ -236,8 +237,8 @@ def _eval_folders(
         )
     # Every environment's key and socket are checked before the agent loads (the cheap checks first), and the
     # agent is loaded once, whatever the environments.
-    environments = [_prepare(None, cfg)[1] for _, cfg in folders]
-    agent, _ = _prepare(agent_cfg, None)
+    environments = [build_players(None, cfg)[1] for _, cfg in folders]
+    agent, _ = build_players(agent_cfg, None)
     if args.budget is not None:  # every environment's model priced before the first one is paid for
         for environment in environments:
             check_budget_prices(prices, environment, agent)
@@ -371,7 +372,7 @@ def _verdict(outcome, failed: int) -> int:
 
 def cmd_score(args: argparse.Namespace) -> int:
     from prompt_r1.core.errors import DataError
-    from prompt_r1.evaluation.run import prediction_problem, read_predictions, summarize, write_reports
+    from prompt_r1.evaluation.harness import prediction_problem, read_predictions, summarize, write_reports
     from prompt_r1.scoring.rewards import golden_answers_of
 
     path = Path(args.file)

@@ -8,6 +8,7 @@ over a `--config` file, into the typed configs once, at the command line's edge.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import Any
@@ -21,7 +22,7 @@ from prompt_r1.core.config import (
     unreachable_reason,
 )
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.core.urls import printable_url
+from prompt_r1.core.urls import MEMORY_STORE, is_shared_store, printable_url
 
 __all__ = [
     "EXIT_FAILED",
@@ -30,8 +31,11 @@ __all__ = [
     "EXIT_SPEND_CAP",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
+    "CommandFailure",
+    "add_deprecated_alias",
     "add_run_flags",
     "add_stop_flags",
+    "build_players",
     "check_rate_store",
     "check_reachable",
     "check_run_flags",
@@ -47,7 +51,7 @@ _SECTIONS = (
 )
 
 
-class _Failure(Exception):
+class CommandFailure(Exception):
     """A failure the user can act on, with its exit code: the command ends with its one line, no traceback."""
 
     def __init__(self, message: str, code: int) -> None:
@@ -107,6 +111,26 @@ def add_run_flags(parser: argparse.ArgumentParser, *, repeatable_env: Sequence[s
                 group.add_argument(flag, dest=dest, type=parse, default=None, metavar=metavar, help=help_text)
 
 
+def add_deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """`old`, a former name of the flag `new` (already added to `parser`): it still sets `new`'s value, checked by
+    `new`'s own rule, and prints a one-line notice naming `new` each time it is used. Kept for one release."""
+    current = next(action for action in parser._actions if new in action.option_strings)
+
+    class Alias(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None) -> None:
+            print(f"prompt-r1: warning: {old} is deprecated, use {new}", file=sys.stderr, flush=True)
+            setattr(namespace, self.dest, values)
+
+    parser.add_argument(
+        old,
+        dest=current.dest,
+        type=current.type,
+        action=Alias,
+        metavar=current.metavar,
+        help=f"deprecated name of {new}",
+    )
+
+
 def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """--max-failures, --budget and --prices: the stop rules of a run over many `unit` (episodes, rows)."""
     parser.add_argument(
@@ -160,7 +184,7 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
     """Fail fast, with one line, when nothing listens at `url` (before loading models or paying for calls)."""
     reason = unreachable_reason(url, timeout)
     if reason is not None:
-        raise _Failure(
+        raise CommandFailure(
             f"cannot reach the {what} at {printable_url(url, 200)} ({reason}); start it or point {flag} at an OpenAI-compatible server",
             EXIT_UNREACHABLE,
         )
@@ -168,23 +192,24 @@ def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> Non
 
 def check_rate_store(url: str) -> None:
     """Fail fast, with one line and nothing sent to any provider, when a shared rate store does not answer."""
-    if url == "memory":
+    if not is_shared_store(url):
         return
     from prompt_r1.clients.limit_store import check_store, store_label
     from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV, rate_store_password
 
     reason = check_store(url, rate_store_password(url))
     if reason is not None:
-        raise _Failure(
+        raise CommandFailure(
             f"cannot reach the rate store at {store_label(url)} ({reason}); start it, set "
-            f"{RATE_STORE_PASSWORD_ENV} if it wants a password, or use --env-rate-store memory",
+            f"{RATE_STORE_PASSWORD_ENV} if it wants a password, or use --env-rate-store {MEMORY_STORE}",
             EXIT_UNREACHABLE,
         )
 
 
-def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
-    """Build the environment client and the agent (None: not needed), cheapest checks first: keys, sockets,
-    then model loading."""
+def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
+    """The run's (agent, environment client) from its configs (a config None: that player is not needed, and
+    None comes back in its place), cheapest checks first: keys, sockets, then model loading. An unreachable
+    endpoint or model is a `CommandFailure` with exit code 3."""
     from prompt_r1.agents import load_agent
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
@@ -202,5 +227,5 @@ def _prepare(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
                 check_model_source(agent_cfg.model, "--agent-model")
             agent = load_agent(agent_cfg)
         except ConfigError as exc:
-            raise _Failure(str(exc), EXIT_UNREACHABLE) from exc
+            raise CommandFailure(str(exc), EXIT_UNREACHABLE) from exc
     return agent, environment

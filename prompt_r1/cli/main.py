@@ -3,7 +3,7 @@
     prompt-r1 run "QUESTION" [--agent-model M] [--agent-base-url URL] [--env-model M] [--env-base-url URL] ...
     prompt-r1 run "QUESTION" --config run.yaml --json
     prompt-r1 batch questions.jsonl --out results.jsonl [--concurrency N] [--checkpoint results.sqlite] [run flags]
-    prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--max-concurrency N] [run flags]
+    prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--concurrency N] [run flags]
     prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
     prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
 
@@ -30,9 +30,9 @@ from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
-    _Failure,
-    _prepare,
+    CommandFailure,
     add_run_flags,
+    build_players,
     configs_from_args,
 )
 from prompt_r1.core import redaction, signals
@@ -153,12 +153,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not valid(args.question):  # undecodable bytes on the command line arrive as lone surrogates
         raise ConfigError("the question is not valid UTF-8 text")
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
-    agent, environment = _prepare(agent_cfg, env_cfg)
+    agent, environment = build_players(agent_cfg, env_cfg)
     runner = EpisodeRunner(agent, environment, loop_cfg, tags=["run"])
     try:
         result = asyncio.run(_run_episode(runner, args.question, live=not args.json, out=sys.stdout))
     except AgentError as exc:
-        raise _Failure(f"agent failed: {exc}", EXIT_FAILED) from exc
+        raise CommandFailure(f"agent failed: {exc}", EXIT_FAILED) from exc
     drift = _drift(agent, result, loop_cfg.protocol)
     if drift.get("differs") and getattr(agent, "tokenizer", None) is None:
         print(
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(command, args) -> int:
     try:
         return command(args)
-    except _Failure as exc:
+    except CommandFailure as exc:
         print(f"prompt-r1: error: {exc}", file=sys.stderr)
         return exc.code
     except ConfigError as exc:

@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 
-from prompt_r1.cli.flags import EXIT_OK, _prepare, configs_from_args
+from prompt_r1.cli.flags import EXIT_OK, add_deprecated_alias, build_players, configs_from_args
 from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
@@ -33,12 +33,14 @@ def add_serve_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
     )
     sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
     sv.add_argument(
-        "--max-concurrency",
+        "--concurrency",
         type=flag_number(integer=True, minimum=1),
         default=32,
         metavar="N",
         help="episodes running at once (default: 32)",
     )
+    # Its name until it took batch's and eval's name for the same cap.
+    add_deprecated_alias(sv, "--max-concurrency", "--concurrency")
     sv.add_argument(
         "--max-queue",
         type=flag_number(integer=True, minimum=0),
@@ -66,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from prompt_r1.integrations.server import SHUTDOWN_TIMEOUT, build_app, serve
 
     # Parsed by prompt_r1.core.checks already; checked again for callers that build the namespace themselves.
-    number(args.max_concurrency, "--max-concurrency", integer=True, minimum=1)
+    number(args.concurrency, "--concurrency", integer=True, minimum=1)
     number(args.max_queue, "--max-queue", integer=True, minimum=0)
     number(args.port, "--port", integer=True, minimum=0, maximum=65535)
     number(args.keepalive, "--keepalive", minimum=0)
@@ -78,13 +80,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"--api-key-env {args.api_key_env}: that environment variable is empty or unset"
             )
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
-    agent, environment = _prepare(agent_cfg, env_cfg)
+    agent, environment = build_players(agent_cfg, env_cfg)
     app = build_app(
         agent,
         environment,
         loop=loop_cfg,
         model_name=args.served_model_name,
-        max_concurrency=args.max_concurrency,
+        max_concurrency=args.concurrency,
         max_queue=args.max_queue,
         api_key=api_key,
         keepalive=args.keepalive,

@@ -11,7 +11,7 @@ from prompt_r1.cli.flags import (
     EXIT_SPEND_CAP,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
-    _Failure,
+    CommandFailure,
     check_rate_store,
     check_reachable,
 )
@@ -115,7 +115,7 @@ def cmd_train(argv: list[str]) -> int:
     try:
         check_model_source(config.model_name_or_path, "model_name_or_path")
     except ConfigError as exc:
-        raise _Failure(str(exc), EXIT_UNREACHABLE) from None
+        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     check_rate_store(config.env_rate_store)
     if config.async_grpo and config.vllm_server_base_url:  # the async trainer's agent: unreachable is exit 3
@@ -129,7 +129,7 @@ def cmd_train(argv: list[str]) -> int:
     try:
         trainer = train(config, resume=flags.resume, build=build)
     except SpendCapReached as exc:
-        raise _Failure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
+        raise CommandFailure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
     stopped = stop_reason(trainer)
     interrupted = graceful_stop_of(trainer)
     if interrupted is not None:

@@ -6,5 +6,10 @@
 - `limit_store`, `shared_limit`: one endpoint's limits shared by every process and machine through Redis;
 - `costs`: price tables (`prices.yaml`) and usage meters.
 
+Add a provider: nothing here for an OpenAI-compatible endpoint (`--env-base-url`, `--env-model`,
+`--env-api-key-env`); any other LangChain chat model goes in as `EnvironmentClient(config, chat_model=...)`.
+Add a price: a line in `prices.yaml` (dollars per 1M tokens), or the user's own `--prices FILE`. A rate store kind
+is named in `prompt_r1.core.urls` and built in `limit_store`.
+
 May import: data, scoring, core.
 """

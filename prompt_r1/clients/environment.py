@@ -46,6 +46,7 @@ from prompt_r1.core.errors import (
 )
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
 from prompt_r1.core.text import repair
+from prompt_r1.core.urls import is_shared_store
 
 __all__ = [
     "Environment",
@@ -145,7 +146,7 @@ class EnvironmentClient:
             # Its key (given as api_key=, or read from OPENAI_API_KEY when it was built) is cut from every
             # error, log line and trace like any key this project reads itself.
             redaction.register_from(chat_model)
-        shared = config.rate_store != "memory"
+        shared = is_shared_store(config.rate_store)
         key = None
         if chat_model is None:
             key = api_key or resolve_api_key(config.api_key_env, config.base_url)

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.urls import is_shared_store
 
 __all__ = ["Limits", "RedisLimitStore", "check_store", "key_prefix", "store_errors", "store_label"]
 
@@ -200,7 +201,7 @@ def store_label(url: str) -> str:
     >>> store_label("redis://user:secret@10.0.0.5:6380/2")
     'redis://10.0.0.5:6380/2'
     """
-    if url == "memory":
+    if not is_shared_store(url):
         return url
     parsed = urlparse(url)
     port = f":{parsed.port}" if parsed.port else ""

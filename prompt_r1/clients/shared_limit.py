@@ -41,8 +41,16 @@ from prompt_r1.clients.ratelimit import EndpointLimiter, LimiterStats, TokenSlot
 from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.config import RATE_STORE_PASSWORD_ENV
 from prompt_r1.core.errors import RateStoreUnreachable
+from prompt_r1.core.urls import MEMORY_STORE, is_shared_store
 
-__all__ = ["SharedLimiter", "limiter_for", "parse_reset", "rate_headers", "reset_shared_limiters"]
+__all__ = [
+    "SharedLimiter",
+    "limiter_for",
+    "parse_reset",
+    "per_period_limits",
+    "rate_headers",
+    "reset_shared_limiters",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +100,7 @@ def rate_headers(headers: dict | None) -> dict[str, float]:
     return out
 
 
-def _per_period(headers: dict[str, float] | None, limits: Limits) -> dict[str, float] | None:
+def per_period_limits(headers: dict[str, float] | None, limits: Limits) -> dict[str, float] | None:
     """The provider's x-ratelimit-limit-* in the store's periods. OpenAI-style headers give requests and tokens
     per minute: read as per `rate_period`, a limit of 500 a minute would become 500 an hour for a run counting
     hours, sixty times too low."""
@@ -281,7 +289,7 @@ class SharedLimiter:
                     raise RateStoreUnreachable(
                         f"cannot reach the rate store at {self.label} ({type(exc).__name__}: {exc}); nothing was "
                         f"sent. Start it, set {RATE_STORE_PASSWORD_ENV} if it wants a password, or use the "
-                        "'memory' rate store"
+                        f"'{MEMORY_STORE}' rate store"
                     ) from None
                 self._lost(exc)
                 store = lease = None
@@ -310,7 +318,7 @@ class SharedLimiter:
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
                 ago = time.monotonic() - handle.replied_at if handle.replied_at is not None else 0.0
-                headers = _per_period(handle.headers, self.limits)
+                headers = per_period_limits(handle.headers, self.limits)
                 await asyncio.shield(store.release(lease, handle.actual, headers, ago))
             except asyncio.CancelledError:
                 raise
@@ -350,7 +358,7 @@ def limiter_for(config, key: str, api_key: str | None):
         token_limit, token_period = config.token_limit, config.rate_period
     else:
         token_limit, token_period = config.tokens_per_minute, 60.0
-    if config.rate_store == "memory":
+    if not is_shared_store(config.rate_store):
         return get_limiter(
             key,
             rate_limit=config.rate_limit,

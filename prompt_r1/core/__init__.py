@@ -8,6 +8,9 @@
 - `redaction`: the process-wide set of API keys that every writer cuts out;
 - `checks`: the one check of every number a user gives; `signals`: SIGTERM taken as Ctrl-C, and which one arrived.
 
+Add a loop setting: a `LoopConfig` field in `config` (every surface takes `loop=LoopConfig(...)`); a rate store
+kind: `urls` (`MEMORY_STORE`, `STORE_SCHEMES`, `is_shared_store`).
+
 May import: no other layer of prompt_r1, and no heavy library (torch, transformers, trl, vllm); the import contract
 in pyproject.toml (`lint-imports`) holds it so.
 """

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import asdict, dataclass, field, fields
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -19,7 +21,7 @@ from prompt_r1.core import redaction
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError, MissingCredentials
 from prompt_r1.core.redaction import NO_KEY
-from prompt_r1.core.urls import RATE_STORE_PASSWORD_ENV, check_store_url, check_url, store_user
+from prompt_r1.core.urls import MEMORY_STORE, RATE_STORE_PASSWORD_ENV, check_store_url, check_url, store_user
 
 __all__ = [
     "DEFAULT_AGENT_MODEL",
@@ -37,6 +39,7 @@ __all__ = [
     "hub_endpoint",
     "resolve_api_key",
     "unreachable_reason",
+    "warn_loop_keywords",
 ]
 
 # What a user with a model hub and an OpenAI key gets without flags: the paper's agent base model (Qwen3-4B,
@@ -115,7 +118,7 @@ class EnvironmentConfig:
     rate_store: str = _help(
         "Where the limits are kept: memory (this process only), or redis://host:port/db (rediss:// for TLS), "
         f"shared by every process and machine naming it; a password comes from {RATE_STORE_PASSWORD_ENV}.",
-        default="memory",
+        default=MEMORY_STORE,
     )
     timeout: float = _help(
         "Seconds allowed for one call before it counts as a timeout.", default=60.0, check=POSITIVE
@@ -270,12 +273,23 @@ class LoopConfig:
                 "force_final_answer must be off under it"
             )
 
-    def graph_options(self) -> dict[str, Any]:
-        """The keyword arguments of `build_graph` this sets: every field is one (`max_turn_tokens` is the graph's
-        `max_new_tokens`), so a new field reaches the graph."""
-        options = asdict(self)
-        options["max_new_tokens"] = options.pop("max_turn_tokens")
-        return options
+
+def warn_loop_keywords(
+    owner: str, given: Iterable[str], renamed: Mapping[str, str] | None = None, *, stacklevel: int = 3
+) -> None:
+    """Warn (DeprecationWarning) that `owner` was given loop settings as keywords (`given`) instead of in
+    `loop=LoopConfig(...)`, the one source of loop settings; `renamed`: a keyword → its LoopConfig field where
+    the names differ. The keyword forms are kept for one release; `stacklevel` 3 points at the caller of a
+    function that calls this."""
+    names = list(given)
+    if names:
+        fields_given = ", ".join(f"{(renamed or {}).get(name, name)}=..." for name in names)
+        warnings.warn(
+            f"{owner}({', '.join(f'{name}=...' for name in names)}) is deprecated; pass "
+            f"loop=LoopConfig({fields_given}) instead",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
 
 
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}

@@ -26,6 +26,7 @@ __all__ = [
     "last_answer",
     "parse_agent_output",
     "repair_stopped_text",
+    "tool_call_prompt",
 ]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -163,8 +164,9 @@ def _json(text: str) -> object:
         return _NOT_JSON
 
 
-def _tool_call_prompt(content: str) -> str | None:
-    """The prompt inside the reference release's JSON form {"name": "prompt", "arguments": {"prompt": P}}."""
+def tool_call_prompt(content: str) -> str | None:
+    """The prompt inside the reference release's JSON form {"name": "prompt", "arguments": {"prompt": P}}, or None
+    when `content` is not that form (the parser then keeps the tagged text as the prompt)."""
     body = _tool_call_body(content)
     if body is None:
         return None
@@ -218,7 +220,7 @@ def parse_agent_output(text: str) -> AgentTurn:
     if prompt is not None:
         defects += prompt_defects
         prompt_format: Literal["tags", "tool_call"] = "tags"
-        from_json = _tool_call_prompt(prompt)
+        from_json = tool_call_prompt(prompt)
         if from_json is not None:
             prompt, prompt_format = from_json, "tool_call"
         prompt = prompt.strip()

@@ -11,14 +11,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["initial_prompt_ids", "turn_end_ids", "user_turn_ids"]
+__all__ = ["initial_prompt_ids", "token_id_list", "turn_end_ids", "user_turn_ids"]
 
 _DUMMY_ASSISTANT = "PROMPTR1ASSISTANTPLACEHOLDER"
 _DUMMY_USER = "PROMPTR1USERPLACEHOLDER"
 
 
-def _ids(encoded: Any) -> list[int]:
-    # apply_chat_template returns a list, or a BatchEncoding/dict in newer transformers versions
+def token_id_list(encoded: Any) -> list[int]:
+    """The ids `tokenizer.apply_chat_template(..., tokenize=True)` returned, as a list: a list in older
+    transformers, a BatchEncoding/dict (its `input_ids`) in newer ones."""
     if isinstance(encoded, dict) or hasattr(encoded, "input_ids"):
         encoded = encoded["input_ids"]
     return list(encoded)
@@ -26,7 +27,7 @@ def _ids(encoded: Any) -> list[int]:
 
 def initial_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Ids of the opening messages followed by the assistant generation header."""
-    return _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return token_id_list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
 
 @lru_cache(maxsize=64)

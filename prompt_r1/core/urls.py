@@ -17,16 +17,33 @@ from urllib.parse import parse_qs, urlparse, urlsplit
 from prompt_r1.core.errors import ConfigError
 
 __all__ = [
+    "MEMORY_STORE",
     "RATE_STORE_PASSWORD_ENV",
+    "STORE_SCHEMES",
     "STORE_URL_MAX",
     "check_store_url",
     "check_url",
+    "is_shared_store",
     "printable_url",
     "store_user",
 ]
 
 # The environment variable holding the rate store's Redis password (never a flag or a file: it is never printed).
 RATE_STORE_PASSWORD_ENV = "PROMPT_R1_RATE_STORE_PASSWORD"
+
+# The rate store kinds, named here only: the limits of this process alone, kept in its memory, or a shared
+# store that every process and machine naming it takes from (a Redis server; rediss: over TLS).
+MEMORY_STORE = "memory"
+STORE_SCHEMES = ("redis", "rediss")
+
+
+def is_shared_store(url: str) -> bool:
+    """Whether a rate store (as `check_store_url` accepts it) is shared, rather than this process's memory.
+
+    >>> is_shared_store("memory"), is_shared_store("redis://10.0.0.5:6379/0")
+    (False, True)
+    """
+    return url != MEMORY_STORE
 
 
 def check_url(url: str, flag: str) -> None:
@@ -89,7 +106,7 @@ def check_store_url(url: str) -> str:
     ...
     prompt_r1.core.errors.ConfigError: --env-rate-store: the path must be a database number such as /0, got '/notadb'
     """
-    if url == "memory":
+    if not is_shared_store(url):
         return url
     flag, example = "--env-rate-store", "redis://127.0.0.1:6379/0"
     _check_characters(url, flag)
@@ -103,9 +120,10 @@ def check_store_url(url: str) -> str:
     except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", a port that is not a number
         why = "a port from 1 to 65535" if "ort" in str(exc) else "a well-formed host"
         raise ConfigError(f"{flag} needs {why}, as in {example}, got {_shown(url)}") from None
-    if parsed.scheme not in {"redis", "rediss"} or not parsed.hostname:
+    if parsed.scheme not in STORE_SCHEMES or not parsed.hostname:
         raise ConfigError(
-            f"{flag} must be memory or a redis:// / rediss:// URL such as {example}, got {_shown(url)}"
+            f"{flag} must be {MEMORY_STORE} or a {' / '.join(f'{s}://' for s in STORE_SCHEMES)} URL such as {example}, "
+            f"got {_shown(url)}"
         )
     query = parse_qs(parsed.query, keep_blank_values=True)
     if parsed.password is not None or "password" in query:
@@ -134,4 +152,4 @@ _HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}(%[A-Za-z0-9._-]+)
 
 def store_user(url: str) -> bool:
     """Whether a rate store URL names a user (its password then comes from PROMPT_R1_RATE_STORE_PASSWORD)."""
-    return url != "memory" and bool(urlsplit(url).username)
+    return is_shared_store(url) and bool(urlsplit(url).username)

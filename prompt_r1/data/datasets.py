@@ -23,7 +23,7 @@ from typing import Any, Literal
 from prompt_r1.core.errors import BackendUnavailable, DataError
 from prompt_r1.core.prompts import extract_question
 from prompt_r1.core.text import lone_surrogate
-from prompt_r1.scoring.metrics import answer_list, answer_values
+from prompt_r1.scoring.metrics import answer_list, answer_values, table_metrics
 
 __all__ = [
     "DATASETS",
@@ -56,7 +56,7 @@ class DatasetInfo:
     @property
     def metrics(self) -> tuple[str, ...]:
         """The paper's metrics for this set: EM and F1 for QA and math, F1 and SSim for text generation."""
-        return ("f1", "ssim") if self.task == "text" else ("em", "f1")
+        return table_metrics(self.task)
 
 
 DATASETS: dict[str, DatasetInfo] = {

@@ -1,6 +1,6 @@
 """Evaluation: the paper's comparisons as runs, and their reports.
 
-- `run`: `run_evaluation`, every method over every suite; `plan`: suites, methods and their settings;
+- `harness`: `run_evaluation`, the harness behind `prompt-r1 eval` (every method over every suite); `plan`: suites, methods and their settings;
 - `reports`, `charts`: tables, CSV and figures; `sweep`: one agent against several environments;
 - `optimizers/`: the prompt-optimiser baselines (OPRO, GEPA, TextGrad).
 

@@ -15,10 +15,9 @@ from typing import Any
 
 from prompt_r1.data.datasets import dataset_info
 from prompt_r1.evaluation.plan import METHODS, ordered
+from prompt_r1.scoring.metrics import METRICS
 
-__all__ = ["LABELS", "write_chart", "write_cost_chart"]
-
-LABELS = {"em": "EM", "sm": "SM", "f1": "F1", "ssim": "SSim", "math": "MathEq"}
+__all__ = ["write_chart", "write_cost_chart"]
 
 
 def _title(method: str) -> str:
@@ -57,10 +56,11 @@ def write_chart(summary: Sequence[Any], path: str | Path, metric: str = "f1") ->
         ax.bar(positions, values, width, label=_title(method))
     ax.set_xticks(range(len(datasets)))
     ax.set_xticklabels([_dataset_title(d) for d in datasets], rotation=30, ha="right")
-    ax.set_ylabel(f"{LABELS[metric]} (%)")
+    ax.set_ylabel(f"{METRICS[metric].label} (%)")
     scoring = points[0].scoring
     ax.set_title(
-        f"{LABELS[metric]} by dataset and method" + (f" (scorer: {scoring})" if scoring != "paper" else "")
+        f"{METRICS[metric].label} by dataset and method"
+        + (f" (scorer: {scoring})" if scoring != "paper" else "")
     )
     return _save(fig, ax, path)
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import dataset_info
-from prompt_r1.evaluation.charts import LABELS, write_chart, write_cost_chart
+from prompt_r1.evaluation.charts import write_chart, write_cost_chart
 from prompt_r1.evaluation.plan import METHODS, ordered
 from prompt_r1.runs.episode import FAILED_STATUSES
-from prompt_r1.scoring.metrics import METRICS, SemanticScorer, as_answer_list
-from prompt_r1.scoring.scorers import SCORERS, check_scorer, metric_scores
+from prompt_r1.scoring.metrics import METRICS, SemanticScorer, as_answer_list, default_metrics
+from prompt_r1.scoring.scorers import SCORERS, check_scorer, metric_scores, row_metrics
 
 __all__ = [
     "SummaryRow",
@@ -44,11 +44,6 @@ def _scores(
     return metric_scores(scoring, name, predictions, golds, scorer)
 
 
-def row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:
-    """The cheap metrics, stored with each row for the progress bar and quick inspection."""
-    return {name: _scores(name, [prediction], [golden_answers])[0] for name in ("em", "sm", "f1")}
-
-
 @dataclass
 class SummaryRow:
     dataset: str
@@ -66,17 +61,7 @@ def _metrics_for(dataset: str, requested: Sequence[str] | None) -> list[str]:
     if requested:
         return list(requested)
     info = dataset_info(dataset)
-    names = ["em", "sm", "f1"]
-    if info is not None and info.task == "text":
-        names.append("ssim")
-    if info is not None and info.task == "math":
-        try:
-            import math_verify  # noqa: F401
-
-            names.append("math")
-        except ImportError:
-            pass
-    return names
+    return default_metrics(info.task if info is not None else None)
 
 
 def summarize(
@@ -177,14 +162,12 @@ def _closed_spend(spend: dict[str, Any]) -> dict[str, Any]:
     return closed
 
 
-_COLUMNS = ("em", "sm", "f1", "ssim", "math")
-
-
 def write_summary_csv(summary: Sequence[SummaryRow], path: str | Path) -> Path:
     path = Path(path)
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["dataset", "title", "method", "n", "failed", *_COLUMNS, *SPEND_COLUMNS, "scorer"])
+        columns = list(METRICS)
+        writer.writerow(["dataset", "title", "method", "n", "failed", *columns, *SPEND_COLUMNS, "scorer"])
         for s in summary:
             info = dataset_info(s.dataset)
             writer.writerow(
@@ -194,7 +177,7 @@ def write_summary_csv(summary: Sequence[SummaryRow], path: str | Path) -> Path:
                     s.method,
                     s.n,
                     s.failed,
-                    *(f"{s.scores[c]:.6f}" if c in s.scores else "" for c in _COLUMNS),
+                    *(f"{s.scores[c]:.6f}" if c in s.scores else "" for c in columns),
                     *("" if s.spend.get(c) is None else s.spend[c] for c in SPEND_COLUMNS),
                     s.scoring,
                 ]
@@ -211,7 +194,7 @@ def _table_metrics(dataset: str, scores_seen: set[str], requested: Sequence[str]
     elif info is not None:
         wanted = list(info.metrics)
     else:
-        wanted = [m for m in _COLUMNS if m != "math"]
+        wanted = [name for name, metric in METRICS.items() if metric.own_table is None]
     return [m for m in wanted if m in scores_seen]
 
 
@@ -240,13 +223,13 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
     for dataset in datasets:
         seen = {m for s in summary if s.dataset == dataset for m in s.scores}
         columns += [(dataset, metric) for metric in _table_metrics(dataset, seen, metrics)]
-    averaged = [m for m in _COLUMNS if any(metric == m for _, metric in columns)]
+    averaged = [m for m in METRICS if any(metric == m for _, metric in columns)]
 
     header = ["Method"]
     for dataset, metric in columns:
         info = dataset_info(dataset)
-        header.append(f"{info.title if info else dataset} {LABELS[metric]}")
-    header += [f"Avg. {LABELS[m]}" for m in averaged]
+        header.append(f"{info.title if info else dataset} {METRICS[metric].label}")
+    header += [f"Avg. {METRICS[m].label}" for m in averaged]
     body = []
     for method in methods:
         cells = [METHODS[method].title if method in METHODS else method]
@@ -265,19 +248,9 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
         body.append(cells)
     lines = markdown_table(header, body, range(1, len(header)))
 
-    math_rows = [s for s in summary if "math" in s.scores]
-    if math_rows:
-        lines += ["", "Math-aware equivalence (math-verify), reported beside EM, never replacing it:", ""]
-        math_sets = list(dict.fromkeys(s.dataset for s in math_rows))
-        header = ["Method"] + [f"{dataset_info(d).title if dataset_info(d) else d} MathEq" for d in math_sets]
-        body = []
-        for method in methods:
-            cells = [METHODS[method].title if method in METHODS else method]
-            for dataset in math_sets:
-                s = by_key.get((dataset, method))
-                cells.append(f"{100 * s.scores['math']:.2f}" if s and "math" in s.scores else "–")
-            body.append(cells)
-        lines += markdown_table(header, body, range(1, len(header)))
+    for name, metric in METRICS.items():  # a metric with a table of its own (math equivalence)
+        if metric.own_table is not None:
+            lines += _own_table(summary, methods, by_key, name, metric.own_table)
 
     if len({s.n for s in summary}) == 1 and not any(s.failed for s in summary):
         counts = f"{summary[0].n} per dataset and method" if summary else "none"
@@ -297,6 +270,26 @@ def render_markdown(summary: Sequence[SummaryRow], metrics: Sequence[str] | None
             "† some rows failed on the environment or agent and are left out: rerun the command to retry them."
         )
     return "\n".join(lines) + "\n"
+
+
+def _own_table(
+    summary: Sequence[SummaryRow], methods: list[str], by_key: dict, name: str, caption: str
+) -> list[str]:
+    """Metric `name` per method and dataset, in a table of its own under `caption`; nothing when no row has it."""
+    rows = [s for s in summary if name in s.scores]
+    if not rows:
+        return []
+    label = METRICS[name].label
+    sets = list(dict.fromkeys(s.dataset for s in rows))
+    header = ["Method"] + [f"{dataset_info(d).title if dataset_info(d) else d} {label}" for d in sets]
+    body = []
+    for method in methods:
+        cells = [METHODS[method].title if method in METHODS else method]
+        for dataset in sets:
+            s = by_key.get((dataset, method))
+            cells.append(f"{100 * s.scores[name]:.2f}" if s and name in s.scores else "–")
+        body.append(cells)
+    return ["", caption, "", *markdown_table(header, body, range(1, len(header)))]
 
 
 def _cost_table(summary: Sequence[SummaryRow], methods: list[str]) -> list[str]:

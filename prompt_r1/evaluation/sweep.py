@@ -22,8 +22,8 @@ from pathlib import Path
 from prompt_r1.core.config import EnvironmentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import dataset_info
-from prompt_r1.evaluation.charts import LABELS
 from prompt_r1.evaluation.reports import markdown_table
+from prompt_r1.scoring.metrics import METRICS, table_metrics
 
 __all__ = ["SWEEP_FIELDS", "environment_sweep", "write_sweep_report"]
 
@@ -71,9 +71,10 @@ def environment_sweep(
 
 
 def _primary(dataset: str) -> str:
-    """The metric a dataset's figure shows: F1 for text generation, else EM (the paper's first column)."""
+    """The metric a dataset's figure shows, the paper's first column: F1 for text generation, else EM (a dataset of
+    the user's own is read as QA)."""
     info = dataset_info(dataset)
-    return "f1" if info is not None and info.task == "text" else "em"
+    return table_metrics(info.task if info is not None else "qa")[0]
 
 
 def write_sweep_report(
@@ -112,7 +113,7 @@ def write_sweep_report(
     header = ["Environment"]
     for dataset in datasets:
         info = dataset_info(dataset)
-        title = f"{info.title if info else dataset} {LABELS[_primary(dataset)]}"
+        title = f"{info.title if info else dataset} {METRICS[_primary(dataset)].label}"
         header += [f"{title} w/ agent", f"{title} w/o"]
     body = []
     for env in summaries:
@@ -155,7 +156,7 @@ def _sweep_chart(summaries: Mapping[str, Sequence], datasets: list[str], path: P
             label = "w/ agent" if method == WITH else "w/o agent"
             ax.bar([i + offset for i in range(len(envs))], values, 0.4, label=label)
         info = dataset_info(dataset)
-        ax.set_title(f"{info.title if info else dataset} {LABELS[metric]}", fontsize="small")
+        ax.set_title(f"{info.title if info else dataset} {METRICS[metric].label}", fontsize="small")
         ax.set_xticks(range(len(envs)))
         ax.set_xticklabels(envs, rotation=30, ha="right", fontsize="x-small")
     axes[0][0].legend(fontsize="x-small")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple
@@ -54,7 +53,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from prompt_r1.core import redaction
-from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.config import LoopConfig, warn_loop_keywords
 from prompt_r1.core.errors import EnvironmentCallError
 from prompt_r1.integrations.chat_options import CallOptions, call_options
 from prompt_r1.loop.graph import finish_reason as _finish_reason
@@ -154,13 +153,7 @@ class PromptR1Chat(BaseChatModel):
         given = [name for name in _LOOP_KEYWORDS if name in self.model_fields_set]
         if given and self.loop is not None:
             raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
-        if given:
-            warnings.warn(
-                f"PromptR1Chat({', '.join(f'{n}=...' for n in given)}) is deprecated; pass "
-                "loop=LoopConfig(...) instead (max_new_tokens is LoopConfig's max_turn_tokens)",
-                DeprecationWarning,
-                stacklevel=4,
-            )
+        warn_loop_keywords("PromptR1Chat", given, _LOOP_KEYWORDS, stacklevel=5)
         loop = self.loop or LoopConfig(**{_LOOP_KEYWORDS[name]: getattr(self, name) for name in given})
         for name, field_name in _LOOP_KEYWORDS.items():
             object.__setattr__(self, name, getattr(loop, field_name))

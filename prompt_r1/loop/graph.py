@@ -14,7 +14,8 @@ routers alone decide where to go, and `max_turns` lives in the routers. The stat
 checkpoints, streams and crosses process boundaries as it is; clients and models come in through the nodes'
 object, never through the state.
 
-    graph = build_graph(agent, EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini")), max_turns=5)
+    environment = EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini"))
+    graph = build_graph(agent, environment, loop=LoopConfig(max_turns=5))
     result = await graph.ainvoke({"question": "Who wrote Hamlet?"})
     result["answer"], result["status"], result["turns"], result["usage"]
 """
@@ -29,7 +30,7 @@ from langgraph.graph import END, START, StateGraph
 
 from prompt_r1.agents.base import AgentBackend, AgentRequest
 from prompt_r1.clients.environment import Environment, as_environment
-from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.config import LoopConfig, warn_loop_keywords
 from prompt_r1.loop.graph_runnables import inline, sync_and_async
 from prompt_r1.loop.nodes import LoopNodes
 from prompt_r1.loop.state import (
@@ -53,14 +54,15 @@ __all__ = [
 ]
 
 
-# build_graph's loop keywords and their defaults (a LoopConfig of them has LoopConfig's own defaults).
+# build_graph's former loop keywords (deprecated: loop=LoopConfig(...)) → LoopConfig's fields.
 _LOOP_KEYWORDS = {
-    "max_turns": 5,
-    "force_final_answer": None,
-    "max_new_tokens": None,
-    "max_total_tokens": 8192,
-    "protocol": "paper",
+    "max_turns": "max_turns",
+    "force_final_answer": "force_final_answer",
+    "max_new_tokens": "max_turn_tokens",
+    "max_total_tokens": "max_total_tokens",
+    "protocol": "protocol",
 }
+_UNSET: Any = object()  # a keyword not passed (None is a value some of them take)
 
 
 def build_graph(
@@ -68,30 +70,27 @@ def build_graph(
     environment: Environment | BaseChatModel,
     *,
     loop: LoopConfig | None = None,
-    max_turns: int = 5,
-    force_final_answer: bool | None = None,
-    max_new_tokens: int | None = None,
-    max_total_tokens: int = 8192,
-    protocol: str = "paper",
     token_exact: bool | None = None,
     checkpointer: Any = None,
     name: str = "prompt_r1",
+    max_turns: int = _UNSET,
+    force_final_answer: bool | None = _UNSET,
+    max_new_tokens: int | None = _UNSET,
+    max_total_tokens: int = _UNSET,
+    protocol: str = _UNSET,
 ):
     """Compile the loop. The result is a LangChain Runnable (`invoke`, `ainvoke`, `abatch`, `astream`) and can be
     added as a node of a parent graph whose state has `question` (and optionally `golden_answers`).
 
-    loop: the loop's settings in one object (prompt_r1.LoopConfig), instead of the five keywords below.
-    max_turns: most environment calls per episode (paper: 5); under the release protocol, most agent turns.
-    force_final_answer: when the agent prompts after its last allowed call, ask it once for a final answer
-        (unset: on under the paper protocol, the inference default); off, the episode ends with status
-        `max_turns` (the training setting, and the release protocol's).
-    max_new_tokens: per-turn generation budget (None: the backend config's `max_new_tokens`; paper: 1,024).
-    max_total_tokens: budget of the whole trajectory after the first prompt (paper: 8,192); token-exact only.
-        Under the release protocol: the limit on prompt + trajectory, checked before each agent turn.
-    protocol: "paper", or "release" for the reference release's training rollout (prompt_r1/loop/protocols/).
+    loop: the loop's settings (prompt_r1.LoopConfig: max_turns, force_final_answer, max_turn_tokens,
+        max_total_tokens, protocol); None: LoopConfig()'s defaults.
     token_exact: keep token ids (default: whenever the backend has a tokenizer).
     checkpointer: a LangGraph checkpointer (threads): each input on a thread is a new episode, and `invoke(None,
         thread)` resumes an interrupted one (graphs/README.md, "Threads").
+
+    Deprecated, kept for one release: the loop's settings as keywords (max_turns, force_final_answer,
+    max_new_tokens for LoopConfig's max_turn_tokens, max_total_tokens, protocol); they warn, and build the
+    LoopConfig they name.
     """
     passed = dict(
         max_turns=max_turns,
@@ -100,14 +99,13 @@ def build_graph(
         max_total_tokens=max_total_tokens,
         protocol=protocol,
     )
-    if loop is not None:
-        given = [k for k, default in _LOOP_KEYWORDS.items() if passed[k] != default]
-        if given:
-            raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
-    elif max_turns < 0:
-        raise ValueError(f"max_turns must be >= 0, got {max_turns}")
-    else:  # LoopConfig names the per-turn budget max_turn_tokens
-        loop = LoopConfig(max_turn_tokens=passed.pop("max_new_tokens"), **passed)
+    given = {k: v for k, v in passed.items() if v is not _UNSET}
+    if given and loop is not None:
+        raise ValueError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
+    if given:
+        warn_loop_keywords("build_graph", given, _LOOP_KEYWORDS)
+        loop = LoopConfig(**{_LOOP_KEYWORDS[k]: v for k, v in given.items()})
+    loop = loop or LoopConfig()
     environment = as_environment(environment)
     if token_exact is None:
         token_exact = getattr(agent, "tokenizer", None) is not None

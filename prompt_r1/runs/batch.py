@@ -52,10 +52,10 @@ from prompt_r1.runs.metering import (
     check_budget_prices,
     episode_cost,
 )
+from prompt_r1.runs.output_files import check_checkpoint, crc
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, named_keys
-from prompt_r1.runs.results import ResultStore
-from prompt_r1.runs.results_file import check_checkpoint, crc
+from prompt_r1.runs.result_store import ResultStore
 from prompt_r1.runs.shards import Shard
 
 __all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
@@ -285,12 +285,9 @@ async def _run_batch(
                 summary.resumed += 1
             row = row_of(sample, episode)
             if sample.golden_answers and episode.answer is not None:
-                from prompt_r1.scoring.metrics import exact_match, f1
+                from prompt_r1.scoring.scorers import row_metrics
 
-                row["metrics"] = {
-                    "em": exact_match(episode.answer, sample.golden_answers),
-                    "f1": f1(episode.answer, sample.golden_answers),
-                }
+                row["metrics"] = row_metrics(episode.answer, sample.golden_answers)
             return row
 
         async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:

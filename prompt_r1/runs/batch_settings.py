@@ -18,8 +18,8 @@ from pathlib import Path
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import resolve_source
+from prompt_r1.runs.output_files import check_folder_of, check_log_file, check_summary_path
 from prompt_r1.runs.pool import check_limits
-from prompt_r1.runs.results_file import check_folder_of, check_log_file, check_summary_path
 from prompt_r1.runs.shards import Shard
 
 __all__ = ["BatchSettings"]

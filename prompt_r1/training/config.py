@@ -14,6 +14,7 @@ from trl import GRPOConfig
 
 from prompt_r1.core.config import DEFAULT_AGENT_MODEL, PROTOCOLS, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.urls import is_shared_store
 from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.scoring.rewards import PRESET_ALIASES, PRESETS
 
@@ -231,7 +232,7 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         evenly across processes (the static split), unless `env_rate_store` names a shared store: then every
         rank, on every node, takes from the one limit as it needs."""
         values = {f.name: getattr(self, f"env_{f.name}") for f in fields(EnvironmentConfig)}
-        if values["rate_store"] != "memory":
+        if is_shared_store(values["rate_store"]):
             # The store's in-flight cap holds for every process together; env_max_in_flight is per process.
             values["max_in_flight"] = values["max_in_flight"] * max(1, num_processes)
             return EnvironmentConfig(**values)

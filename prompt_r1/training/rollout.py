@@ -25,7 +25,7 @@ from typing import Any
 
 from prompt_r1.agents.batching import derive_seed
 from prompt_r1.core.aio import run_sync
-from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.config import LoopConfig, warn_loop_keywords
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import extract_question
 from prompt_r1.loop.graph import STATUSES, build_graph
@@ -54,7 +54,7 @@ class GraphRollout:
     """A `rollout_func` for `trl.GRPOTrainer` that runs one Prompt-R1 episode per prompt.
 
     environment: the environment client (rate-limited, retrying), a pool, or any LangChain chat model.
-    loop: the loop's settings (prompt_r1.LoopConfig; `PromptR1GRPOConfig.loop_config()` in training). Or, as
+    loop: the loop's settings (prompt_r1.LoopConfig; `PromptR1GRPOConfig.loop_config()` in training). Or (deprecated), as
         keywords: max_turns (paper: 5), max_turn_tokens and max_total_tokens (paper: 1,024 / 8,192), with
         force_final_answer off: running out of turns is the agent's outcome to learn from.
     train_on_environment_tokens: an ablation; the environment's tokens are trained on as the agent's own.
@@ -78,6 +78,7 @@ class GraphRollout:
         given = {k: v for k, v in keywords.items() if v is not None}
         if loop is not None and given:
             raise ConfigError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
+        warn_loop_keywords("GraphRollout", given)  # deprecated, kept for one release: loop=LoopConfig(...)
         if loop is None:
             loop = LoopConfig(**{"max_turn_tokens": 1024, **given, "force_final_answer": False})
         if loop.max_turn_tokens is None:

@@ -1,4 +1,6 @@
-"""Results files (one JSON row per episode, appended as episodes finish) and the other files a run writes.
+"""The files a run writes: results files (one JSON row per episode, appended as episodes finish), read, cut and
+compacted here (the store that decides what to run over them: prompt_r1.runs.result_store), and the summary, log
+and checkpoint paths, each checked before a byte is written.
 
 A run writes to paths the user names, so it checks them before it writes a byte: an output that is the input, a
 folder, or a file that is not a results file is refused untouched, and one that cannot be written (a read-only or

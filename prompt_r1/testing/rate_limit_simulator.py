@@ -1,5 +1,5 @@
-"""A provider's rate limit, for `ScriptedServer(provider_limit=...)`: requests and tokens per period for each API
-key, counted as providers count them, answered with 429 and the headers providers send.
+"""A provider's rate limit simulated, for `ScriptedServer(provider_limit=...)`: requests and tokens per period for
+each API key, counted as providers count them, answered with 429 and the headers providers send.
 
 - A request counts when it **arrives**; its prompt tokens count when it arrives, its completion tokens when its
   reply is sent. Tokens are counted as a BPE tokenizer of English text averages, one per 4 characters (rounded

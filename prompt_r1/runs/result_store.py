@@ -9,7 +9,7 @@
 Used by `batch` (a row per id) and `eval` (a row per method, dataset and id). What it guarantees:
 - **Nothing that is not ours is touched.** The path is checked before a byte is written (the input, a folder, a
   device, another program's file, an unwritable path are refused with an `OutputError`); only an unfinished last
-  line that a killed run left is cut (prompt_r1.runs.results_file).
+  line that a killed run left is cut (prompt_r1.runs.output_files).
 - **Finished stays finished, failed is retried.** A key whose last row has a failed status (prompt_r1.runs.episode's
   `FAILED_STATUSES`) is run again; its new row supersedes the old one, and the file is compacted to one row per
   key when the run ends (`close`).
@@ -29,7 +29,7 @@ from typing import Any, Literal, TextIO
 
 from prompt_r1.core.errors import OutputError
 from prompt_r1.core.redaction import Redactor
-from prompt_r1.runs.results_file import OutputState, compact_output, crc, open_results_file, row_id
+from prompt_r1.runs.output_files import OutputState, compact_output, crc, open_results_file, row_id
 
 __all__ = ["ResultStore"]
 

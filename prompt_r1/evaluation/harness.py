@@ -9,7 +9,7 @@ A run evaluates methods (prompt_r1.evaluation.plan) on datasets and keeps everyt
     table.md            the paper's Table 2 layout: methods × (dataset, metric), with averages
     chart.png           F1 per dataset, one bar per method
 
-Rows run on the shared worker pool (prompt_r1.runs.pool) into the shared results store (prompt_r1.runs.results), the loop's
+Rows run on the shared worker pool (prompt_r1.runs.pool) into the shared results store (prompt_r1.runs.result_store), the loop's
 rows through the shared episode runner (prompt_r1.runs.episode), as `batch` runs: one row that raises is that row's
 `internal_error` and the others go on; `max_failures` and `budget` stop a run; Ctrl-C stops it cleanly, keeping
 the rows written, and the next run does each remaining row exactly once. A finished row whose question has since
@@ -74,7 +74,7 @@ from prompt_r1.runs.metering import (
 )
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, check_limits, run_many
-from prompt_r1.runs.results import ResultStore
+from prompt_r1.runs.result_store import ResultStore
 from prompt_r1.scoring.rewards import PRESETS, score_episode
 
 __all__ = [
