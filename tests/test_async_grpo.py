@@ -36,7 +36,7 @@ def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_pat
     from trl.trainer.utils import add_fused_lm_head
 
     from prompt_r1.testing.tiny_models import build_tiny_model
-    from prompt_r1.training import async_cpu
+    from prompt_r1.training.asynchronous import on_cpu as async_cpu
 
     build_tiny_model(tmp_path / "m", hidden_size=64, heads=4, kv_heads=2)  # grouped-query attention too
     register_tree_attention()
@@ -86,7 +86,7 @@ def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_pat
 
 
 def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
-    from prompt_r1.training.async_worker import group_advantages
+    from prompt_r1.training.asynchronous.worker import group_advantages
 
     assert group_advantages([1.0, 0.0, None, 1.0, 0.0]) == pytest.approx(
         [1.0, -1.0, None, 1.0, -1.0], abs=1e-6
@@ -96,7 +96,7 @@ def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
 
 
 def _config(tmp_path: Path, **overrides):
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.shared.config import PromptR1GRPOConfig
 
     values = dict(
         output_dir=str(tmp_path / "out"),
@@ -124,8 +124,8 @@ def _config(tmp_path: Path, **overrides):
 
 
 def test_one_config_for_both_trainers_shared_keys_copied_and_unsupported_ones_refused(tmp_path):
-    from prompt_r1.training.async_trainer import async_config
-    from prompt_r1.training.trainer_keys import check_trainer_keys
+    from prompt_r1.training.asynchronous.trainer import async_config
+    from prompt_r1.training.shared.trainer_keys import check_trainer_keys
 
     args = async_config(_config(tmp_path, async_grpo=True, max_staleness=2, epsilon=0.3, learning_rate=3e-4))
     assert (args.max_staleness, args.epsilon, args.learning_rate, args.num_generations) == (2, 0.3, 3e-4, 8)
@@ -247,7 +247,7 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
 ):
     import torch
 
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     root, _ = agent_server
     prices = tmp_path / "prices.yaml"
@@ -308,7 +308,7 @@ def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
     every later resume would replay all the groups trained after it."""
     from types import SimpleNamespace
 
-    from prompt_r1.training.async_trainer import _trainer_class
+    from prompt_r1.training.asynchronous.trainer import _trainer_class
 
     trainer = SimpleNamespace(_trained_groups={0, 2}, model_version=5, args=SimpleNamespace(max_staleness=1))
     # Group 1 was sampled at version 3 (5 - 3 > 1: dropped whenever its turn comes), group 3 had no scored
@@ -323,7 +323,7 @@ def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
 def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_policy_version(
     agent_server, agent_model, tmp_path
 ):
-    from prompt_r1.training.async_trainer import ROLLOUT_STATE, build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import ROLLOUT_STATE, build_async_trainer
 
     root, _ = agent_server
     rows = [{**row, "id": f"r{i}"} for i, row in enumerate(_rows())]
@@ -357,8 +357,8 @@ def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_poli
 def test_an_environment_killed_mid_run_fails_the_run_with_one_line(agent_server, agent_model, tmp_path):
     from transformers import TrainerCallback
 
-    from prompt_r1.training.async_trainer import build_async_trainer
-    from prompt_r1.training.async_worker import RolloutFailed
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.worker import RolloutFailed
 
     root, _ = agent_server
     env = ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.1).start()
@@ -395,7 +395,7 @@ def test_a_vllm_server_killed_mid_run_fails_the_run_with_one_line(agent_server, 
 
     from prompt_r1.core.errors import PromptR1Error
     from prompt_r1.testing.vllm_process import stop_vllm_server
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     root, process = agent_server
 

@@ -103,9 +103,9 @@ def _groups(tmp_path, *, copy: bool, groups: int, seed: int = 11):
     from prompt_r1.core.config import AgentConfig
     from prompt_r1.tasks.door_async import GroupKeyedEnvironment, door_worker_options
     from prompt_r1.tasks.door_training import grpo_config
-    from prompt_r1.training.async_worker import GraphRolloutWorker
-    from prompt_r1.training.rollout import GraphRollout
-    from prompt_r1.training.trainer import reward_functions
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
+    from prompt_r1.training.shared.rewards import reward_functions
+    from prompt_r1.training.sync.rollout import GraphRollout
 
     path, tokenizer = _door_tokenizer(tmp_path)
     table = DoorTable(seed)
@@ -260,7 +260,7 @@ def test_a_short_async_door_run_trains_on_each_groups_table_and_stops_its_server
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
     from prompt_r1.tasks.door_async import train_async
     from prompt_r1.tasks.door_training import DOOR_METRICS
-    from prompt_r1.training.progress import step_series
+    from prompt_r1.training.shared.progress import step_series
 
     model = _reading_agent(tmp_path / "agent")
     table = DoorTable(3)

@@ -230,7 +230,7 @@ def test_a_bad_number_in_a_request_is_a_400_naming_it_and_runs_nothing(served, e
 
 @pytest.fixture(scope="module")
 def grpo_config():
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.shared.config import PromptR1GRPOConfig
 
     def make(tmp_path, **overrides):
         return PromptR1GRPOConfig(**{"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False,
@@ -255,7 +255,7 @@ def grpo_config():
 )
 def test_a_training_config_that_cannot_train_is_named_before_anything_loads(grpo_config, tmp_path, overrides,
                                                                             message):  # fmt: skip
-    from prompt_r1.training.checks import check_training_config
+    from prompt_r1.training.shared.checks import check_training_config
 
     with pytest.raises(ConfigError) as caught:
         check_training_config(grpo_config(tmp_path, **overrides))
@@ -263,7 +263,7 @@ def test_a_training_config_that_cannot_train_is_named_before_anything_loads(grpo
 
 
 def test_the_default_training_config_passes_and_an_output_dir_that_is_a_file_is_named(grpo_config, tmp_path):
-    from prompt_r1.training.checks import check_training_config
+    from prompt_r1.training.shared.checks import check_training_config
 
     check_training_config(grpo_config(tmp_path))
     (tmp_path / "afile").write_text("x")
@@ -273,7 +273,7 @@ def test_the_default_training_config_passes_and_an_output_dir_that_is_a_file_is_
 
 
 def test_a_training_config_built_in_python_is_checked_by_build_trainer(grpo_config, tmp_path):
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     with pytest.raises(ConfigError, match="learning_rate must be a finite number > 0, got nan"):
         build_trainer(grpo_config(tmp_path, learning_rate=NAN), environment=object())

@@ -17,7 +17,7 @@ from prompt_r1.cli.flags import (
 )
 from prompt_r1.core import signals
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.checks import check_training_config
+from prompt_r1.training.shared.checks import check_training_config
 
 __all__ = ["add_train_parsers", "cmd_merge", "cmd_train", "train_parser"]
 
@@ -52,8 +52,8 @@ def train_parser():
     from trl import TrlParser
 
     from prompt_r1.core.checks import flag_number
-    from prompt_r1.training.checks import RANGES, check_number_field
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.shared.checks import RANGES, check_number_field
+    from prompt_r1.training.shared.config import PromptR1GRPOConfig
 
     numeric: set[str] = set()
 
@@ -98,8 +98,8 @@ def cmd_train(argv: list[str]) -> int:
     import yaml
 
     from prompt_r1.clients.environment import OPENAI_BASE_URL
-    from prompt_r1.training.trainer import train
-    from prompt_r1.training.trainer_keys import check_trainer_keys
+    from prompt_r1.training.run import train
+    from prompt_r1.training.shared.trainer_keys import check_trainer_keys
 
     parser = train_parser()
     try:
@@ -120,12 +120,12 @@ def cmd_train(argv: list[str]) -> int:
     check_rate_store(config.env_rate_store)
     if config.async_grpo and config.vllm_server_base_url:  # the async trainer's agent: unreachable is exit 3
         check_reachable(config.vllm_server_base_url, "vLLM server", "--vllm_server_base_url")
-    from prompt_r1.training.graceful_stop import graceful_stop_of
-    from prompt_r1.training.spend import SpendCapReached, stop_reason
+    from prompt_r1.training.shared.graceful_stop import graceful_stop_of
+    from prompt_r1.training.shared.spend import SpendCapReached, stop_reason
 
     build = None
     if config.async_grpo:  # TRL's AsyncGRPOTrainer, the loop as its rollout worker
-        from prompt_r1.training.async_trainer import build_async_trainer as build
+        from prompt_r1.training.asynchronous.trainer import build_async_trainer as build
     try:
         trainer = train(config, resume=flags.resume, build=build)
     except SpendCapReached as exc:
@@ -164,7 +164,7 @@ def _leave_process_group(trainer) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from prompt_r1.training.trainer import merge_adapter
+    from prompt_r1.training.shared.lora import merge_adapter
 
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
     print(f"merged model saved to {out}", file=sys.stderr)

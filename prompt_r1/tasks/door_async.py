@@ -82,7 +82,7 @@ def door_worker_options(table: DoorTable) -> dict[str, Any]:
 
 
 def _question(row: dict[str, Any]) -> str:
-    from prompt_r1.training.rollout import question_of
+    from prompt_r1.training.shared.trajectories import question_of
 
     return question_of(row["prompt"])
 
@@ -91,7 +91,7 @@ def door_async_trainer(config: Any, table: DoorTable, rows: list[dict[str, Any]]
     """The async trainer of `config` (`grpo_config(..., async_grpo=True, vllm_server_base_url=...)`) on the task,
     its environment the scripted server at `config.env_base_url` answering from `table` (`door_environment`)."""
     from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     environment = GroupKeyedEnvironment(
         EnvironmentClient(config.environment_config(num_processes=config.world_size))

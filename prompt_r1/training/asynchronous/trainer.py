@@ -4,18 +4,18 @@
     trainer = build_async_trainer(config)     # `prompt-r1 train --async` / `async: true` in a recipe
     trainer.train()
 
-The trainer trains while the worker (`prompt_r1.training.async_worker.GraphRolloutWorker`) keeps episodes flowing
+The trainer trains while the worker (`prompt_r1.training.asynchronous.worker.GraphRolloutWorker`) keeps episodes flowing
 against a vLLM server, which serves the agent and takes the trainer's weights after every step
-(`prompt_r1.training.weight_transfer`). Samples older than `max_staleness` policy versions are dropped; the rest
+(`prompt_r1.training.asynchronous.weight_transfer`). Samples older than `max_staleness` policy versions are dropped; the rest
 are trained with TRL's clipped importance ratio against the log-probabilities they were sampled with.
 
 One configuration for both trainers: `async_config` copies every field the two share (the same name, the same
 meaning) into an `AsyncGRPOConfig` and refuses, with one line each, the settings the async trainer does not have
 (a KL term `beta`, other loss types, several iterations per batch, the colocated engine, DeepSpeed, ...), and the
-sync trainer refuses `max_staleness` (`prompt_r1.training.trainer_keys`).
+sync trainer refuses `max_staleness` (`prompt_r1.training.shared.trainer_keys`).
 
 On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
-(`prompt_r1.training.async_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
+(`prompt_r1.training.asynchronous.on_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
 the config's `bf16`, as for the sync trainer.
 """
 
@@ -30,8 +30,8 @@ from functools import partial
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.config import PromptR1GRPOConfig
-from prompt_r1.training.trainer_keys import DEFAULT_MAX_STALENESS, check_trainer_keys
+from prompt_r1.training.shared.config import PromptR1GRPOConfig
+from prompt_r1.training.shared.trainer_keys import DEFAULT_MAX_STALENESS, check_trainer_keys
 
 __all__ = ["async_config", "build_async_trainer"]
 
@@ -73,7 +73,7 @@ def _trainer_class() -> type:
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from prompt_r1.training.async_worker import GraphRolloutWorker
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
 
     class PromptR1AsyncTrainer(AsyncGRPOTrainer):
         def _save_checkpoint(self, model, trial):
@@ -125,7 +125,7 @@ def _served_model(base_url: str, timeout: float = 30.0) -> str:
         with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout) as response:
             return json.loads(response.read())["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError) as exc:
-        from prompt_r1.training.weight_transfer import server_start_command
+        from prompt_r1.training.shared.vllm_reload import server_start_command
 
         raise ConfigError(
             f"no vLLM server answers at {base_url} ({exc}): the async trainer's agent is served by one; start it "
@@ -155,11 +155,14 @@ def build_async_trainer(
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
     from prompt_r1.runs.metering import environment_cost
-    from prompt_r1.training import async_cpu, progress
-    from prompt_r1.training.async_worker import GraphRolloutWorker
-    from prompt_r1.training.rollout import GraphRollout
-    from prompt_r1.training.trainer import _peft_config, load_training_rows, reward_functions
-    from prompt_r1.training.weight_transfer import weight_transfer_for
+    from prompt_r1.training.asynchronous import on_cpu
+    from prompt_r1.training.asynchronous.weight_transfer import weight_transfer_for
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
+    from prompt_r1.training.shared import progress
+    from prompt_r1.training.shared.lora import peft_config
+    from prompt_r1.training.shared.rewards import reward_functions
+    from prompt_r1.training.shared.rows import load_training_rows
+    from prompt_r1.training.shared.trajectories import Trajectories
 
     args = async_config(config)
     if environment is None:
@@ -186,7 +189,7 @@ def build_async_trainer(
     rows = list(train_rows)
     if config.shuffle_dataset:
         random.Random(config.seed).shuffle(rows)
-    rollout = GraphRollout(
+    rollout = Trajectories(
         environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
     )
     worker = GraphRolloutWorker(
@@ -205,7 +208,7 @@ def build_async_trainer(
     import torch
 
     device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
-    with async_cpu.cpu_trainer(device):
+    with on_cpu.cpu_trainer(device):
         trainer = _trainer_class()(
             model=config.model_name_or_path,
             reward_funcs=None,  # the worker scores its groups itself
@@ -213,10 +216,10 @@ def build_async_trainer(
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
             callbacks=callbacks,
-            peft_config=_peft_config(config),
+            peft_config=peft_config(config),
             rollout_worker=worker,
             weight_transfer=weight_transfer_for(device, root, config.output_dir, file=file_weights),
         )
-    async_cpu.install(trainer.accelerator.device)
+    on_cpu.install(trainer.accelerator.device)
     progress.install(trainer)
     return trainer

@@ -125,7 +125,7 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         default=None,
         switch=True,
     )
-    # Spending on the environment (prompt_r1/training/ledger.py and spend.py; docs: the training ledger).
+    # Spending on the environment (prompt_r1/training/shared/ledger.py and spend.py; docs: the training ledger).
     call_ledger: bool | None = _help(
         "Record every environment call in OUTPUT_DIR/call_ledger/ (SQLite, one file per process), and answer the "
         "calls a resumed run repeats from it instead of paying for them again. Unset: on (the synchronous trainer "
@@ -147,7 +147,7 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
         "Stop, with a checkpoint, before the step that would take the environment calls past this.",
         default=None,
     )
-    # Asynchronous GRPO (prompt_r1/training/async_trainer.py; docs/async-grpo.md).
+    # Asynchronous GRPO (prompt_r1/training/asynchronous/trainer.py; docs/async-grpo.md).
     async_grpo: bool = _help(
         "Train with TRL's AsyncGRPOTrainer: episodes keep flowing from a vLLM server (vllm_server_base_url) while "
         "the trainer trains. Also --async, or async: true in a recipe.",

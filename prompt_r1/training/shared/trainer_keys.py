@@ -69,7 +69,7 @@ def check_trainer_keys(config: Any) -> None:
     """Refuse, in one line, a setting the chosen trainer (`async_grpo` or not) does not support."""
     from trl import GRPOConfig
 
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.shared.config import PromptR1GRPOConfig
 
     if not config.async_grpo:
         if config.max_staleness is not None:
