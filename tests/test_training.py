@@ -39,7 +39,7 @@ from prompt_r1.core.tokens import user_turn_ids  # noqa: E402
 from prompt_r1.runs.episode import Episode  # noqa: E402
 from prompt_r1.scoring.rewards import trl_reward  # noqa: E402
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment  # noqa: E402
-from prompt_r1.training.shared.config import PromptR1GRPOConfig  # noqa: E402
+from prompt_r1.training.sync.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.shared.rows import load_training_rows  # noqa: E402
 from prompt_r1.training.shared.trajectories import question_of  # noqa: E402
 from prompt_r1.training.sync.rollout import GraphRollout  # noqa: E402

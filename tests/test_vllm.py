@@ -215,7 +215,7 @@ def test_run_json_with_the_vllm_backend_prints_only_json_on_stdout(wide_head_mod
 
 
 def _colocate_config(tmp_path: Path, model: Path, server: ScriptedServer, **overrides):
-    from prompt_r1.training.shared.config import PromptR1GRPOConfig
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
     settings = dict(
         output_dir=str(tmp_path / "run"),

@@ -121,7 +121,7 @@ def worker(args) -> None:
     memory = _peak_memory_callback()
     if args.worker == "multi":
         from prompt_r1.agents.batching import BatchingBackend
-        from prompt_r1.training.shared.config import PromptR1GRPOConfig
+        from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
         BatchingBackend.batch_wait = args.batch_wait
         from prompt_r1.training.sync.trainer import build_trainer
@@ -134,15 +134,14 @@ def worker(args) -> None:
             config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory]
         )
     elif args.worker == "async":
+        from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
         from prompt_r1.training.asynchronous.trainer import build_async_trainer
-        from prompt_r1.training.shared.config import PromptR1GRPOConfig
 
         common = _common(args, out, cuda)
         common.pop("use_vllm", None), common.pop("vllm_mode", None)
-        config = PromptR1GRPOConfig(
+        config = PromptR1AsyncGRPOConfig(
             **common,
             **_two_turn(args, cuda),
-            async_grpo=True,
             max_staleness=args.max_staleness,
             vllm_server_base_url=args.vllm_url,
             gradient_checkpointing=False,

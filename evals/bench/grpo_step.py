@@ -61,10 +61,11 @@ def _rows() -> list[dict]:
 
 
 def _config(model: Path, args, out: Path, server, **settings):
-    """The two-turn name task's training config, the same for the synchronous and the asynchronous rows."""
-    from prompt_r1.training.shared.config import PromptR1GRPOConfig
+    """The two-turn name task's training config, the same for the synchronous and the asynchronous rows
+    (`async_grpo=True` in `settings`: the async trainer's config)."""
+    from prompt_r1.training.run import trainer_config
 
-    return PromptR1GRPOConfig(
+    return trainer_config(
         output_dir=str(out),
         model_name_or_path=str(model),
         env_model="env",

@@ -33,20 +33,24 @@ from typing import Any
 
 __all__ = [
     "GraphRollout",
+    "PromptR1AsyncGRPOConfig",
     "PromptR1GRPOConfig",
     "build_async_trainer",
     "build_trainer",
     "merge_adapter",
     "train",
+    "trainer_config",
 ]
 
 _WHERE = {
     "GraphRollout": "prompt_r1.training.sync.rollout",
-    "PromptR1GRPOConfig": "prompt_r1.training.shared.config",
+    "PromptR1AsyncGRPOConfig": "prompt_r1.training.asynchronous.config",
+    "PromptR1GRPOConfig": "prompt_r1.training.sync.config",
     "build_async_trainer": "prompt_r1.training.asynchronous.trainer",
     "build_trainer": "prompt_r1.training.sync.trainer",
     "merge_adapter": "prompt_r1.training.shared.lora",
     "train": "prompt_r1.training.run",
+    "trainer_config": "prompt_r1.training.run",
 }
 
 

@@ -1,7 +1,9 @@
-"""Running a training to the end, whichever trainer its config names: `train(config)`, what `prompt-r1 train` runs.
+"""Running a training to the end, whichever trainer its config is for: `train(config)`, what `prompt-r1 train`
+runs; and `trainer_config`, the config of the trainer asked for.
 
     train(PromptR1GRPOConfig(...))         # the synchronous trainer (prompt_r1.training.sync)
     train(PromptR1AsyncGRPOConfig(...))    # the asynchronous one (prompt_r1.training.asynchronous)
+    train(trainer_config(async_grpo=True, output_dir=..., vllm_server_base_url=...))   # the same, by a flag
 
 One run per output folder; a damaged checkpoint refused in one line before anything loads; Ctrl-C or SIGTERM
 stops after the step in flight with a checkpoint; the model saved to output_dir at the end.
@@ -16,7 +18,20 @@ from typing import Any
 
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["train"]
+__all__ = ["train", "trainer_config"]
+
+
+def trainer_config(*, async_grpo: bool = False, **values: Any) -> Any:
+    """The config of the trainer `async_grpo` names, built (and so checked) from `values`:
+    `PromptR1AsyncGRPOConfig` or `PromptR1GRPOConfig`. A key that trainer does not have is one `ConfigError`
+    line naming it."""
+    if async_grpo:
+        from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
+
+        return PromptR1AsyncGRPOConfig(**values)
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
+
+    return PromptR1GRPOConfig(**values)
 
 
 def train(
@@ -61,7 +76,7 @@ def _train(config: Any, resume: bool, build: Callable[..., Any] | None, build_kw
         from prompt_r1.training.shared.resume import check_ledger_for_resume, check_resume_checkpoint
 
         check_resume_checkpoint(checkpoint)
-        if config.call_ledger:
+        if getattr(config, "call_ledger", False):  # the synchronous trainer's
             check_ledger_for_resume(checkpoint, ledger_path(config.output_dir, config.process_index))
     trainer = (build or _builder(config))(config, **build_kwargs)
     if checkpoint is not None:
@@ -82,8 +97,8 @@ def _train(config: Any, resume: bool, build: Callable[..., Any] | None, build_kw
 
 
 def _builder(config: Any) -> Callable[..., Any]:
-    """The builder of the trainer `config` is for."""
-    if config.async_grpo:
+    """The builder of the trainer `config` is for (each config class says which, as `async_grpo`)."""
+    if getattr(config, "async_grpo", False):
         from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
         return build_async_trainer

@@ -1,6 +1,6 @@
 """Asynchronous GRPO: TRL's `AsyncGRPOTrainer` with the LangGraph loop as its rollout worker.
 
-    config = PromptR1GRPOConfig(..., async_grpo=True, max_staleness=2, vllm_server_base_url="http://127.0.0.1:8000")
+    config = PromptR1AsyncGRPOConfig(..., max_staleness=2, vllm_server_base_url="http://127.0.0.1:8000")
     trainer = build_async_trainer(config)     # `prompt-r1 train --async` / `async: true` in a recipe
     trainer.train()
 
@@ -9,10 +9,9 @@ against a vLLM server, which serves the agent and takes the trainer's weights af
 (`prompt_r1.training.asynchronous.weight_transfer`). Samples older than `max_staleness` policy versions are dropped; the rest
 are trained with TRL's clipped importance ratio against the log-probabilities they were sampled with.
 
-One configuration for both trainers: `async_config` copies every field the two share (the same name, the same
-meaning) into an `AsyncGRPOConfig` and refuses, with one line each, the settings the async trainer does not have
-(a KL term `beta`, other loss types, several iterations per batch, the colocated engine, DeepSpeed, ...), and the
-sync trainer refuses `max_staleness` (`prompt_r1.training.shared.trainer_keys`).
+The config is the trainer's own, `PromptR1AsyncGRPOConfig` (TRL's `AsyncGRPOConfig` with the Prompt-R1 fields),
+handed to TRL as it is: the settings of the synchronous trainer it does not have (a KL term `beta`, other loss
+types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built.
 
 On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
 (`prompt_r1.training.asynchronous.on_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
@@ -21,7 +20,6 @@ the config's `bf16`, as for the sync trainer.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -30,34 +28,9 @@ from functools import partial
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.shared.config import PromptR1GRPOConfig
-from prompt_r1.training.shared.trainer_keys import DEFAULT_MAX_STALENESS, check_trainer_keys
+from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
 
-__all__ = ["async_config", "build_async_trainer"]
-
-
-def async_config(config: PromptR1GRPOConfig) -> Any:
-    """The `AsyncGRPOConfig` of a Prompt-R1 config: every field of the same name copied, and the async settings."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
-    check_trainer_keys(config)
-    names = {f.name for f in dataclasses.fields(AsyncGRPOConfig) if f.init}
-    values = {n: getattr(config, n) for n in names if hasattr(config, n) and n not in ("dtype",)}
-    values.update(
-        dtype=config.agent_dtype,
-        max_staleness=DEFAULT_MAX_STALENESS if config.max_staleness is None else config.max_staleness,
-        # A fixed number of episodes per step (per_device_train_batch_size x processes x accumulation), as in the
-        # sync trainer, rather than TRL's default of as many as fit a token budget.
-        token_budget=0,
-        max_completion_length=config.max_total_tokens,
-    )
-    # TrainingArguments' derived fields (set in __post_init__) are recomputed by AsyncGRPOConfig's own.
-    for derived in ("logging_dir", "accelerator_config", "model_init_kwargs"):
-        values.pop(derived, None)
-    if config.model_init_kwargs:
-        values["model_init_kwargs"] = {k: v for k, v in config.model_init_kwargs.items() if k != "dtype"}
-    return AsyncGRPOConfig(**values)
+__all__ = ["build_async_trainer"]
 
 
 ROLLOUT_STATE = "rollout_state.json"
@@ -134,7 +107,7 @@ def _served_model(base_url: str, timeout: float = 30.0) -> str:
 
 
 def build_async_trainer(
-    config: PromptR1GRPOConfig,
+    config: PromptR1AsyncGRPOConfig,
     *,
     environment: Any = None,
     train_rows: list[dict[str, Any]] | None = None,
@@ -164,7 +137,12 @@ def build_async_trainer(
     from prompt_r1.training.shared.rows import load_training_rows
     from prompt_r1.training.shared.trajectories import Trajectories
 
-    args = async_config(config)
+    if not getattr(config, "async_grpo", False):
+        raise ConfigError(
+            "this config is the synchronous trainer's: build PromptR1AsyncGRPOConfig (or "
+            "trainer_config(async_grpo=True, ...)) for the async trainer"
+        )
+    args = config
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     if train_rows is None:

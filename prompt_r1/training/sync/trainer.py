@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.shared.config import PromptR1GRPOConfig
 from prompt_r1.training.shared.lora import peft_config
 from prompt_r1.training.shared.rewards import reward_functions
 from prompt_r1.training.shared.rows import load_training_rows
+from prompt_r1.training.sync.config import PromptR1GRPOConfig
 from prompt_r1.training.sync.rollout import GraphRollout
 
 __all__ = ["build_trainer"]
@@ -48,19 +48,12 @@ def build_trainer(
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.shared import spend
-    from prompt_r1.training.shared.checks import check_training_config
 
-    # The same checks as `prompt-r1 train`'s, for a config built in Python: a bad number is one line naming the
-    # field here, not a traceback deep in TRL or torch minutes later.
-    check_training_config(config, train_data=train_rows is None)
-    from prompt_r1.training.shared.trainer_keys import check_trainer_keys
-
-    if config.async_grpo:
+    if getattr(config, "async_grpo", False):
         raise ConfigError(
-            "async_grpo is on: build the trainer with prompt_r1.training.asynchronous.trainer.build_async_trainer "
-            "(train(config, build=build_async_trainer))"
+            "this config is the async trainer's: build it with "
+            "prompt_r1.training.asynchronous.trainer.build_async_trainer (or train(config))"
         )
-    check_trainer_keys(config)  # max_staleness belongs to the async trainer
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
