@@ -36,7 +36,7 @@ def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_pat
     from trl.trainer.utils import add_fused_lm_head
 
     from prompt_r1.testing.tiny_models import build_tiny_model
-    from prompt_r1.training import async_cpu
+    from prompt_r1.training.asynchronous import on_cpu as async_cpu
 
     build_tiny_model(tmp_path / "m", hidden_size=64, heads=4, kv_heads=2)  # grouped-query attention too
     register_tree_attention()
@@ -86,7 +86,7 @@ def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_pat
 
 
 def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
-    from prompt_r1.training.async_worker import group_advantages
+    from prompt_r1.training.asynchronous.worker import group_advantages
 
     assert group_advantages([1.0, 0.0, None, 1.0, 0.0]) == pytest.approx(
         [1.0, -1.0, None, 1.0, -1.0], abs=1e-6
@@ -96,7 +96,8 @@ def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
 
 
 def _config(tmp_path: Path, **overrides):
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    """A tiny run's config; `async_grpo=True` gives the async trainer's (`trainer_config`)."""
+    from prompt_r1.training.run import trainer_config
 
     values = dict(
         output_dir=str(tmp_path / "out"),
@@ -120,39 +121,54 @@ def _config(tmp_path: Path, **overrides):
         save_strategy="no",
         seed=0,
     )
-    return PromptR1GRPOConfig(**{**values, **overrides})
+    return trainer_config(**{**values, **overrides})
 
 
-def test_one_config_for_both_trainers_shared_keys_copied_and_unsupported_ones_refused(tmp_path):
-    from prompt_r1.training.async_trainer import async_config
-    from prompt_r1.training.trainer_keys import check_trainer_keys
+def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_refused_key(tmp_path):
+    from trl import GRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    args = async_config(_config(tmp_path, async_grpo=True, max_staleness=2, epsilon=0.3, learning_rate=3e-4))
+    from prompt_r1.training import PromptR1AsyncGRPOConfig, PromptR1GRPOConfig
+
+    args = _config(tmp_path, async_grpo=True, max_staleness=2, epsilon=0.3, learning_rate=3e-4)
+    assert isinstance(args, PromptR1AsyncGRPOConfig) and isinstance(args, AsyncGRPOConfig)
+    assert not isinstance(args, GRPOConfig)  # TRL's way: the async trainer's own config, not the sync one's
     assert (args.max_staleness, args.epsilon, args.learning_rate, args.num_generations) == (2, 0.3, 3e-4, 8)
     assert args.max_completion_length == 96 and args.token_budget == 0  # a fixed number of episodes per step
-    assert async_config(_config(tmp_path, async_grpo=True)).max_staleness == 4  # TRL's default when unset
+    assert _config(tmp_path, async_grpo=True).max_staleness == 4  # TRL's default when unset
+    assert isinstance(_config(tmp_path), PromptR1GRPOConfig)
 
+    # A key the chosen trainer does not have: one line naming it, its value and what to do instead.
     with pytest.raises(
-        ConfigError, match=r"beta: 0.001 \(the async trainer has no reference model.*set beta: 0"
+        ConfigError,
+        match=r"^the async trainer does not support beta: 0.001 \(it has no reference model.*drop beta\)$",
     ):
-        check_trainer_keys(_config(tmp_path, async_grpo=True, beta=0.001))
-    with pytest.raises(ConfigError, match="vllm_sync_check.*; top_k: 5"):
-        check_trainer_keys(_config(tmp_path, async_grpo=True, vllm_sync_check=True, top_k=5))
-    with pytest.raises(ConfigError, match="max_staleness is a setting of the async trainer: add async: true"):
-        check_trainer_keys(_config(tmp_path, max_staleness=2))
-    check_trainer_keys(_config(tmp_path, beta=0.001))  # the sync trainer has a KL term
+        _config(tmp_path, async_grpo=True, beta=0.001)
+    with pytest.raises(ConfigError, match=r"vllm_sync_check: True \(its sync is checked by its importance ratio"):
+        _config(tmp_path, async_grpo=True, vllm_sync_check=True)
+    # TRL's async config has top_k; the loop's served agent does not send it.
+    with pytest.raises(ConfigError, match=r"top_k: 5 \(the served agent samples with temperature and top_p\)"):
+        _config(tmp_path, async_grpo=True, top_k=5)
+    with pytest.raises(
+        ConfigError,
+        match=r"the synchronous trainer does not support max_staleness: 2 \(a setting of the async",
+    ):
+        _config(tmp_path, max_staleness=2)
+    assert _config(tmp_path, beta=0.001).beta == 0.001  # the sync trainer has a KL term
+    # Checked when built, whichever trainer: the async builder no longer skips the range checks.
+    with pytest.raises(ConfigError, match="max_staleness must be"):
+        _config(tmp_path, async_grpo=True, max_staleness=-1)
+    with pytest.raises(ConfigError, match="learning_rate must be a finite number > 0, got nan"):
+        _config(tmp_path, async_grpo=True, learning_rate=float("nan"))
 
-    # The call ledger and reproducible rollouts: on by default for the sync trainer, off for the async one, and
-    # refused there when asked for by name.
-    sync, unset = _config(tmp_path), _config(tmp_path, async_grpo=True)
+    # The call ledger and reproducible rollouts: the sync trainer's, on by default; the async one has neither.
+    sync = _config(tmp_path)
     assert (sync.call_ledger, sync.reproducible_rollouts) == (True, True)
-    assert (unset.call_ledger, unset.reproducible_rollouts) == (False, False)
-    check_trainer_keys(unset)
-    check_trainer_keys(_config(tmp_path, async_grpo=True, call_ledger=False))
+    assert not hasattr(_config(tmp_path, async_grpo=True), "call_ledger")
     with pytest.raises(
-        ConfigError, match=r"reproducible_rollouts: True \(.*; call_ledger: True \(the ledger keys"
+        ConfigError, match=r"call_ledger: True \(the ledger keys.*; reproducible_rollouts: True \("
     ):
-        check_trainer_keys(_config(tmp_path, async_grpo=True, call_ledger=True, reproducible_rollouts=True))
+        _config(tmp_path, async_grpo=True, call_ledger=True, reproducible_rollouts=True)
 
 
 def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
@@ -179,7 +195,14 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
     assert "the async trainer does not support beta" in train().stderr
     recipe.write_text(recipe.read_text().replace("async: true\n", "max_staleness: 1\n"))
     done = train()
-    assert done.returncode == 2 and "max_staleness is a setting of the async trainer" in done.stderr
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "prompt-r1: error: the synchronous trainer does not support max_staleness: 1 (a setting of the async "
+        "trainer: add async: true (--async), or drop it)"
+    )
+    recipe.write_text(recipe.read_text().replace("max_staleness: 1\n", ""))
+    done = train("--max_staleness", "1")  # a flag: the same line, without a value to show
+    assert done.returncode == 2 and "does not support max_staleness (a setting of the async" in done.stderr
 
 
 # ---- on vLLM's CPU build -------------------------------------------------------------------------------------------
@@ -247,7 +270,7 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
 ):
     import torch
 
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     root, _ = agent_server
     prices = tmp_path / "prices.yaml"
@@ -308,7 +331,7 @@ def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
     every later resume would replay all the groups trained after it."""
     from types import SimpleNamespace
 
-    from prompt_r1.training.async_trainer import _trainer_class
+    from prompt_r1.training.asynchronous.trainer import _trainer_class
 
     trainer = SimpleNamespace(_trained_groups={0, 2}, model_version=5, args=SimpleNamespace(max_staleness=1))
     # Group 1 was sampled at version 3 (5 - 3 > 1: dropped whenever its turn comes), group 3 had no scored
@@ -323,7 +346,7 @@ def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
 def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_policy_version(
     agent_server, agent_model, tmp_path
 ):
-    from prompt_r1.training.async_trainer import ROLLOUT_STATE, build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import ROLLOUT_STATE, build_async_trainer
 
     root, _ = agent_server
     rows = [{**row, "id": f"r{i}"} for i, row in enumerate(_rows())]
@@ -357,8 +380,8 @@ def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_poli
 def test_an_environment_killed_mid_run_fails_the_run_with_one_line(agent_server, agent_model, tmp_path):
     from transformers import TrainerCallback
 
-    from prompt_r1.training.async_trainer import build_async_trainer
-    from prompt_r1.training.async_worker import RolloutFailed
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.worker import RolloutFailed
 
     root, _ = agent_server
     env = ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.1).start()
@@ -395,7 +418,7 @@ def test_a_vllm_server_killed_mid_run_fails_the_run_with_one_line(agent_server, 
 
     from prompt_r1.core.errors import PromptR1Error
     from prompt_r1.testing.vllm_process import stop_vllm_server
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     root, process = agent_server
 

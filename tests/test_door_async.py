@@ -103,9 +103,9 @@ def _groups(tmp_path, *, copy: bool, groups: int, seed: int = 11):
     from prompt_r1.core.config import AgentConfig
     from prompt_r1.tasks.door_async import GroupKeyedEnvironment, door_worker_options
     from prompt_r1.tasks.door_training import grpo_config
-    from prompt_r1.training.async_worker import GraphRolloutWorker
-    from prompt_r1.training.rollout import GraphRollout
-    from prompt_r1.training.trainer import reward_functions
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
+    from prompt_r1.training.shared.rewards import reward_functions
+    from prompt_r1.training.sync.rollout import GraphRollout
 
     path, tokenizer = _door_tokenizer(tmp_path)
     table = DoorTable(seed)
@@ -260,7 +260,7 @@ def test_a_short_async_door_run_trains_on_each_groups_table_and_stops_its_server
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
     from prompt_r1.tasks.door_async import train_async
     from prompt_r1.tasks.door_training import DOOR_METRICS
-    from prompt_r1.training.progress import step_series
+    from prompt_r1.training.shared.progress import step_series
 
     model = _reading_agent(tmp_path / "agent")
     table = DoorTable(3)
@@ -287,7 +287,7 @@ def test_a_short_async_door_run_trains_on_each_groups_table_and_stops_its_server
     for asked, correct, from_reply in zip(*(series[name] for name in DOOR_METRICS), strict=True):
         assert from_reply <= min(asked, correct)
     assert sum(series["door/correct_from_reply"]) > 0  # the reading agent asks and copies, some of the time
-    assert run["config"].async_grpo and run["config"].beta == 0.0
+    assert run["config"].async_grpo and not hasattr(run["config"], "beta")  # the async trainer's config: no KL term
     # Evaluated as the synchronous benchmark evaluates, on a held-out table.
     for figures in (run["before"], run["after"]):
         assert set(figures) == {"honest", "withheld", "lying", "asked_right", "from_reply"}

@@ -230,7 +230,7 @@ def test_a_bad_number_in_a_request_is_a_400_naming_it_and_runs_nothing(served, e
 
 @pytest.fixture(scope="module")
 def grpo_config():
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
     def make(tmp_path, **overrides):
         return PromptR1GRPOConfig(**{"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False,
@@ -255,32 +255,32 @@ def grpo_config():
 )
 def test_a_training_config_that_cannot_train_is_named_before_anything_loads(grpo_config, tmp_path, overrides,
                                                                             message):  # fmt: skip
-    from prompt_r1.training.checks import check_training_config
+    """Checked when built (the config's own __post_init__); the training file by `check_train_data`."""
+    from prompt_r1.training.shared.checks import check_train_data
 
     with pytest.raises(ConfigError) as caught:
-        check_training_config(grpo_config(tmp_path, **overrides))
+        check_train_data(grpo_config(tmp_path, **overrides))
     assert message in str(caught.value)
 
 
 def test_the_default_training_config_passes_and_an_output_dir_that_is_a_file_is_named(grpo_config, tmp_path):
-    from prompt_r1.training.checks import check_training_config
+    from prompt_r1.training.shared.checks import check_train_data
 
-    check_training_config(grpo_config(tmp_path))
+    check_train_data(grpo_config(tmp_path))
     (tmp_path / "afile").write_text("x")
     for out in ("afile", "afile/sub"):
         with pytest.raises(ConfigError, match="output_dir must be a folder"):
-            check_training_config(grpo_config(tmp_path, output_dir=str(tmp_path / out)))
+            grpo_config(tmp_path, output_dir=str(tmp_path / out))
 
 
-def test_a_training_config_built_in_python_is_checked_by_build_trainer(grpo_config, tmp_path):
-    from prompt_r1.training.trainer import build_trainer
+def test_a_training_config_built_in_python_is_checked_when_built(grpo_config, tmp_path):
+    """Whichever trainer it is for: the async trainer's config is range-checked as the sync one's."""
+    from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
 
     with pytest.raises(ConfigError, match="learning_rate must be a finite number > 0, got nan"):
-        build_trainer(grpo_config(tmp_path, learning_rate=NAN), environment=object())
-    # Rows handed over in Python stand in for train_data, which is then not looked for.
-    with pytest.raises(ConfigError, match="max_grad_norm"):
-        build_trainer(grpo_config(tmp_path, train_data="no-such.parquet", max_grad_norm=INF),
-                      environment=object(), train_rows=[{"prompt": "q", "golden_answers": ["a"]}])  # fmt: skip
+        grpo_config(tmp_path, learning_rate=NAN)
+    with pytest.raises(ConfigError, match="max_grad_norm must be a finite number ≥ 0, got inf"):
+        PromptR1AsyncGRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, max_grad_norm=INF)
     assert not (tmp_path / "out").exists()
 
 

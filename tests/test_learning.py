@@ -178,7 +178,7 @@ def test_the_same_seed_gives_the_same_run_whatever_order_replies_arrive_in(door_
 
 @BUILD_TIMEOUT
 def test_grpo_learns_to_ask_the_environment_and_copy_its_reply(door_model, tmp_path):
-    from prompt_r1.training.progress import step_series
+    from prompt_r1.training.shared.progress import step_series
 
     trainer, (before, after) = _run(door_model, tmp_path, "learn", latency_seed=None, steps=STEPS)
     total = step_series(trainer.state.log_history)["reward"]

@@ -18,8 +18,8 @@ from prompt_r1.core.errors import ConfigError  # noqa: E402
 from prompt_r1.core.prompts import question_message  # noqa: E402
 from prompt_r1.loop.protocols import release  # noqa: E402
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
-from prompt_r1.training.config import PromptR1GRPOConfig  # noqa: E402
-from prompt_r1.training.rollout import GraphRollout  # noqa: E402
+from prompt_r1.training.sync.config import PromptR1GRPOConfig  # noqa: E402
+from prompt_r1.training.sync.rollout import GraphRollout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "training/configs/release.yaml")

@@ -375,7 +375,7 @@ def test_a_password_protected_store_takes_the_password_and_never_prints_it():
 
 
 def test_training_ranks_share_the_store_instead_of_splitting():
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
     common = dict(output_dir="unused", use_cpu=True, env_rate_limit=800, env_token_limit=40_000, report_to=[])
     split = PromptR1GRPOConfig(**common).environment_config(num_processes=8)

@@ -39,9 +39,11 @@ from prompt_r1.core.tokens import user_turn_ids  # noqa: E402
 from prompt_r1.runs.episode import Episode  # noqa: E402
 from prompt_r1.scoring.rewards import trl_reward  # noqa: E402
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment  # noqa: E402
-from prompt_r1.training.config import PromptR1GRPOConfig  # noqa: E402
-from prompt_r1.training.rollout import GraphRollout, question_of  # noqa: E402
-from prompt_r1.training.trainer import build_trainer, load_training_rows  # noqa: E402
+from prompt_r1.training.sync.config import PromptR1GRPOConfig  # noqa: E402
+from prompt_r1.training.shared.rows import load_training_rows  # noqa: E402
+from prompt_r1.training.shared.trajectories import question_of  # noqa: E402
+from prompt_r1.training.sync.rollout import GraphRollout  # noqa: E402
+from prompt_r1.training.sync.trainer import build_trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +164,7 @@ def test_every_loop_setting_reaches_the_rollouts_or_is_fixed_by_training():
     """Each LoopConfig field is a training field of the same name or one training fixes (ROLLOUT_LOOP): a loop
     setting added there fails here until training takes it; loop_config() hands every one over."""
     from prompt_r1.core.config import LoopConfig
-    from prompt_r1.training.config import ROLLOUT_LOOP
+    from prompt_r1.training.shared.config import ROLLOUT_LOOP
 
     names = {f.name for f in dataclasses.fields(LoopConfig)}
     training = {f.name for f in dataclasses.fields(PromptR1GRPOConfig)}
@@ -348,7 +350,7 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
 def test_lora_run_then_merge_then_load(protocol_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from prompt_r1.training.trainer import train
+    from prompt_r1.training.run import train
 
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         config = name_config(
@@ -636,7 +638,7 @@ def test_train_help_lists_the_loop_fields():
 
 
 def test_the_format_gate_ablation_reaches_the_trainers_reward(tmp_path):
-    from prompt_r1.training.trainer import reward_functions
+    from prompt_r1.training.shared.rewards import reward_functions
 
     one_turn = {"turn_texts": [["<think>sure</think><answer>Paris</answer>"]], "golden_answers": [["Paris"]]}
     totals = []
@@ -658,7 +660,7 @@ def test_the_step_lines_say_when_the_policy_is_stuck():
 
     from transformers import TrainerControl, TrainerState
 
-    from prompt_r1.training.progress import STUCK_STEPS, StepLines
+    from prompt_r1.training.shared.progress import STUCK_STEPS, StepLines
 
     stream = io.StringIO()
     lines, state = StepLines(stream), TrainerState(max_steps=40)

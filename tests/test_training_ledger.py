@@ -31,7 +31,7 @@ from prompt_r1.clients.environment import EnvironmentClient  # noqa: E402
 from prompt_r1.core.aio import run_sync  # noqa: E402
 from prompt_r1.core.config import EnvironmentConfig  # noqa: E402
 from prompt_r1.testing.servers import Fault, ScriptedServer  # noqa: E402
-from prompt_r1.training.ledger import (  # noqa: E402
+from prompt_r1.training.shared.ledger import (  # noqa: E402
     CallLedger,
     LedgerEnvironment,
     LedgerError,
@@ -102,7 +102,7 @@ def test_a_damaged_or_foreign_ledger_is_refused_in_one_line(tmp_path):
     damaged = tmp_path / "damaged.sqlite"
     ledger = CallLedger.open(damaged, IDENTITY)
     from prompt_r1.clients.environment import EnvironmentReply
-    from prompt_r1.training.ledger import CallKey
+    from prompt_r1.training.shared.ledger import CallKey
 
     for i in range(300):  # several pages, then a page in the middle overwritten
         ledger.record(
@@ -380,7 +380,7 @@ def test_the_step_line_ends_with_the_steps_cost_and_the_total():
 
     from transformers import TrainerControl, TrainerState
 
-    from prompt_r1.training.progress import StepLines
+    from prompt_r1.training.shared.progress import StepLines
 
     stream = io.StringIO()
     lines, state = StepLines(stream), TrainerState(max_steps=6, global_step=2)

@@ -23,8 +23,8 @@ from conftest import NAME_QUESTION, NAME_RESPONSE  # noqa: E402
 from prompt_r1.cli.main import main as cli_main  # noqa: E402
 from prompt_r1.clients.environment import EnvironmentReply  # noqa: E402
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
-from prompt_r1.training.ledger import CallKey, CallLedger, LedgerError, ledger_path  # noqa: E402
-from prompt_r1.training.resume import ResumeError, check_resume_checkpoint  # noqa: E402
+from prompt_r1.training.shared.ledger import CallKey, CallLedger, LedgerError, ledger_path  # noqa: E402
+from prompt_r1.training.shared.resume import ResumeError, check_resume_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {"seed": 0, "processes": 1, "rank": 0, "environment_model": "env"}

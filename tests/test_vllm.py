@@ -213,7 +213,7 @@ def test_run_json_with_the_vllm_backend_prints_only_json_on_stdout(wide_head_mod
 
 
 def _colocate_config(tmp_path: Path, model: Path, server: ScriptedServer, **overrides):
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
     settings = dict(
         output_dir=str(tmp_path / "run"),
@@ -272,7 +272,7 @@ def test_colocated_vllm_rollouts_train_and_the_engine_follows_every_step(
     import torch
 
     from prompt_r1.core.prompts import question_message
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     rows = [
         {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
@@ -328,7 +328,7 @@ def test_colocated_vllm_rollouts_under_the_release_protocol(
 ):
     from prompt_r1.core.prompts import question_message
     from prompt_r1.loop.protocols import release
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     rows = [
         {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
@@ -440,7 +440,7 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
     import urllib.request
 
     from prompt_r1.testing.vllm_process import stop_vllm_server
-    from prompt_r1.training.vllm_sync import SERVER_EXTENSION
+    from prompt_r1.training.shared.vllm_reload import SERVER_EXTENSION
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -578,7 +578,7 @@ def test_trl_server_mode_generation_through_our_policy_on_vllms_own_server(vllm_
     from trl.generation.vllm_client import VLLMClient
 
     from prompt_r1.agents.local import TransformersAgent
-    from prompt_r1.training.policy import VLLMServerPolicy
+    from prompt_r1.training.sync.policy import VLLMServerPolicy
 
     tokenizer = AutoTokenizer.from_pretrained(wide_head_model_path)
     client = VLLMClient(base_url=vllm_server.removesuffix("/v1"), connection_timeout=30)
@@ -612,8 +612,8 @@ def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
     import torch
 
     from prompt_r1.core.prompts import question_message
-    from prompt_r1.training.trainer import build_trainer
-    from prompt_r1.training.vllm_sync import _post_json
+    from prompt_r1.training.shared.vllm_reload import post_json
+    from prompt_r1.training.sync.trainer import build_trainer
 
     root = vllm_server.removesuffix("/v1")
     rows = [
@@ -645,15 +645,15 @@ def test_server_mode_grpo_steps_on_cpu_sync_the_servers_weights_through_a_file(
         assert synced[0]["engine_logprob_sum"] != synced[1]["engine_logprob_sum"], "the server never changed"
     finally:
         original = str(wide_head_model_path / "model.safetensors")
-        _post_json(f"{root}/collective_rpc", {"method": "prompt_r1_reload_weights", "args": [original]}, 600)
-        _post_json(f"{root}/reset_prefix_cache", {}, 60)
+        post_json(f"{root}/collective_rpc", {"method": "prompt_r1_reload_weights", "args": [original]}, 600)
+        post_json(f"{root}/reset_prefix_cache", {}, 60)
 
 
 def test_server_mode_without_the_file_route_names_the_command_that_gives_it():
     from trl.generation.vllm_client import VLLMClient
 
     from prompt_r1.core.errors import ConfigError
-    from prompt_r1.training.vllm_sync import file_weight_route
+    from prompt_r1.training.sync.weight_sync import file_weight_route
 
     with ScriptedServer({}) as server, file_weight_route():  # a server with no /collective_rpc
         client = VLLMClient.__new__(VLLMClient)

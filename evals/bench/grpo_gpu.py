@@ -121,10 +121,10 @@ def worker(args) -> None:
     memory = _peak_memory_callback()
     if args.worker == "multi":
         from prompt_r1.agents.batching import BatchingBackend
-        from prompt_r1.training.config import PromptR1GRPOConfig
+        from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
         BatchingBackend.batch_wait = args.batch_wait
-        from prompt_r1.training.trainer import build_trainer
+        from prompt_r1.training.sync.trainer import build_trainer
 
         config = PromptR1GRPOConfig(
             **_common(args, out, cuda),
@@ -134,15 +134,14 @@ def worker(args) -> None:
             config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory]
         )
     elif args.worker == "async":
-        from prompt_r1.training.async_trainer import build_async_trainer
-        from prompt_r1.training.config import PromptR1GRPOConfig
+        from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
+        from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
         common = _common(args, out, cuda)
         common.pop("use_vllm", None), common.pop("vllm_mode", None)
-        config = PromptR1GRPOConfig(
+        config = PromptR1AsyncGRPOConfig(
             **common,
             **_two_turn(args, cuda),
-            async_grpo=True,
             max_staleness=args.max_staleness,
             vllm_server_base_url=args.vllm_url,
             gradient_checkpointing=False,
@@ -164,7 +163,7 @@ def worker(args) -> None:
             generation_kwargs={"min_tokens" if args.vllm else "min_new_tokens": args.tokens},
             model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
         )
-        from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
+        from prompt_r1.training.sync.weight_sync import install_cpu_weight_sync, same_dtype_engine
 
         # The model's dtype for a colocated engine, and on CPU a sync that can reload prepacked weights (GPU: TRL's).
         with same_dtype_engine("bfloat16" if cuda else "float32"):
@@ -259,7 +258,7 @@ def _start_vllm(model: Path, tmp: Path) -> tuple[str, subprocess.Popen, bool]:
         return root, process, False
     import urllib.request
 
-    from prompt_r1.training.weight_transfer import CPU_SERVER_FLAGS
+    from prompt_r1.training.shared.vllm_reload import CPU_SERVER_FLAGS
 
     gpus = torch.cuda.device_count()
     nccl = gpus > 1

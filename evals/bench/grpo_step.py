@@ -48,7 +48,7 @@ def _median_step(trainer) -> float:
 
 
 def _vllm_settings(vllm: bool) -> dict:
-    # On CPU the engine gets an explicit KV cache (prompt_r1/training/vllm_sync.py), whatever this process holds.
+    # On CPU the engine gets an explicit KV cache (prompt_r1/training/sync/weight_sync.py), whatever this process holds.
     return dict(use_vllm=True, vllm_mode="colocate") if vllm else {}
 
 
@@ -61,10 +61,11 @@ def _rows() -> list[dict]:
 
 
 def _config(model: Path, args, out: Path, server, **settings):
-    """The two-turn name task's training config, the same for the synchronous and the asynchronous rows."""
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    """The two-turn name task's training config, the same for the synchronous and the asynchronous rows
+    (`async_grpo=True` in `settings`: the async trainer's config)."""
+    from prompt_r1.training.run import trainer_config
 
-    return PromptR1GRPOConfig(
+    return trainer_config(
         output_dir=str(out),
         model_name_or_path=str(model),
         env_model="env",
@@ -92,7 +93,7 @@ def multi_turn(
     model: Path, args, latency: float, out: Path, vllm: bool = False, **settings
 ) -> tuple[float, float]:
     from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency) as server:
         config = _config(model, args, out, server, **_vllm_settings(vllm), **settings)
@@ -131,7 +132,7 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False, *
         **_vllm_settings(vllm),
         **settings,
     )
-    from prompt_r1.training.vllm_sync import install_cpu_weight_sync, same_dtype_engine
+    from prompt_r1.training.sync.weight_sync import install_cpu_weight_sync, same_dtype_engine
 
     # TRL's own trainer, given the same two things a vLLM engine on CPU needs under build_trainer: the model's
     # dtype and a weight sync that can reload prepacked CPU weights (no-ops without vLLM, or on a GPU).
@@ -150,7 +151,7 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False, *
 def async_multi_turn(model: Path, args, latency: float, out: Path, root: str) -> tuple[float, float, float]:
     """(s/step, agent tokens per episode, mean staleness) of the async trainer on the two-turn task."""
     from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency, record=False) as server:
         config = _config(
@@ -174,14 +175,14 @@ def async_multi_turn(model: Path, args, latency: float, out: Path, root: str) ->
 
 def _restore(root: str, model: Path) -> None:
     """Put the server's weights back to the model's own, between rows."""
-    from prompt_r1.training.vllm_sync import _post_json
+    from prompt_r1.training.shared.vllm_reload import post_json
 
-    _post_json(
+    post_json(
         f"{root}/collective_rpc",
         {"method": "prompt_r1_reload_weights", "args": [str(model / "model.safetensors")]},
         600,
     )
-    _post_json(f"{root}/reset_prefix_cache", {}, 60)
+    post_json(f"{root}/reset_prefix_cache", {}, 60)
 
 
 def main_async(args) -> int:

@@ -101,7 +101,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
     """Build the seed's agent, train it on the task, and return its per-step series and end-of-run figures."""
     from prompt_r1.tasks.door_codes import DoorTable, door_environment, training_rows
     from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.progress import step_series
+    from prompt_r1.training.shared.progress import step_series
 
     build = build_agent(seed, args, work)
     if "build_error" in build:
@@ -369,7 +369,7 @@ def main() -> int:
     hops = args.task == "hops"
     task = learning_hops if hops else sys.modules[__name__]
 
-    from prompt_r1.training.progress import CURVES, draw_curves
+    from prompt_r1.training.shared.progress import CURVES, draw_curves
 
     settings = {"learning_rate": args.lr, "beta": args.beta, "loss_type": args.loss_type}
     settings = {k: v for k, v in settings.items() if v is not None}

@@ -55,7 +55,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
     """Build the seed's agent, train it on the hops task, and return its per-step series and figures."""
     from prompt_r1.tasks.hops import HopsTable, hops_environment, training_rows
     from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.progress import step_series
+    from prompt_r1.training.shared.progress import step_series
 
     build = build_agent(seed, args, work)
     if "build_error" in build or args.build_only:

@@ -78,7 +78,7 @@ def run(name: str, args, model: Path, work: Path, *, ledger: bool, crash: bool) 
     from prompt_r1.tasks.door_codes import DoorTable, door_environment, training_rows
     from prompt_r1.tasks.door_training import grpo_config
     from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     prices_file = work / "prices.yaml"
     prices_file.write_text(ENV_PRICE)

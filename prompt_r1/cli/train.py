@@ -17,7 +17,6 @@ from prompt_r1.cli.flags import (
 )
 from prompt_r1.core import signals
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.checks import check_training_config
 
 __all__ = ["add_train_parsers", "cmd_merge", "cmd_train", "train_parser"]
 
@@ -45,52 +44,98 @@ def add_train_parsers(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def train_parser():
-    """`prompt-r1 train`'s parser: TRL's, over the recipe's fields (PromptR1GRPOConfig) and --resume."""
-    from dataclasses import dataclass, field
+def train_parser(argv: list[str] | None = None):
+    """`prompt-r1 train`'s parser: TRL's, over the fields of the config of the trainer `argv` asks for
+    (`PromptR1AsyncGRPOConfig` with `--async` or `async: true` in its recipe, `PromptR1GRPOConfig` otherwise),
+    --resume and --async."""
+    from dataclasses import dataclass, field, fields
 
     from trl import TrlParser
 
     from prompt_r1.core.checks import flag_number
-    from prompt_r1.training.checks import RANGES, check_number_field
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    from prompt_r1.training.shared.checks import RANGES
+    from prompt_r1.training.shared.config import unknown_keys_message
 
-    numeric: set[str] = set()
+    config_class = _config_class(argv or [])
 
     @dataclass
     class TrainFlags:
         resume: bool = field(
             default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
         )
+        async_grpo: bool = field(
+            default=False,
+            metadata={
+                "help": "Train with TRL's AsyncGRPOTrainer: episodes keep flowing from a vLLM server "
+                "(vllm_server_base_url) while the trainer trains; its own settings (prompt-r1 train --async "
+                "--help). Also --async, or async: true in a recipe.",
+                "aliases": ["--async"],
+            },
+        )
+
+    known = {f.name for f in fields(config_class)} | {f.name for f in fields(TrainFlags)}
 
     class Parser(TrlParser):
         def set_defaults_with_config(self, **kwargs):
             if "async" in kwargs:  # `async: true` in a recipe (a Python keyword, so the field is async_grpo)
                 kwargs["async_grpo"] = kwargs.pop("async")
-            for name in numeric & set(kwargs):  # a recipe's numbers, which argparse never sees
-                check_number_field(name, kwargs[name])
+            unknown = [key for key in kwargs if key not in known]
+            if unknown:  # one line naming each, with what to do instead, not TRL's list of leftovers
+                raise ConfigError(
+                    unknown_keys_message(config_class.trainer_name, unknown, kwargs, config_class.why_not)
+                )
             return super().set_defaults_with_config(**kwargs)
+
+        def parse_known_args(self, args=None, namespace=None):
+            parsed, rest = super().parse_known_args(args, namespace)
+            unknown = [a[2:].split("=", 1)[0].replace("-", "_") for a in rest if a.startswith("--")]
+            if unknown:
+                raise ConfigError(
+                    unknown_keys_message(config_class.trainer_name, unknown, {}, config_class.why_not)
+                )
+            return parsed, rest
 
         def error(self, message: str):
             # As every other command: the one line that matters and where to read the usage, not 200 lines of it.
             self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-    parser = Parser([PromptR1GRPOConfig, TrainFlags], prog="prompt-r1 train")
-    for name in (
-        "reproducible_rollouts",
-        "call_ledger",
-    ):  # unset by default (on for the sync trainer): no --no_* made
-        dashed = name.replace("_", "-")
-        parser.add_argument(f"--no_{name}", f"--no-{dashed}", action="store_const", const=False, dest=name,
-                            help=f"Same as --{name} false.")  # fmt: skip
+    parser = Parser([config_class, TrainFlags], prog="prompt-r1 train")
     # Every number flag by prompt_r1.core.checks, as the other commands' flags: argparse's plain int and float
     # take nan, inf and 1e400, on which TRL's and transformers' own checks fail with a traceback.
     for action in parser._actions:
         if action.type in (int, float):
-            numeric.add(action.dest)
             bounds = {k: v for k, v in RANGES.get(action.dest, {}).items() if k != "integer"}
             action.type = flag_number(integer=action.type is int, **bounds)
     return parser
+
+
+_ASYNC_FLAGS = ("--async", "--async_grpo", "--async-grpo")
+
+
+def _config_class(argv: list[str]) -> type:
+    """The config class of the trainer `argv` asks for: its --async flag (`--async`, `--async false`,
+    `--async=true`), else its recipe's `async` (or `async_grpo`) key, else the synchronous trainer's."""
+    from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
+
+    wanted: bool | None = None
+    for index, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if name in _ASYNC_FLAGS:
+            if not value and index + 1 < len(argv) and not argv[index + 1].startswith("-"):
+                value = argv[index + 1]
+            wanted = not value or value.lower() in ("true", "1", "yes")
+    if wanted is None and "--config" in argv and argv.index("--config") + 1 < len(argv):
+        import yaml
+
+        try:
+            with open(argv[argv.index("--config") + 1]) as handle:
+                recipe = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError):
+            recipe = None  # TRL's parser reports it, as before
+        if isinstance(recipe, dict):
+            wanted = bool(recipe.get("async", recipe.get("async_grpo", False)))
+    return PromptR1AsyncGRPOConfig if wanted else PromptR1GRPOConfig
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -98,20 +143,19 @@ def cmd_train(argv: list[str]) -> int:
     import yaml
 
     from prompt_r1.clients.environment import OPENAI_BASE_URL
-    from prompt_r1.training.trainer import train
-    from prompt_r1.training.trainer_keys import check_trainer_keys
+    from prompt_r1.training.run import train
+    from prompt_r1.training.shared.checks import check_train_data
 
-    parser = train_parser()
+    parser = train_parser(argv)
     try:
-        config, flags = parser.parse_args_and_config(argv)
+        config, flags = parser.parse_args_and_config(argv)  # the config checked itself as it was built
     except SystemExit as exc:  # --help (0), or a bad flag: its one line is printed (Parser.error), 2
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except (ValueError, OSError, yaml.YAMLError) as exc:  # GRPOConfig's own checks, an unreadable recipe
+    except (ValueError, OSError, yaml.YAMLError) as exc:  # TRL's own checks, an unreadable recipe
         raise ConfigError(str(exc).strip()) from None
-    # The cheapest checks first, and all of them before any model loads: the whole config, the model's folder or
+    # The cheapest checks first, and all of them before any model loads: the training file, the model's folder or
     # hub id, then the environment's socket.
-    check_training_config(config)
-    check_trainer_keys(config)  # a key the chosen trainer (sync or --async) does not support
+    check_train_data(config)
     try:
         check_model_source(config.model_name_or_path, "model_name_or_path")
     except ConfigError as exc:
@@ -120,14 +164,11 @@ def cmd_train(argv: list[str]) -> int:
     check_rate_store(config.env_rate_store)
     if config.async_grpo and config.vllm_server_base_url:  # the async trainer's agent: unreachable is exit 3
         check_reachable(config.vllm_server_base_url, "vLLM server", "--vllm_server_base_url")
-    from prompt_r1.training.graceful_stop import graceful_stop_of
-    from prompt_r1.training.spend import SpendCapReached, stop_reason
+    from prompt_r1.training.shared.graceful_stop import graceful_stop_of
+    from prompt_r1.training.shared.spend import SpendCapReached, stop_reason
 
-    build = None
-    if config.async_grpo:  # TRL's AsyncGRPOTrainer, the loop as its rollout worker
-        from prompt_r1.training.async_trainer import build_async_trainer as build
     try:
-        trainer = train(config, resume=flags.resume, build=build)
+        trainer = train(config, resume=flags.resume)  # the trainer the config is for
     except SpendCapReached as exc:
         raise CommandFailure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
     stopped = stop_reason(trainer)
@@ -164,7 +205,7 @@ def _leave_process_group(trainer) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from prompt_r1.training.trainer import merge_adapter
+    from prompt_r1.training.shared.lora import merge_adapter
 
     out = merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)
     print(f"merged model saved to {out}", file=sys.stderr)

@@ -82,7 +82,7 @@ def door_worker_options(table: DoorTable) -> dict[str, Any]:
 
 
 def _question(row: dict[str, Any]) -> str:
-    from prompt_r1.training.rollout import question_of
+    from prompt_r1.training.shared.trajectories import question_of
 
     return question_of(row["prompt"])
 
@@ -91,7 +91,7 @@ def door_async_trainer(config: Any, table: DoorTable, rows: list[dict[str, Any]]
     """The async trainer of `config` (`grpo_config(..., async_grpo=True, vllm_server_base_url=...)`) on the task,
     its environment the scripted server at `config.env_base_url` answering from `table` (`door_environment`)."""
     from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     environment = GroupKeyedEnvironment(
         EnvironmentClient(config.environment_config(num_processes=config.world_size))
@@ -156,8 +156,8 @@ def run_async(
 ) -> dict[str, Any]:
     """A task's async training run: `measure(model)` before, the async trainer of `build(configure(**settings))`
     trained with the policy served by a `vllm serve` of its own (seeded with `seed`, always stopped at the end),
-    then `measure` of the trained agent. `configure` gets `settings` with `async_grpo`, the server's address and
-    no KL term (the async trainer has none). Returns the trainer's `log_history`, the figures before and after,
+    then `measure` of the trained agent. `configure` gets `settings` with `async_grpo` and the server's address
+    (it builds the async trainer's config, which has no KL term). Returns the trainer's `log_history`, the figures before and after,
     the training's seconds, the config, and the stopped server's exit code."""
     import time
 
@@ -169,7 +169,7 @@ def run_async(
     root, server = start_vllm_server(model, output_dir / "vllm.log", seed=seed)
     try:
         config = configure(
-            **{"seed": seed, "data_seed": seed, "beta": 0.0, "bf16": False, **settings},
+            **{"seed": seed, "data_seed": seed, "bf16": False, **settings},
             async_grpo=True,
             vllm_server_base_url=root,
         )

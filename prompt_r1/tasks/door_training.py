@@ -27,7 +27,7 @@ from typing import Any
 
 from prompt_r1.runs.episode import Episode
 from prompt_r1.tasks.door_codes import CODES, DoorTable, named_doors
-from prompt_r1.training.rollout import GraphRollout
+from prompt_r1.training.sync.rollout import GraphRollout
 
 __all__ = ["CHANCE", "DOOR_METRICS", "DoorRollout", "control", "door_figures", "door_trainer", "grpo_config"]
 
@@ -125,8 +125,10 @@ def control(trainer: Any, rollout: DoorRollout, *, step: int, samples: int = 8) 
 def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **settings: Any) -> Any:
     """The GRPO settings the learning benchmark and its CI test train with (the `train` extra): two turns, the
     `reference` reward preset (its gate lets a two-turn episode through); `settings` override them.
-    The choices and the runs behind them are in docs (the learning benchmark)."""
-    from prompt_r1.training.config import PromptR1GRPOConfig
+    `async_grpo=True` in `settings` gives the async trainer's config (`PromptR1AsyncGRPOConfig`), without the
+    defaults that trainer does not have (the KL term `beta`). The choices and the runs behind them are in docs
+    (the learning benchmark)."""
+    from prompt_r1.training.run import trainer_config
 
     defaults: dict[str, Any] = dict(
         output_dir=str(output_dir),
@@ -151,7 +153,9 @@ def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **
         seed=0,
         data_seed=0,
     )
-    return PromptR1GRPOConfig(**{**defaults, **settings})
+    if settings.get("async_grpo"):
+        del defaults["beta"]  # the async trainer has no KL term
+    return trainer_config(**{**defaults, **settings})
 
 
 def door_trainer(
@@ -161,6 +165,6 @@ def door_trainer(
     `table`, whose environment is the scripted server at `config.env_base_url` (`door_environment(table)`)."""
     from functools import partial
 
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     return build_trainer(config, train_rows=rows, rollout=partial(rollout, table=table))

@@ -24,7 +24,7 @@ __all__ = ["evaluate", "hops_async_trainer", "hops_worker_options", "train_async
 def hops_worker_options(table: HopsTable) -> dict[str, Any]:
     """`GraphRolloutWorker` options: each group's golden answers from its own table, and each episode's chain
     figures against it (NaN where a figure does not apply: the trainer averages over the samples that have one)."""
-    from prompt_r1.training.rollout import question_of
+    from prompt_r1.training.shared.trajectories import question_of
 
     def group_row(group: int, row: dict[str, Any]) -> dict[str, Any]:
         start = named(question_of(row["prompt"]))[0]
@@ -41,7 +41,7 @@ def hops_async_trainer(config: Any, table: HopsTable, rows: list[dict[str, Any]]
     """The async trainer of `config` on the task, its environment the scripted server at `config.env_base_url`
     answering from `table` (`hops_environment`)."""
     from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.training.async_trainer import build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     environment = GroupKeyedEnvironment(
         EnvironmentClient(config.environment_config(num_processes=config.world_size)), mark=table_mark

@@ -36,7 +36,7 @@ from prompt_r1.tasks.hops import (
     pointed,
     reply_code,
 )
-from prompt_r1.training.rollout import GraphRollout
+from prompt_r1.training.sync.rollout import GraphRollout
 
 __all__ = [
     "CHANCE",
@@ -237,7 +237,7 @@ def hops_trainer(
     scripted server at `config.env_base_url` (`hops_environment(table)`)."""
     from functools import partial
 
-    from prompt_r1.training.trainer import build_trainer
+    from prompt_r1.training.sync.trainer import build_trainer
 
     return build_trainer(
         config, train_rows=rows, rollout=partial(HopsRollout, table=table, mask_first_turn=mask_first_turn)

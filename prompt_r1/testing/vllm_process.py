@@ -3,7 +3,7 @@
     root, process = start_vllm_server(model_folder, log_path)   # root: http://127.0.0.1:PORT (no /v1)
 
 Dev mode (`/pause`, `/resume`, `/collective_rpc`), the project's worker extension (weights from a file),
-float32 and processed log-probabilities (`prompt_r1.training.weight_transfer.CPU_SERVER_FLAGS`), and an explicit
+float32 and processed log-probabilities (`prompt_r1.training.shared.vllm_reload.CPU_SERVER_FLAGS`), and an explicit
 KV cache: on CPU vLLM sizes it as a share of the machine's memory minus the process's own, which can come out
 below zero. vLLM's CPU build starts in about a minute on two cores.
 """
@@ -34,7 +34,7 @@ def start_vllm_server(
     """Start the server, wait until it answers `/health`, and return its root URL and process (the caller
     terminates it). `seed`: the server's sampling seed (`--seed`; requests sampled together still draw in
     arrival order). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s."""
-    from prompt_r1.training.weight_transfer import CPU_SERVER_FLAGS
+    from prompt_r1.training.shared.vllm_reload import CPU_SERVER_FLAGS
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

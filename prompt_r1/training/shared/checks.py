@@ -1,8 +1,8 @@
 """The whole `prompt-r1 train` configuration checked before any model loads: every number finite and in range,
 the folders and files it names usable, the environment's and the loop's settings valid.
 
-    check_training_config(config)   # a ConfigError naming the field, e.g. "learning_rate must be a finite
-                                    # number > 0, got nan"; the model source is checked by the caller
+    check_config(config)   # a ConfigError naming the field, e.g. "learning_rate must be a finite number > 0,
+                           # got nan"; called by both configs' __post_init__, so once, whenever one is built
 
 Without it a bad value surfaced minutes later, deep in TRL or torch, as a traceback ("Invalid learning rate:
 nan" once the optimiser was built), or never (`max_steps: -5` trained for three epochs).
@@ -18,7 +18,7 @@ from typing import Any
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["RANGES", "check_number_field", "check_training_config"]
+__all__ = ["RANGES", "check_config", "check_number_field", "check_train_data"]
 
 _COUNT = {"integer": True, "minimum": 1}
 _FRACTION = {"minimum": 0, "below": 1}
@@ -92,12 +92,13 @@ def _check_output_dir(output_dir: str) -> None:
             )
 
 
-def check_training_config(config: Any, *, train_data: bool = True) -> None:
-    """Refuse, with one line naming the field, a `PromptR1GRPOConfig` that cannot train (see the module
-    docstring). Reads only the config and the file system: nothing is loaded or contacted. `train_data=False`
-    leaves out the training file, for a caller that hands the rows over itself."""
+def check_config(config: Any) -> None:
+    """Refuse, with one line naming the field, a training config that cannot train (see the module docstring):
+    every config calls it once, when it is built. Reads only the config and the file system: nothing is loaded
+    or contacted; the training file is `check_train_data`'s."""
     for f in fields(config):
-        _check_number(f.name, getattr(config, f.name), RANGES.get(f.name))
+        if f.init:
+            _check_number(f.name, getattr(config, f.name), RANGES.get(f.name))
     # -1 (the default) lets num_train_epochs decide; 0 or a negative count would too, silently.
     if config.max_steps != -1:
         number(config.max_steps, "max_steps (-1: num_train_epochs decides)", integer=True, minimum=1)
@@ -108,8 +109,10 @@ def check_training_config(config: Any, *, train_data: bool = True) -> None:
     _check_output_dir(config.output_dir)
     config.environment_config()  # the env_* fields, by EnvironmentConfig's own checks
     config.loop_config()  # the loop's, by LoopConfig's
-    if not train_data:
-        return
+
+
+def check_train_data(config: Any) -> None:
+    """The config's training rows: a bundled set's name or a file that exists (before any model loads)."""
     from prompt_r1.data.datasets import resolve_source
 
     source, _ = resolve_source(config.resolved_train_data())  # an unknown set's name, or a folder, named

@@ -139,7 +139,7 @@ class StepLines(TrainerCallback):
             f"tokens {_number(logs.get('episode/agent_completion_tokens'), '.0f')}  "
             f"{_number(seconds, '.1f')} s"
         )
-        if "env/cost" in logs:  # prompt_r1.training.spend: what the environment cost
+        if "env/cost" in logs:  # prompt_r1.training.shared.spend: what the environment cost
             total = logs.get("env/total_cost")
             cost = _number(logs["env/cost"], ".4f")
             total = _number(

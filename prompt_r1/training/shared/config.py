@@ -1,16 +1,21 @@
-"""`PromptR1GRPOConfig`: TRL's `GRPOConfig` extended with the agent model, data, loop, environment and reward.
+"""The fields both trainers' configs share: the agent model, data, loop, environment, price and reward.
 
-Every field is a command-line flag of `prompt-r1 train` (`--env_model` or `--env-model`) and a key of a recipe
-YAML (`training/configs/*.yaml`); flags override the recipe.
+Each trainer has its own config, TRL's way: `PromptR1GRPOConfig` (prompt_r1.training.sync.config) extends TRL's
+`GRPOConfig`, `PromptR1AsyncGRPOConfig` (prompt_r1.training.asynchronous.config) TRL's `AsyncGRPOConfig`, and both
+add `PromptR1Fields`. Every field is a command-line flag of `prompt-r1 train` (`--env_model` or `--env-model`) and
+a key of a recipe YAML (`training/configs/*.yaml`); flags override the recipe. A config is checked once, when it
+is built (from a recipe, flags or Python alike): a value out of range, or a key its trainer does not have, is one
+line naming it (`refuse_unknown_keys`).
 """
 
 from __future__ import annotations
 
+import functools
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
-
-from trl import GRPOConfig
+from typing import Any
 
 from prompt_r1.core.config import DEFAULT_AGENT_MODEL, PROTOCOLS, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import ConfigError
@@ -18,17 +23,17 @@ from prompt_r1.core.urls import is_shared_store
 from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.scoring.rewards import PRESET_ALIASES, PRESETS
 
-__all__ = ["DEFAULT_TRAIN_DATA", "PromptR1GRPOConfig"]
+__all__ = ["DEFAULT_TRAIN_DATA", "ROLLOUT_LOOP", "PromptR1Fields", "field_help", "refuse_unknown_keys"]
 
 # The paper release's 2,048-row training sample, shipped with the project.
 DEFAULT_TRAIN_DATA = "training/data/mixed_2048.parquet"
 
 
-# The loop settings training fixes rather than takes as fields (see `PromptR1GRPOConfig.loop_config`).
+# The loop settings training fixes rather than takes as fields (see `PromptR1Fields.loop_config`).
 ROLLOUT_LOOP = {"force_final_answer": False}
 
 
-def _help(text: str, aliases: list[str] | None = None, switch: bool = False, **kw):
+def field_help(text: str, aliases: list[str] | None = None, switch: bool = False, **kw):
     """A field with its help text. `switch`: an unset-by-default bool that still takes `--name` alone for true, as
     the parser's plain bools do (its `--no_name` is added by `prompt-r1 train`)."""
     metadata = {"help": text, **({"aliases": aliases} if aliases else {})}
@@ -71,116 +76,80 @@ EnvironmentFields = _environment_fields()
 
 
 @dataclass
-class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
-    """GRPO for the Prompt-R1 agent: TRL's fields, the environment's (`env_*`, derived from EnvironmentConfig and
-    so placed first), then the agent, data, loop and reward."""
+class PromptR1Fields(EnvironmentFields):
+    """The Prompt-R1 fields of both trainers' configs: the environment's (`env_*`, derived from EnvironmentConfig),
+    then the agent, data, loop, price and reward. Each config calls `check_prompt_r1()` first in its
+    `__post_init__`, before TRL's own checks see a value."""
 
     # The agent.
-    model_name_or_path: str = _help(
+    model_name_or_path: str = field_help(
         "Agent model to train: a local folder or hub id.", default=DEFAULT_AGENT_MODEL
     )
-    agent_dtype: str = _help(
+    agent_dtype: str = field_help(
         "Weights dtype for loading the agent: auto, bfloat16, float16 or float32.", default="auto"
     )
-    use_peft: bool = _help("Train a LoRA adapter instead of all weights.", default=False)
-    lora_r: int = _help("LoRA rank.", default=16)
-    lora_alpha: int = _help("LoRA alpha.", default=32)
-    lora_dropout: float = _help("LoRA dropout.", default=0.05)
-    lora_target_modules: list[str] = _help(
+    use_peft: bool = field_help("Train a LoRA adapter instead of all weights.", default=False)
+    lora_r: int = field_help("LoRA rank.", default=16)
+    lora_alpha: int = field_help("LoRA alpha.", default=32)
+    lora_dropout: float = field_help("LoRA dropout.", default=0.05)
+    lora_target_modules: list[str] = field_help(
         "Modules LoRA adapts ('all-linear' for every linear layer but the output head).",
         default_factory=lambda: ["all-linear"],
     )
     # Data.
-    train_data: str = _help(
+    train_data: str = field_help(
         "Training rows: a bundled dataset name, or a parquet/JSONL/JSON file in the release or flat schema.",
         default=DEFAULT_TRAIN_DATA,
     )
-    max_train_samples: int | None = _help("Use only the first N training rows.", default=None)
+    max_train_samples: int | None = field_help("Use only the first N training rows.", default=None)
     # The loop.
-    max_turns: int = _help(
+    max_turns: int = field_help(
         "Most environment calls per episode (paper: 5); under protocol release, most agent turns.", default=5
     )
-    max_turn_tokens: int = _help("Most tokens the agent writes in one turn (paper: 1,024).", default=1024)
-    max_total_tokens: int = _help(
+    max_turn_tokens: int = field_help(
+        "Most tokens the agent writes in one turn (paper: 1,024).", default=1024
+    )
+    max_total_tokens: int = field_help(
         "Token budget of a whole trajectory after the first prompt (paper: 8,192); under protocol release, the "
         "limit on prompt + trajectory checked before each agent turn.",
         default=8192,
     )
-    protocol: str = _help(
+    protocol: str = field_help(
         "paper, or release: the reference release's rollout token for token and its reward on the decoded "
         "stream (training/configs/release.yaml; prompt_r1/loop/protocols/release.py).",
         default="paper",
     )
-    # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
-    vllm_sync_check: bool = _help(
-        "After every weight sync to vLLM (a colocated engine, or the server in server mode), compare the "
-        "engine's log-probabilities of a fixed continuation with the trained model's; the largest gap is logged "
-        "as vllm/sync_logprob_gap and appended to OUTPUT_DIR/vllm_sync.jsonl (one forward pass per sync).",
-        default=False,
-    )
-    reproducible_rollouts: bool | None = _help(
-        "Seed each step's sampling from seed, step and process, and batch the episodes' turns in lockstep in "
-        "episode order, so that the same seed gives the same trajectories whatever order the environment's replies "
-        "arrive in (each turn waits for the step's slowest reply). Exact on CPU; see the training docs for GPU "
-        "and vLLM. Unset: on (the synchronous trainer only; the async one has no steps to seed).",
-        default=None,
-        switch=True,
-    )
-    # Spending on the environment (prompt_r1/training/ledger.py and spend.py; docs: the training ledger).
-    call_ledger: bool | None = _help(
-        "Record every environment call in OUTPUT_DIR/call_ledger/ (SQLite, one file per process), and answer the "
-        "calls a resumed run repeats from it instead of paying for them again. Unset: on (the synchronous trainer "
-        "only; the async one's episodes belong to no step).",
-        default=None,
-        switch=True,
-    )
-    prices: str | None = _help(
+    # The environment's price (env/cost).
+    prices: str | None = field_help(
         "A price table (YAML, MODEL: {input: $, output: $} per 1M tokens) over the bundled one, for env/cost "
         "and max_env_cost.",
         default=None,
     )
-    max_env_cost: float | None = _help(
-        "Stop, with a checkpoint, before the step that would take the environment's cost (dollars, all "
-        "processes, all restarts) past this; the next step is estimated from the mean of the last ones.",
-        default=None,
-    )
-    max_env_calls: int | None = _help(
-        "Stop, with a checkpoint, before the step that would take the environment calls past this.",
-        default=None,
-    )
-    # Asynchronous GRPO (prompt_r1/training/async_trainer.py; docs/async-grpo.md).
-    async_grpo: bool = _help(
-        "Train with TRL's AsyncGRPOTrainer: episodes keep flowing from a vLLM server (vllm_server_base_url) while "
-        "the trainer trains. Also --async, or async: true in a recipe.",
-        default=False,
-        aliases=["--async"],
-    )
-    max_staleness: int | None = _help(
-        "Async only: the most policy versions a sample may lag behind the trained model; older samples are "
-        "dropped (unset: 4).",
-        default=None,
-    )
     # The reward.
-    reward_preset: str | None = _help(
+    reward_preset: str | None = field_help(
         "Reward coefficients: paper or release (reference, its former name); unset: the protocol's.",
         default=None,
     )
-    reward_alpha: float | None = _help("Override α (per complete intermediate turn).", default=None)
-    reward_beta: float | None = _help("Override β (answer tag present).", default=None)
-    reward_gamma: float | None = _help("Override γ (answer non-empty).", default=None)
-    reward_delta: float | None = _help("Override δ (final turn complete).", default=None)
-    reward_epsilon: float | None = _help("Override ε (format cap and gate).", default=None)
+    reward_alpha: float | None = field_help("Override α (per complete intermediate turn).", default=None)
+    reward_beta: float | None = field_help("Override β (answer tag present).", default=None)
+    reward_gamma: float | None = field_help("Override γ (answer non-empty).", default=None)
+    reward_delta: float | None = field_help("Override δ (final turn complete).", default=None)
+    reward_epsilon: float | None = field_help("Override ε (format cap and gate).", default=None)
     # Ablations (evals/bench/learning.py): what the paper's design choices do to learning.
-    reward_format_gate: bool = _help(
+    reward_format_gate: bool = field_help(
         "Ablation when false: the answer reward counts even when the format reward falls short of ε.",
         default=True,
     )
-    train_on_environment_tokens: bool = _help(
+    train_on_environment_tokens: bool = field_help(
         "Ablation when true: the environment's tokens are trained on as if the agent wrote them (env_mask 1).",
         default=False,
     )
 
-    def __post_init__(self) -> None:
+    def check_prompt_r1(self) -> None:
+        """The checks of every field, one line naming the field (see `prompt_r1.training.shared.checks`), and the
+        derived values: the reward preset the protocol implies, TRL's `max_completion_length` (one trajectory)."""
+        from prompt_r1.training.shared.checks import check_config
+
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         protocol = protocol_for(self.protocol)
@@ -205,22 +174,13 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
             raise ConfigError(
                 f"agent_dtype must be auto, bfloat16, float16 or float32, got {self.agent_dtype!r}"
             )
-        for name, value in (("max_env_cost", self.max_env_cost), ("max_env_calls", self.max_env_calls)):
-            if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
-                raise ConfigError(f"{name} must be a positive number (or unset for no cap), got {value!r}")
-        # On by default where they work: the synchronous trainer. An explicit `true` under async is refused by
-        # check_trainer_keys, which needs to know it was asked for, hence the unset default.
-        self.explicit_true = {
-            name for name in ("reproducible_rollouts", "call_ledger") if getattr(self, name) is True
-        }
-        for name in ("reproducible_rollouts", "call_ledger"):
-            if getattr(self, name) is None:
-                setattr(self, name, not self.async_grpo)
         if isinstance(self.lora_target_modules, str):
             self.lora_target_modules = [self.lora_target_modules]
-        # TRL sizes vLLM's generations and its truncation logging by max_completion_length: one trajectory.
+        check_config(
+            self
+        )  # every number in range, the output folder, the environment's and the loop's settings
+        # TRL sizes generations and its truncation logging by max_completion_length: one trajectory.
         self.max_completion_length = self.max_total_tokens
-        super().__post_init__()
 
     def reward_coefficients(self) -> dict[str, float]:
         names = ("alpha", "beta", "gamma", "delta", "epsilon")
@@ -255,3 +215,34 @@ class PromptR1GRPOConfig(GRPOConfig, EnvironmentFields):
             return self.train_data
         project = Path(__file__).resolve().parents[2] / path
         return str(project) if project.exists() else self.train_data
+
+
+def refuse_unknown_keys(cls: type, trainer: str, reasons: Callable[[str], str]) -> type:
+    """Wrap the dataclass `cls`'s constructor so that a key it does not have is one `ConfigError` line naming the
+    key and, from `reasons(key)`, what to do instead, rather than Python's TypeError. `trainer` names the trainer
+    in the message ("the synchronous trainer")."""
+    init = cls.__init__
+    names = {f.name for f in fields(cls) if f.init}
+
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **values: Any) -> None:
+        unknown = [key for key in values if key not in names]
+        if unknown:
+            raise ConfigError(unknown_keys_message(trainer, unknown, values, reasons))
+        init(self, *args, **values)
+
+    cls.__init__ = checked_init
+    cls.trainer_name = trainer  # for `prompt-r1 train`'s recipe and flags, refused in the same words
+    cls.why_not = staticmethod(reasons)
+    return cls
+
+
+def unknown_keys_message(
+    trainer: str, keys: list[str], values: dict[str, Any], reasons: Callable[[str], str]
+) -> str:
+    """One line: each key `trainer` does not have, its value when known, and what to do instead."""
+    parts = [
+        f"{key}: {values[key]!r} ({reasons(key)})" if key in values else f"{key} ({reasons(key)})"
+        for key in keys
+    ]
+    return f"the {trainer} does not support " + "; ".join(parts)

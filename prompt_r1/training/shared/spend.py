@@ -27,7 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from prompt_r1.core.errors import PromptR1Error
-from prompt_r1.training.ledger import LedgerEnvironment
+from prompt_r1.training.shared.ledger import LedgerEnvironment
 
 __all__ = [
     "ESTIMATE_STEPS",
@@ -113,7 +113,7 @@ class SpendCap(TrainerCallback):
             return
         held = self._totals()["calls"]
         if held < logged_calls:
-            from prompt_r1.training.ledger import LEDGER_FOLDER, LedgerError
+            from prompt_r1.training.shared.ledger import LEDGER_FOLDER, LedgerError
 
             where = (
                 ledger.path
@@ -186,7 +186,7 @@ def paid_environment(config: Any, environment: Any) -> LedgerEnvironment:
     from prompt_r1.clients.costs import PriceTable
     from prompt_r1.clients.environment import as_environment
     from prompt_r1.runs.metering import check_budget_prices
-    from prompt_r1.training.ledger import CallLedger, ledger_path
+    from prompt_r1.training.shared.ledger import CallLedger, ledger_path
 
     environment = as_environment(environment)
     prices = PriceTable.load(config.prices)
@@ -208,7 +208,7 @@ def paid_environment(config: Any, environment: Any) -> LedgerEnvironment:
 def check_resumed_ledger(trainer: Any, checkpoint: str | Path) -> None:
     """Refuse, before training begins (and its progress bar), to resume from `checkpoint` with ledgers that hold
     fewer calls than it logged as paid: the check `SpendCap` makes again when training begins."""
-    from prompt_r1.training.resume import TRAINER_STATE, logged_calls
+    from prompt_r1.training.shared.resume import TRAINER_STATE, logged_calls
 
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, SpendCap):

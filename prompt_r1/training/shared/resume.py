@@ -91,7 +91,7 @@ def logged_calls(folder: str | Path) -> float:
 def check_ledger_for_resume(folder: str | Path, ledger: str | Path) -> None:
     """Refuse to resume from a checkpoint that logged paid calls when this process's ledger is gone: a new one
     in its place would pay them again and restart the spend total at nothing. (A ledger that is there but lost
-    calls is refused when training begins, by `prompt_r1.training.spend`, which sums every process's.)"""
+    calls is refused when training begins, by `prompt_r1.training.shared.spend`, which sums every process's.)"""
     ledger = Path(ledger)
     paid = logged_calls(folder)
     if paid > 0 and not ledger.exists():

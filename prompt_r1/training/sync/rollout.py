@@ -7,9 +7,8 @@ the environment client's rate limiter, retries and HTTP connections persist acro
 generate calls are batched across episodes.
 
 Episodes run through the shared `EpisodeRunner` (prompt_r1.runs.episode) with the loop's settings from one
-`LoopConfig`. What goes back to the trainer is each `Episode.trajectory`, the token-exact ids the graph kept: `completion_ids` are the agent's
-sampled ids (env_mask 1, with their sampling logprobs) and the environment's rendered messages (env_mask 0,
-logprob placeholders 0.0), never re-tokenised. Extra fields (status, answer, turns, the agent's turn texts, usage)
+`LoopConfig`. What goes back to the trainer is each `Episode.trajectory`, the token-exact ids the graph kept
+(`prompt_r1.training.shared.trajectories`, which the async worker uses too). Extra fields (status, answer, turns, the agent's turn texts, usage)
 reach the reward functions as columns; `prompt_r1.scoring.rewards.trl_reward` scores `turn_texts` and gives episodes
 whose environment calls failed after their retries a None reward, which TRL leaves out of the group baseline.
 """
@@ -20,90 +19,32 @@ import asyncio
 import contextlib
 import math
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from prompt_r1.agents.batching import derive_seed
 from prompt_r1.core.aio import run_sync
-from prompt_r1.core.config import LoopConfig, warn_loop_keywords
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.core.prompts import extract_question
 from prompt_r1.loop.graph import STATUSES, build_graph
-from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.runs.episode import Episode, EpisodeRunner
-from prompt_r1.training.ledger import call_scope
-from prompt_r1.training.policy import VLLMServerPolicy, trainer_policy
+from prompt_r1.training.shared.ledger import call_scope
+from prompt_r1.training.shared.trajectories import Trajectories, question_of
+from prompt_r1.training.sync.policy import VLLMServerPolicy, trainer_policy
 
-__all__ = ["GraphRollout", "question_of"]
-
-
-def question_of(prompt: Any) -> str:
-    """The bare question of a training prompt: release-style messages, a Prompt-R1 first message, or plain text."""
-    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and prompt:
-        last = prompt[-1]
-        content = last.get("content") if isinstance(last, dict) else None
-        if not isinstance(content, str):
-            raise ConfigError(f"a training prompt's last message has no text content: {last!r}")
-        prompt = content
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ConfigError(f"a training prompt must be a question or chat messages, got {prompt!r}")
-    return extract_question(prompt) or prompt
+__all__ = ["GraphRollout"]
 
 
-class GraphRollout:
-    """A `rollout_func` for `trl.GRPOTrainer` that runs one Prompt-R1 episode per prompt.
+class GraphRollout(Trajectories):
+    """A `rollout_func` for `trl.GRPOTrainer` that runs one Prompt-R1 episode per prompt (the environment, the
+    loop's settings and the ablation as for `Trajectories`)."""
 
-    environment: the environment client (rate-limited, retrying), a pool, or any LangChain chat model.
-    loop: the loop's settings (prompt_r1.LoopConfig; `PromptR1GRPOConfig.loop_config()` in training). Or (deprecated), as
-        keywords: max_turns (paper: 5), max_turn_tokens and max_total_tokens (paper: 1,024 / 8,192), with
-        force_final_answer off: running out of turns is the agent's outcome to learn from.
-    train_on_environment_tokens: an ablation; the environment's tokens are trained on as the agent's own.
-    """
-
-    def __init__(
-        self,
-        environment: Any,
-        *,
-        loop: LoopConfig | None = None,
-        max_turns: int | None = None,
-        max_turn_tokens: int | None = None,
-        max_total_tokens: int | None = None,
-        train_on_environment_tokens: bool = False,
-    ) -> None:
-        keywords = {
-            "max_turns": max_turns,
-            "max_turn_tokens": max_turn_tokens,
-            "max_total_tokens": max_total_tokens,
-        }
-        given = {k: v for k, v in keywords.items() if v is not None}
-        if loop is not None and given:
-            raise ConfigError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
-        warn_loop_keywords("GraphRollout", given)  # deprecated, kept for one release: loop=LoopConfig(...)
-        if loop is None:
-            loop = LoopConfig(**{"max_turn_tokens": 1024, **given, "force_final_answer": False})
-        if loop.max_turn_tokens is None:
-            raise ConfigError("a rollout needs the loop's max_turn_tokens (the policy's per-turn budget)")
-        self.environment = environment
-        self.loop = loop
-        self.train_on_environment_tokens = train_on_environment_tokens  # an ablation: env_mask all 1
+    def __init__(self, environment: Any, **settings: Any) -> None:
+        super().__init__(environment, **settings)
         self.calls = 0
         self.last_results: list[Episode] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
         self._last_step: tuple[int, bool] | None = None  # (step, training) of the latest call
         self._calls_at_step = 0
         self._last_call: tuple[int, bool, int] | None = None
-
-    @property
-    def max_turns(self) -> int:
-        return self.loop.max_turns
-
-    @property
-    def max_turn_tokens(self) -> int:
-        return self.loop.max_turn_tokens
-
-    @property
-    def max_total_tokens(self) -> int:
-        return self.loop.max_total_tokens
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         _check_trainer(trainer)
@@ -142,7 +83,7 @@ class GraphRollout:
         key = (step, bool(trainer.model.training))
         self._calls_at_step = self._calls_at_step + 1 if key == self._last_step else 0
         self._last_step = key
-        # What the call ledger keys this call's episodes by (prompt_r1.training.ledger).
+        # What the call ledger keys this call's episodes by (prompt_r1.training.shared.ledger).
         self._last_call = (step, key[1], self._calls_at_step)
         if not getattr(trainer.args, "reproducible_rollouts", True):
             return None
@@ -154,7 +95,7 @@ class GraphRollout:
     ) -> list[Episode]:
         """Run one episode per question concurrently on the process-wide event loop; episodes in input order.
         `call`: (step, training, call within the step) of a trainer's rollout call, which keys the episodes'
-        environment calls in the call ledger (prompt_r1.training.ledger); None: not recorded.
+        environment calls in the call ledger (prompt_r1.training.shared.ledger); None: not recorded.
 
         An episode that failed in the agent or in this code (`agent_error`, `internal_error`) stops training with
         its error: it has no trajectory to learn from, and the policy is local, so it is a bug, not a fault."""
@@ -183,40 +124,6 @@ class GraphRollout:
                 f"a rollout episode failed ({broken.status}): {broken.error}"
             ) from broken.exception
         return episodes
-
-    def to_trajectories(self, results: list[Episode], tokenizer: Any) -> dict[str, list]:
-        """TRL's rollout output: ids, logprobs and env_mask per episode, plus the columns the rewards read (and
-        those the loop's protocol adds for its reward)."""
-        protocol = protocol_for(self.loop)
-        columns = ("turn_texts", "status", "answer", "num_turns", "env_calls", *protocol.reward_column_names)
-        out: dict[str, list] = {
-            k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", *columns)
-        }
-        for episode in results:
-            trajectory = episode.trajectory or {}
-            turns = episode.turns
-            cut_off = episode.status == "context_overflow" or (
-                turns and turns[-1].get("finish_reason") == "length"
-            )
-            completion, logprobs, mask = protocol.finish_trajectory(
-                tokenizer,
-                tuple(list(trajectory.get(k) or []) for k in ("completion_ids", "logprobs", "env_mask")),
-                cut_off=bool(cut_off),
-                max_total_tokens=self.max_total_tokens,
-            )
-            out["prompt_ids"].append(list(trajectory["prompt_ids"]))
-            out["completion_ids"].append(completion)
-            out["logprobs"].append(logprobs)
-            out["env_mask"].append([1] * len(mask) if self.train_on_environment_tokens else mask)
-            out["turn_texts"].append([t["text"] for t in turns])
-            out["status"].append(episode.status)
-            out["answer"].append(episode.answer)
-            out["num_turns"].append(len(turns))
-            out["env_calls"].append(episode.usage.get("env_calls", 0))
-            extra = protocol.reward_columns(tokenizer, list(trajectory["prompt_ids"]), completion, mask)
-            for key, value in extra.items():
-                out[key].append(value)
-        return out
 
 
 @contextlib.contextmanager

@@ -1,27 +1,25 @@
 """Asynchronous GRPO: TRL's `AsyncGRPOTrainer` with the LangGraph loop as its rollout worker.
 
-    config = PromptR1GRPOConfig(..., async_grpo=True, max_staleness=2, vllm_server_base_url="http://127.0.0.1:8000")
+    config = PromptR1AsyncGRPOConfig(..., max_staleness=2, vllm_server_base_url="http://127.0.0.1:8000")
     trainer = build_async_trainer(config)     # `prompt-r1 train --async` / `async: true` in a recipe
     trainer.train()
 
-The trainer trains while the worker (`prompt_r1.training.async_worker.GraphRolloutWorker`) keeps episodes flowing
+The trainer trains while the worker (`prompt_r1.training.asynchronous.worker.GraphRolloutWorker`) keeps episodes flowing
 against a vLLM server, which serves the agent and takes the trainer's weights after every step
-(`prompt_r1.training.weight_transfer`). Samples older than `max_staleness` policy versions are dropped; the rest
+(`prompt_r1.training.asynchronous.weight_transfer`). Samples older than `max_staleness` policy versions are dropped; the rest
 are trained with TRL's clipped importance ratio against the log-probabilities they were sampled with.
 
-One configuration for both trainers: `async_config` copies every field the two share (the same name, the same
-meaning) into an `AsyncGRPOConfig` and refuses, with one line each, the settings the async trainer does not have
-(a KL term `beta`, other loss types, several iterations per batch, the colocated engine, DeepSpeed, ...), and the
-sync trainer refuses `max_staleness` (`prompt_r1.training.trainer_keys`).
+The config is the trainer's own, `PromptR1AsyncGRPOConfig` (TRL's `AsyncGRPOConfig` with the Prompt-R1 fields),
+handed to TRL as it is: the settings of the synchronous trainer it does not have (a KL term `beta`, other loss
+types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built.
 
 On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
-(`prompt_r1.training.async_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
+(`prompt_r1.training.asynchronous.on_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
 the config's `bf16`, as for the sync trainer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -30,34 +28,9 @@ from functools import partial
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.config import PromptR1GRPOConfig
-from prompt_r1.training.trainer_keys import DEFAULT_MAX_STALENESS, check_trainer_keys
+from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
 
-__all__ = ["async_config", "build_async_trainer"]
-
-
-def async_config(config: PromptR1GRPOConfig) -> Any:
-    """The `AsyncGRPOConfig` of a Prompt-R1 config: every field of the same name copied, and the async settings."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from trl.experimental.async_grpo import AsyncGRPOConfig
-
-    check_trainer_keys(config)
-    names = {f.name for f in dataclasses.fields(AsyncGRPOConfig) if f.init}
-    values = {n: getattr(config, n) for n in names if hasattr(config, n) and n not in ("dtype",)}
-    values.update(
-        dtype=config.agent_dtype,
-        max_staleness=DEFAULT_MAX_STALENESS if config.max_staleness is None else config.max_staleness,
-        # A fixed number of episodes per step (per_device_train_batch_size x processes x accumulation), as in the
-        # sync trainer, rather than TRL's default of as many as fit a token budget.
-        token_budget=0,
-        max_completion_length=config.max_total_tokens,
-    )
-    # TrainingArguments' derived fields (set in __post_init__) are recomputed by AsyncGRPOConfig's own.
-    for derived in ("logging_dir", "accelerator_config", "model_init_kwargs"):
-        values.pop(derived, None)
-    if config.model_init_kwargs:
-        values["model_init_kwargs"] = {k: v for k, v in config.model_init_kwargs.items() if k != "dtype"}
-    return AsyncGRPOConfig(**values)
+__all__ = ["build_async_trainer"]
 
 
 ROLLOUT_STATE = "rollout_state.json"
@@ -73,7 +46,7 @@ def _trainer_class() -> type:
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from prompt_r1.training.async_worker import GraphRolloutWorker
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
 
     class PromptR1AsyncTrainer(AsyncGRPOTrainer):
         def _save_checkpoint(self, model, trial):
@@ -125,7 +98,7 @@ def _served_model(base_url: str, timeout: float = 30.0) -> str:
         with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout) as response:
             return json.loads(response.read())["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError) as exc:
-        from prompt_r1.training.weight_transfer import server_start_command
+        from prompt_r1.training.shared.vllm_reload import server_start_command
 
         raise ConfigError(
             f"no vLLM server answers at {base_url} ({exc}): the async trainer's agent is served by one; start it "
@@ -134,7 +107,7 @@ def _served_model(base_url: str, timeout: float = 30.0) -> str:
 
 
 def build_async_trainer(
-    config: PromptR1GRPOConfig,
+    config: PromptR1AsyncGRPOConfig,
     *,
     environment: Any = None,
     train_rows: list[dict[str, Any]] | None = None,
@@ -155,13 +128,21 @@ def build_async_trainer(
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
     from prompt_r1.runs.metering import environment_cost
-    from prompt_r1.training import async_cpu, progress
-    from prompt_r1.training.async_worker import GraphRolloutWorker
-    from prompt_r1.training.rollout import GraphRollout
-    from prompt_r1.training.trainer import _peft_config, load_training_rows, reward_functions
-    from prompt_r1.training.weight_transfer import weight_transfer_for
+    from prompt_r1.training.asynchronous import on_cpu
+    from prompt_r1.training.asynchronous.weight_transfer import weight_transfer_for
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
+    from prompt_r1.training.shared import progress
+    from prompt_r1.training.shared.lora import peft_config
+    from prompt_r1.training.shared.rewards import reward_functions
+    from prompt_r1.training.shared.rows import load_training_rows
+    from prompt_r1.training.shared.trajectories import Trajectories
 
-    args = async_config(config)
+    if not getattr(config, "async_grpo", False):
+        raise ConfigError(
+            "this config is the synchronous trainer's: build PromptR1AsyncGRPOConfig (or "
+            "trainer_config(async_grpo=True, ...)) for the async trainer"
+        )
+    args = config
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
     if train_rows is None:
@@ -186,7 +167,7 @@ def build_async_trainer(
     rows = list(train_rows)
     if config.shuffle_dataset:
         random.Random(config.seed).shuffle(rows)
-    rollout = GraphRollout(
+    rollout = Trajectories(
         environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
     )
     worker = GraphRolloutWorker(
@@ -205,7 +186,7 @@ def build_async_trainer(
     import torch
 
     device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
-    with async_cpu.cpu_trainer(device):
+    with on_cpu.cpu_trainer(device):
         trainer = _trainer_class()(
             model=config.model_name_or_path,
             reward_funcs=None,  # the worker scores its groups itself
@@ -213,10 +194,10 @@ def build_async_trainer(
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
             callbacks=callbacks,
-            peft_config=_peft_config(config),
+            peft_config=peft_config(config),
             rollout_worker=worker,
             weight_transfer=weight_transfer_for(device, root, config.output_dir, file=file_weights),
         )
-    async_cpu.install(trainer.accelerator.device)
+    on_cpu.install(trainer.accelerator.device)
     progress.install(trainer)
     return trainer

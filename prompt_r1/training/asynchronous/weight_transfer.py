@@ -10,11 +10,11 @@ steps. Two implementations, picked by `weight_transfer_for`:
 - **CPU: `FileWeightTransfer`.** NCCL needs CUDA, and vLLM's CPU build prepacks its linear weights, so a
   parameter cannot be written in place. The trainer writes the parameters to one safetensors file (a `.part`
   file, then `os.replace`). It then asks the server to reload that file through the dev-mode `/collective_rpc`,
-  served by the project's worker extension `prompt_r1.training.vllm_sync.FileWeightReload`: vLLM's layerwise
+  served by the project's worker extension `prompt_r1.training.shared.vllm_reload.FileWeightReload`: vLLM's layerwise
   reload, then the prepacked embedding copies refreshed. This is the route server-mode GRPO already uses on CPU.
   The server is started as
   `VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --dtype float32 --logprobs-mode processed_logprobs
-  --worker-extension-cls prompt_r1.training.vllm_sync.FileWeightReload`, and must read the trainer's output folder
+  --worker-extension-cls prompt_r1.training.shared.vllm_reload.FileWeightReload`, and must read the trainer's output folder
   at the same absolute path.
 
 Both pause the server with `/pause?mode=keep` before the swap: requests in flight are frozen, not aborted, and go
@@ -35,18 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError, PromptR1Error
+from prompt_r1.training.shared.vllm_reload import PROBE, RELOAD, server_start_command
 
-__all__ = ["FileWeightTransfer", "WeightSyncError", "server_start_command", "weight_transfer_for"]
-
-CPU_SERVER_FLAGS = (
-    "--dtype float32 --logprobs-mode processed_logprobs "
-    "--worker-extension-cls prompt_r1.training.vllm_sync.FileWeightReload"
-)
-
-
-def server_start_command(model: str = "MODEL") -> str:
-    """How to start the vLLM server the async trainer syncs through a file (vLLM's CPU build)."""
-    return f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.cli.main serve {model} {CPU_SERVER_FLAGS}"
+__all__ = ["FileWeightTransfer", "WeightSyncError", "weight_transfer_for"]
 
 
 class WeightSyncError(PromptR1Error, RuntimeError):
@@ -69,9 +60,6 @@ def _request(url: str, body: dict | None, timeout: float, method: str = "POST") 
 class FileWeightTransfer:
     """`WeightTransferProtocol` through a safetensors file and the server's `/collective_rpc` (CPU; see the module
     docstring). `folder`: where the weights file is written (the trainer's OUTPUT_DIR/vllm_weights)."""
-
-    _RELOAD = "prompt_r1_reload_weights"
-    _PROBE = "prompt_r1_weight_route"
 
     def __init__(
         self, base_url: str, folder: str | Path, *, timeout: float = 600.0, control_timeout: float = 60.0
@@ -100,7 +88,7 @@ class FileWeightTransfer:
         """Check, once at start, that the server can reload weights from a file, and samples with the
         log-probabilities the trainer compares against."""
         try:
-            answer = self._post("/collective_rpc", {"method": self._PROBE})
+            answer = self._post("/collective_rpc", {"method": PROBE})
         except WeightSyncError as exc:
             answer = {"error": str(exc)}
         if (answer.get("results") or [None])[0] != "file":
@@ -129,9 +117,7 @@ class FileWeightTransfer:
         path, part = self.folder / "weights.safetensors", self.folder / f"weights.{os.getpid()}.part"
         save_file(tensors, str(part))
         os.replace(part, path)
-        answer = self._post(
-            "/collective_rpc", {"method": self._RELOAD, "args": [str(path)]}, timeout=self.timeout
-        )
+        answer = self._post("/collective_rpc", {"method": RELOAD, "args": [str(path)]}, timeout=self.timeout)
         if not answer.get("results"):
             raise WeightSyncError(
                 f"the vLLM server at {self.base_url} did not reload the weights from {path} "

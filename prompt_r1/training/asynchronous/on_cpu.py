@@ -1,7 +1,7 @@
 """What `AsyncGRPOTrainer` assumes of a GPU, replaced so that it trains on CPU.
 
 Two things in TRL 1.16's async trainer need CUDA outside its weight transfer (which is
-`prompt_r1.training.weight_transfer`'s job): the tree attention's kernel, and the device-name lookup behind its
+`prompt_r1.training.asynchronous.weight_transfer`'s job): the tree attention's kernel, and the device-name lookup behind its
 MFU metric (`torch.cuda.get_device_name`, called in the constructor). `cpu_trainer` builds the trainer with that
 lookup answering "unknown" (TRL then logs no MFU, its documented case), and `install` puts a torch tree attention
 in place of the kernel.
