@@ -63,16 +63,6 @@ def test_the_contract_catches_an_import_up_a_layer_a_circle_or_a_stray_module(tm
     assert broken in result.stdout, result.stdout
 
 
-# Private names still imported across modules, each waiting on the reorganisation of prompt_r1/training/ (which
-# makes them public or moves them where they belong). Nothing may be added here; remove an entry once it is gone.
-_PRIVATE_IMPORTS_PENDING = {
-    ("prompt_r1/training/async_trainer.py", "prompt_r1.training.trainer", "_peft_config"),
-    ("tests/test_async_grpo.py", "prompt_r1.training.async_trainer", "_trainer_class"),
-    ("tests/test_vllm.py", "prompt_r1.training.vllm_sync", "_post_json"),
-    ("evals/bench/grpo_step.py", "prompt_r1.training.vllm_sync", "_post_json"),
-}
-
-
 def private_imports(root: Path) -> set[tuple[str, str, str]]:
     """(file, module, name) for every `from prompt_r1.… import _name` in the project's Python files."""
     import ast
@@ -92,7 +82,7 @@ def private_imports(root: Path) -> set[tuple[str, str, str]]:
 
 def test_no_module_imports_another_modules_private_names(tmp_path):
     """A name another module needs is public (with a docstring) or lives where it is used."""
-    assert private_imports(ROOT) - _PRIVATE_IMPORTS_PENDING == set()
+    assert private_imports(ROOT) == set()
     planted = tmp_path / "prompt_r1" / "stray.py"
     planted.parent.mkdir()
     planted.write_text("from prompt_r1.core.tokens import _DUMMY_USER\n", encoding="utf-8")

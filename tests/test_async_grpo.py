@@ -331,13 +331,13 @@ def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
     every later resume would replay all the groups trained after it."""
     from types import SimpleNamespace
 
-    from prompt_r1.training.asynchronous.trainer import _trainer_class
+    from prompt_r1.training.asynchronous.trainer import trainer_class
 
     trainer = SimpleNamespace(_trained_groups={0, 2}, model_version=5, args=SimpleNamespace(max_staleness=1))
     # Group 1 was sampled at version 3 (5 - 3 > 1: dropped whenever its turn comes), group 3 had no scored
     # episode, group 4 (version 4) may still be trained, group 5 is in flight.
     worker = SimpleNamespace(start_group=0, finished={0: 4, 1: 3, 2: 4, 3: None, 4: 4})
-    spent = [_trainer_class()._spent(trainer, worker, g) for g in range(6)]
+    spent = [trainer_class()._spent(trainer, worker, g) for g in range(6)]
     assert spent == [True, True, True, True, False, False]
 
 

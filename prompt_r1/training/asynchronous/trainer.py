@@ -36,7 +36,7 @@ __all__ = ["build_async_trainer"]
 ROLLOUT_STATE = "rollout_state.json"
 
 
-def _trainer_class() -> type:
+def trainer_class() -> type:
     """TRL's `AsyncGRPOTrainer`, saving and restoring the Prompt-R1 worker's place with each checkpoint as TRL does
     for its own worker (TRL's checks `isinstance(worker, AsyncRolloutWorker)`): the first group not trained yet and
     the policy version, in `checkpoint-N/rollout_state.json`. Without it a resumed run starts again at the first
@@ -187,7 +187,7 @@ def build_async_trainer(
 
     device = "cuda" if torch.cuda.is_available() and not config.use_cpu else "cpu"
     with on_cpu.cpu_trainer(device):
-        trainer = _trainer_class()(
+        trainer = trainer_class()(
             model=config.model_name_or_path,
             reward_funcs=None,  # the worker scores its groups itself
             args=args,
