@@ -172,3 +172,16 @@ def test_serve_returns_no_key(kind):
                 status, text, headers = exc.code, exc.read(), str(exc.headers)
     assert status == 502 and b"Bearer ***" in text
     assert_no_key(key, text, headers)
+
+
+def test_a_refused_recipe_key_names_the_key_but_never_prints_a_text_value():
+    from prompt_r1.training.shared.config import unknown_keys_message
+
+    line = unknown_keys_message(
+        "async trainer",
+        ["api_key", "beta"],
+        {"api_key": "sk-live-0123456789abcdef", "beta": 0.001},
+        lambda key: "drop it",
+    )
+    assert "sk-live" not in line and "api_key: <str of length 24> (drop it)" in line
+    assert "beta: 0.001 (drop it)" in line  # numbers say what was set

@@ -81,7 +81,14 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
 
             try:
                 run = train_async(
-                    model, table, rows, server.base_url, run_dir, held_out_step=HELD_OUT_STEP, **common
+                    model,
+                    table,
+                    rows,
+                    server.base_url,
+                    run_dir,
+                    held_out_step=HELD_OUT_STEP,
+                    max_staleness=args.max_staleness,
+                    **common,
                 )
             except Exception as exc:  # noqa: BLE001 (one seed's failure is its result, not the run's end)
                 return {"seed": seed, "build": build, "error": f"{type(exc).__name__}: {exc}"}

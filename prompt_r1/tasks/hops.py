@@ -257,8 +257,8 @@ _MARK = re.compile(r"\[hops table (\d+)\]")
 def hops_environment(table: HopsTable) -> Callable[[dict[str, Any]], str]:
     """The environment as a `ScriptedServer` responder: it reads the agent's prompt (the last user message) and
     answers from `table`: the group's table when the system message carries a `table_mark`, else the step's. A
-    request with no earlier assistant message is the episode's first call; a thing an earlier prompt of the episode
-    named is not told again (`ASKED`), so that calling on after the code has come costs the code its place in the
+    request with no earlier assistant message is the episode's first call; a thing already asked about alone by an
+    earlier prompt of the episode is not told again (`ASKED`), so that calling on after the code has come costs the code its place in the
     last reply, and a lie on the first call cannot be undone by asking the same thing twice."""
 
     def respond(body: dict[str, Any]) -> str:

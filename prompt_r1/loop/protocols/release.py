@@ -32,7 +32,7 @@ the rollout and the evaluation apply them (prompt_r1.loop.protocols.base has the
 - `max_turns` counts agent generations (`generation.py`, `run_llm_loop`); a call in the last one is still
   answered, then the episode ends unanswered. Before each generation the episode stops when prompt and trajectory
   exceed the prompt limit (8,192 tokens; token path only). The trajectory the trainer gets is cut at the same
-  number of tokens (`_update_rolling_state`'s `max_response_length=8192`; `training/rollout.py`).
+  number of tokens (`_update_rolling_state`'s `max_response_length=8192`; `prompt_r1/training/sync/rollout.py`).
 - The environment's history is each episode's own earlier (prompt, reply) pairs. The release builds it for a
   whole batch and pads the replies to the batch twice (`run_llm_loop`, `_update_conversation_history`), so once
   an earlier episode of its batch has ended, a later one's history can pair its prompt with another episode's

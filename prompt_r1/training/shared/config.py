@@ -240,9 +240,21 @@ def refuse_unknown_keys(cls: type, trainer: str, reasons: Callable[[str], str]) 
 def unknown_keys_message(
     trainer: str, keys: list[str], values: dict[str, Any], reasons: Callable[[str], str]
 ) -> str:
-    """One line: each key `trainer` does not have, its value when known, and what to do instead."""
+    """One line: each key `trainer` does not have, its value when known (short, and never one that could be a
+    secret: a misplaced `api_key: sk-…` must not be printed), and what to do instead."""
     parts = [
-        f"{key}: {values[key]!r} ({reasons(key)})" if key in values else f"{key} ({reasons(key)})"
+        f"{key}: {_shown(values[key])} ({reasons(key)})" if key in values else f"{key} ({reasons(key)})"
         for key in keys
     ]
     return f"the {trainer} does not support " + "; ".join(parts)
+
+
+def _shown(value: Any) -> str:
+    """A value for an error line: numbers and booleans as they are, anything else by its type and length only."""
+    if isinstance(value, bool | int | float) or value is None:
+        return repr(value)
+    return (
+        f"<{type(value).__name__} of length {len(value)}>"
+        if hasattr(value, "__len__")
+        else f"<{type(value).__name__}>"
+    )

@@ -93,19 +93,20 @@ def _number(value: Any, spec: str) -> str:
 
 # Consecutive steps of a stuck sign before `StepLines` says so.
 STUCK_STEPS = 5
-# (log key, the value that means stuck, what it means): a step where every group's rewards are equal teaches
-# nothing (zero advantages), and a policy that has stopped calling the environment rarely finds its way back.
+# (log key, the test of its value (and the run's settings) that means stuck, what it means): a step where every
+# group's rewards are equal teaches nothing (zero advantages), a policy that has stopped calling the environment
+# rarely finds its way back, and one that calls until it runs out of turns never answers.
 STUCK_SIGNS = (
     (
         "frac_reward_zero_std",
-        1.0,
+        lambda value, args: value == 1.0,
         "every group had equal rewards (no advantage to learn from)",
     ),
-    ("episode/env_calls", 0.0, "no episode called the environment"),
+    ("episode/env_calls", lambda value, args: value == 0.0, "no episode called the environment"),
     (
         "episode/status_max_turns",
-        1.0,
-        "every episode called the environment until max_turns without answering",
+        lambda value, args: value >= 0.5,
+        "half the episodes or more called the environment until max_turns without answering",
     ),
 )
 
@@ -155,14 +156,14 @@ class StepLines(TrainerCallback):
         from tqdm.auto import tqdm
 
         tqdm.write(line, file=self.stream or sys.stderr)  # above transformers' progress bar, not inside it
-        for warning in self._stuck(logs, state.global_step):
+        for warning in self._stuck(logs, state.global_step, args):
             self.warnings.append(warning)
             tqdm.write(warning, file=self.stream or sys.stderr)
 
-    def _stuck(self, logs: dict[str, Any], step: int) -> list[str]:
+    def _stuck(self, logs: dict[str, Any], step: int, args: Any = None) -> list[str]:
         said = []
-        for key, value, meaning in STUCK_SIGNS:
-            held = logs.get(key) is not None and float(logs[key]) == value
+        for key, stuck, meaning in STUCK_SIGNS:
+            held = logs.get(key) is not None and stuck(float(logs[key]), args)
             self._streaks[key] = self._streaks[key] + 1 if held else 0
             if self._streaks[key] == self.stuck_steps:
                 said.append(
