@@ -395,7 +395,7 @@ def build_door_model(
             )
             sampled = reading_share(path, samples=16, seed=seed)
             stage(
-                f"it names the question's door in {sampled:.0%} of sampled first turns (needs {READING_FLOOR:.0%})"
+                f"it names the question's door in {sampled:.1%} of sampled first turns (needs {READING_FLOOR:.0%} or more)"
             )
             if sampled >= READING_FLOOR:
                 break

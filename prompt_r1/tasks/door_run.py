@@ -17,11 +17,12 @@ Needs the `train` and `dev` extras.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,23 @@ def run_door_task(
 
     # Held from before the agent's build (training takes it again, in this process): a second run on the folder
     # is refused in one line before it builds an agent over this one's.
-    with hold_output(output_dir, "--output_dir", folder=True):
+    with hold_output(output_dir, "--output_dir", folder=True), _quiet_loading():
         return _run(Path(output_dir), max_steps, seed, say)
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """Without transformers' bars for each save and load of the tiny model (a dozen in a build): the stages'
+    lines say what happens. The trainer's own step bar is not one of them."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 def _run(out: Path, max_steps: int, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
