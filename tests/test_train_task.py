@@ -95,3 +95,26 @@ def test_the_demo_builds_trains_and_says_what_it_learned(tmp_path):
     assert (out / "curves.png").is_file() and (out / "model.safetensors").is_file()
     assert json.loads((out / "agent" / "door_build.json").read_text())["seed"] == 0
     assert f"curves: {out / 'curves.png'}" in done.stderr
+
+
+def test_tiny_demo_is_an_alias_of_the_door_demo(tmp_path):
+    """The former README command still works: it says where it went and passes its flags on (here a refused one,
+    so that nothing is built)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "training/tiny_demo.py"),
+            "--max_steps",
+            "3",
+            "--output_dir",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == "tiny_demo.py is now door_demo.py: running python training/door_demo.py", lines
+    assert "--max_steps/--max-steps: must be an integer ≥ 20, got 3" in lines[1] and len(lines) == 2, lines
+    assert not (tmp_path / "o").exists()
