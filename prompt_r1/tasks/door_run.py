@@ -31,7 +31,8 @@ from prompt_r1.core.errors import ConfigError
 __all__ = ["DEFAULT_OUTPUT", "DEFAULT_STEPS", "TASKS", "WINDOW", "run_door_task"]
 
 TASKS = ("door-codes",)
-# Chosen so that the reward rises within five minutes on 2 CPU cores, the agent's build included (docs/train.md).
+# Enough for the reward to rise on every seed tried (0, 1, 2: +0.27 to +0.45 from the first 10 steps to the last
+# 10), within five minutes on 2 CPU cores with the agent's build (docs/train.md has the runs).
 DEFAULT_STEPS = 40
 DEFAULT_OUTPUT = "runs/door-codes"
 WINDOW = 10  # the first and the last this many steps are compared
