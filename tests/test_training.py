@@ -39,9 +39,9 @@ from prompt_r1.core.tokens import user_turn_ids  # noqa: E402
 from prompt_r1.runs.episode import Episode  # noqa: E402
 from prompt_r1.scoring.rewards import trl_reward  # noqa: E402
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment  # noqa: E402
-from prompt_r1.training.sync.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.shared.rows import load_training_rows  # noqa: E402
 from prompt_r1.training.shared.trajectories import question_of  # noqa: E402
+from prompt_r1.training.sync.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.sync.rollout import GraphRollout  # noqa: E402
 from prompt_r1.training.sync.trainer import build_trainer  # noqa: E402
 
@@ -597,30 +597,6 @@ def test_mean_reward_rises_on_the_name_task(tmp_path):
     assert not math.isnan(first) and last > first, (first, last)
 
 
-def test_tiny_demo_runs_the_tiny_recipe(protocol_model_path, tmp_path):
-    """`python training/tiny_demo.py` (the README's laptop command), with the model built by the fixture."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "training/tiny_demo.py"),
-            "--model-dir",
-            str(protocol_model_path),
-            "--max_steps",
-            "1",
-            "--save_strategy",
-            "no",
-            "--output_dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "trained 1 step;" in done.stderr
-    assert (tmp_path / "run" / "model.safetensors").is_file()
-
-
 def test_train_help_lists_the_loop_fields():
     done = subprocess.run(
         [sys.executable, "-m", "prompt_r1", "train", "--help"], capture_output=True, text=True, timeout=120
@@ -633,6 +609,7 @@ def test_train_help_lists_the_loop_fields():
         "--use_peft",
         "--resume",
         "--num_generations",
+        "--task",
     ):
         assert flag in done.stdout
 

@@ -28,7 +28,8 @@ def add_train_parsers(sub: argparse._SubParsersAction) -> None:
         "train",
         add_help=False,
         help="GRPO-train the agent from a recipe: prompt-r1 train --config training/configs/RECIPE.yaml "
-        "[--FIELD VALUE ...] (prompt-r1 train --help lists every field)",
+        "[--FIELD VALUE ...] (prompt-r1 train --help lists every field); or a built-in task, offline: "
+        "prompt-r1 train --task door-codes [--max_steps N] [--output_dir DIR]",
     )
     mg = sub.add_parser(
         "merge",
@@ -62,6 +63,13 @@ def train_parser(argv: list[str] | None = None):
     class TrainFlags:
         resume: bool = field(
             default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
+        )
+        task: str | None = field(
+            default=None,
+            metadata={
+                "help": "Train on a built-in task instead of a recipe, offline: door-codes (a tiny agent built "
+                "here, a scripted environment on 127.0.0.1; prompt-r1 train --task door-codes --help)."
+            },
         )
         async_grpo: bool = field(
             default=False,
@@ -139,8 +147,14 @@ def _config_class(argv: list[str]) -> type:
 
 
 def cmd_train(argv: list[str]) -> int:
-    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override."""
+    """Everything after `train` goes to TRL's parser: a recipe (--config) whose fields flags override; or, with
+    --task, to the built-in task's own parser (`prompt_r1.cli.train_task`)."""
     import yaml
+
+    from prompt_r1.cli.train_task import asks_for_task, cmd_train_task
+
+    if asks_for_task(argv):
+        return cmd_train_task(argv)
 
     from prompt_r1.clients.environment import OPENAI_BASE_URL
     from prompt_r1.training.run import train

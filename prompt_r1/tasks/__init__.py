@@ -3,13 +3,16 @@ from, and the rollout hooks and figures that say whether GRPO taught the agent t
 
 - `door_codes`: one call (ask the question's door, copy its code); `door_training`: its synchronous rollout,
   controls and figures; `door_async`: the same task under the asynchronous trainer (a table per group);
+  `door_run`: the task in one command, built, trained and reported (`prompt-r1 train --task door-codes`,
+  `training/door_demo.py`);
 - `hops`: a chain of 1 to 3 dependent calls (a key opens a door, a door leads to a room, a room has a code);
   `hops_agent`: the tiny agent it starts from; `hops_training`: its rollout, chain figures and controls;
   `hops_async`: the same task under the asynchronous trainer.
 
 Add a task: a module with its facts (redrawn per step, or per group under the async trainer, so that nothing can
 be memorised), a `ScriptedServer` responder, rows, and an agent builder that teaches skills, not the choice; a
-`*_training` module with its rollout and figures; then a `--task` entry in `evals/bench/learning.py`.
+`*_training` module with its rollout and figures; then a `--task` entry in `evals/bench/learning.py`, and for
+`prompt-r1 train --task` a `*_run` module like `door_run` and its name in `prompt_r1/cli/train_task.py`.
 
 May import: every layer below it, and `prompt_r1.testing` (tiny models, scripted servers, vLLM launcher). Above it
 only the surfaces (cli) and the benchmarks import it.

@@ -309,6 +309,7 @@ def build_door_model(
     episodes: int = 512,
     batch_size: int = 64,
     max_reading_steps: int = MAX_READING_STEPS,
+    say: Callable[[str], None] | None = None,
     **shape: Any,
 ) -> Path:
     """The tiny agent for the task, fine-tuned in two stages (see the module docstring): `reading_episodes`, in
@@ -318,11 +319,19 @@ def build_door_model(
     Raises DoorBuildError when either check still fails. No code in either stage is a fact:
     each reply's is drawn afresh. Its tokenizer knows the protocol's tags and its instruction as one token each,
     and the doors and codes as words, so a prompt is about thirty tokens and the model fine-tunes and trains in
-    seconds. The figures go to PATH/door_build.json."""
+    seconds. The figures go to PATH/door_build.json. `say`, when given, is told a line as each stage starts and
+    ends (a build takes minutes on 2 cores)."""
     import json
+    import time
 
     from prompt_r1.core.prompts import INSTRUCTION_TEMPLATE
     from prompt_r1.testing.tiny_models import build_protocol_model
+
+    started = time.monotonic()
+
+    def stage(line: str) -> None:
+        if say is not None:
+            say(f"agent: {line} ({time.monotonic() - started:.0f} s)")
 
     corpus = [
         *(f"{question_for(d)} The {d} door code is {c}." for d in DOORS for c in CODES),
@@ -333,6 +342,10 @@ def build_door_model(
     tags += [t.replace("<", "</") for t in tags]
     path = Path(path)
     reading = reading_episodes(episodes // 2, seed=seed)
+    stage(
+        f"a random tiny model (seed {seed}) and a tokenizer trained here; stage 1 of 2, reading: {steps} "
+        "fine-tuning steps on asking about the question's door and copying the reply's code"
+    )
     build_protocol_model(
         path,
         reading,
@@ -344,6 +357,7 @@ def build_door_model(
         **shape,
     )
     reading_steps, greedy = steps, reading_share(path)
+    stage(f"after {reading_steps} steps it names the question's door in {greedy:.0%} of first turns (greedy)")
     while greedy < READING_TARGET and reading_steps < max_reading_steps:
         # Each round draws its own batches (seed + round) and starts a fresh optimizer from the saved weights.
         build_protocol_model(
@@ -351,6 +365,9 @@ def build_door_model(
         )
         reading_steps += steps
         greedy = reading_share(path)
+        stage(
+            f"after {reading_steps} steps it names the question's door in {greedy:.0%} of first turns (greedy)"
+        )
     if greedy < READING_TARGET:
         raise DoorBuildError(
             f"seed {seed}: after {reading_steps} fine-tuning steps the agent names the question's door in "
@@ -364,6 +381,10 @@ def build_door_model(
     shutil.copytree(path, reading_stage)
     try:
         for attempt in range(MIXTURE_ATTEMPTS):
+            stage(
+                f"stage 2 of 2, no preference (try {attempt + 1}): {steps} steps on every behaviour equally often "
+                "(answer at once; ask about no door, its door or the next; copy the reply or not)"
+            )
             build_protocol_model(
                 path,
                 format_episodes(episodes, seed=seed),
@@ -373,6 +394,9 @@ def build_door_model(
                 steps=steps,
             )
             sampled = reading_share(path, samples=16, seed=seed)
+            stage(
+                f"it names the question's door in {sampled:.1%} of sampled first turns (needs {READING_FLOOR:.0%} or more)"
+            )
             if sampled >= READING_FLOOR:
                 break
     finally:
