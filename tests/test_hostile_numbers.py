@@ -290,8 +290,10 @@ def test_a_model_folder_that_does_not_exist_is_one_line_before_anything_loads(co
     monkeypatch.chdir(tmp_path)
     with ScriptedServer({"env": echo_environment()}) as server:
         if command == "train":
-            argv = ["train", "--output_dir", "out", "--use_cpu", "true", "--bf16", "false",
-                    "--model_name_or_path", "./my-trained-agent", "--env_base_url", server.base_url]  # fmt: skip
+            (tmp_path / "train.jsonl").write_text('{"question": "q", "golden_answers": ["a"]}\n')
+            argv = ["train", "--output_dir", "out", "--use_cpu", "true", "--bf16", "false", "--train_data",
+                    "train.jsonl", "--model_name_or_path", "./my-trained-agent",
+                    "--env_base_url", server.base_url]  # fmt: skip
         else:
             argv = ["run", "q", "--agent-model", "./my-trained-agent", "--env-model", "env",
                     "--env-base-url", server.base_url, "--env-api-key-env", "NONE"]  # fmt: skip
