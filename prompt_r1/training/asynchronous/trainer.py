@@ -165,7 +165,9 @@ def build_async_trainer(
         max_in_flight=1024,
     )
     rows = list(train_rows)
-    if config.shuffle_dataset:
+    # TRL's async config has no shuffle_dataset (its own loader does not shuffle); the rows are shuffled from the
+    # seed as the synchronous trainer's sampler does, unless a config says otherwise.
+    if getattr(config, "shuffle_dataset", True):
         random.Random(config.seed).shuffle(rows)
     rollout = Trajectories(
         environment, loop=config.loop_config(), train_on_environment_tokens=config.train_on_environment_tokens
