@@ -202,7 +202,7 @@ def test_a_staleness_of_ten_to_the_twelve_is_refused_with_its_range(tmp_path, ca
     line = one_error_line(capsys.readouterr().err)
     assert "max_staleness must be an integer ≥ 0 and ≤ 1000, got 1000000000000" in line, line
     assert main(["train", "--config", str(recipe), "--max_staleness", "1e12"]) == 2  # not an integer's text
-    assert "--max_staleness/--max-staleness: invalid int value: '1e12'" in one_error_line(
+    assert "--max_staleness/--max-staleness: must be an integer ≥ 0 and ≤ 1000, got '1e12'" in one_error_line(
         capsys.readouterr().err
     )
 
