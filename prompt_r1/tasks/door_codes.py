@@ -54,6 +54,7 @@ __all__ = [
     "door_environment",
     "door_rows",
     "format_episodes",
+    "message_text",
     "named_doors",
     "question_for",
     "reading_share",
@@ -176,13 +177,13 @@ def door_environment(codes: dict[str, str] | DoorTable) -> Callable[[dict[str, A
 
     def respond(body: dict[str, Any]) -> str:
         messages = body.get("messages") or [{}]
-        named = named_doors(_text(messages[-1]))
+        named = named_doors(message_text(messages[-1]))
         if not named:
             return "Name the door."
         if len(named) > 1:
             return "Name one door."
         if isinstance(codes, DoorTable):
-            system = next((_text(m) for m in messages if m.get("role") == "system"), "")
+            system = next((message_text(m) for m in messages if m.get("role") == "system"), "")
             mark = _MARK.search(system)
             return codes.tell(named[0], group=int(mark.group(1)) if mark else None)
         return f"The {named[0]} door code is {codes[named[0]]}."
@@ -190,7 +191,8 @@ def door_environment(codes: dict[str, str] | DoorTable) -> Callable[[dict[str, A
     return respond
 
 
-def _text(message: dict[str, Any]) -> str:
+def message_text(message: dict[str, Any]) -> str:
+    """A chat message's text, whether its content is a string or a list of parts (what a scripted responder reads)."""
     content = message.get("content", "")
     return content if isinstance(content, str) else " ".join(str(part) for part in content)
 

@@ -37,6 +37,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from prompt_r1.tasks.door_codes import message_text
+
 __all__ = [
     "CODES",
     "DOORS",
@@ -263,25 +265,20 @@ def hops_environment(table: HopsTable) -> Callable[[dict[str, Any]], str]:
 
     def respond(body: dict[str, Any]) -> str:
         messages = body.get("messages") or [{}]
-        names = named(_text(messages[-1]))
+        names = named(message_text(messages[-1]))
         if not names:
             return NAME_SOME
         if len(names) > 1:
             return NAME_ONE
-        earlier = [named(_text(m)) for m in messages[:-1] if m.get("role") == "user"]
+        earlier = [named(message_text(m)) for m in messages[:-1] if m.get("role") == "user"]
         if names in earlier:  # each thing is told once an episode: a call never repeats the last reply's news
             return ASKED
-        system = next((_text(m) for m in messages if m.get("role") == "system"), "")
+        system = next((message_text(m) for m in messages if m.get("role") == "system"), "")
         mark = _MARK.search(system)
         first = not any(m.get("role") == "assistant" for m in messages)
         return table.tell(names[0], first=first, group=int(mark.group(1)) if mark else None)
 
     return respond
-
-
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content", "")
-    return content if isinstance(content, str) else " ".join(str(part) for part in content)
 
 
 def starts(n: int, seed: int = 0) -> list[str]:
