@@ -64,6 +64,19 @@ def served():
             yield url, upstream
 
 
+@pytest.fixture
+def tiny_grpo_config(tmp_path):
+    """Build the tiny GRPO run's config (helpers.TINY_GRPO) in this test's folder: `tiny_grpo_config(model, server,
+    **overrides)`; `async_grpo=True` gives the async trainer's. Output goes to tmp_path/run unless overridden."""
+    from helpers import UNREACHABLE_URL, tiny_grpo_config
+
+    def make(model: Path | str = "unused", server: ScriptedServer | None = None, **overrides):
+        url = server.base_url if server is not None else UNREACHABLE_URL
+        return tiny_grpo_config(overrides.pop("output_dir", tmp_path / "run"), model, url, **overrides)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
     """A tiny random Qwen2 model with an in-process tokenizer, saved for `from_pretrained`."""
