@@ -75,6 +75,15 @@ def tiny_train_args(
     ]  # fmt: skip
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process that must be told its port, not pick one)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def wait_for(predicate: Callable[[], object], what: str = "condition", timeout: float = 90.0) -> None:
     """Poll `predicate` until it is true; fail naming `what` after `timeout` seconds (generous: the machine that runs
     the tests may be loaded, and a process's start-up imports alone can take seconds)."""
@@ -168,6 +177,72 @@ def name_rows(n: int) -> list[dict]:
     return [
         {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
     ] * n
+
+
+def name_environment(**options: Any) -> Any:
+    """A scripted server whose environment ("env") always answers the name task's NAME_RESPONSE."""
+    from conftest import NAME_RESPONSE
+
+    from prompt_r1.testing.servers import ScriptedServer
+
+    return ScriptedServer({"env": lambda body: NAME_RESPONSE}, **options)
+
+
+# The largest log-probability gap between an engine (vLLM) and the model that counts as equal (float32 on CPU:
+# ~1e-5).
+LOGPROB_GAP = 1e-3
+
+# A greedy agent's settings: the same ids every run, whichever backend samples them.
+GREEDY = dict(temperature=0.0, max_new_tokens=40)
+
+
+def greedy_transformers_agent(model: Path) -> Any:
+    """The `transformers` backend on `model`, greedy: the reference other backends' episodes are compared with."""
+    from prompt_r1.agents.local import TransformersAgent
+    from prompt_r1.core.config import AgentConfig
+
+    return TransformersAgent(AgentConfig(model=str(model), backend="transformers", **GREEDY))
+
+
+def name_episodes(agent: Any, server: Any, n: int) -> list[dict]:
+    """`n` concurrent episodes of the name question by `agent` (the paper's protocol, two turns) against `server`'s
+    environment: the final graph states."""
+    import asyncio
+
+    from conftest import NAME_QUESTION
+
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import EnvironmentConfig, LoopConfig
+    from prompt_r1.loop.graph import build_graph
+
+    environment = EnvironmentClient(
+        EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
+    )
+    graph = build_graph(agent, environment, loop=LoopConfig(max_turns=2, max_total_tokens=200))
+
+    async def run() -> list[dict]:
+        return await asyncio.gather(*(graph.ainvoke({"question": NAME_QUESTION}) for _ in range(n)))
+
+    return asyncio.run(run())
+
+
+def release_name_episodes(*agents: Any) -> list[dict]:
+    """One episode of the name question under the release protocol per agent, against the same environment."""
+    import asyncio
+
+    from conftest import NAME_QUESTION
+
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import EnvironmentConfig, LoopConfig
+    from prompt_r1.loop.graph import build_graph
+
+    loop = LoopConfig(protocol="release", max_turns=2, max_total_tokens=3000)
+    with name_environment() as server:
+        environment = EnvironmentClient(
+            EnvironmentConfig(model="env", base_url=server.base_url), api_key="unused"
+        )
+        graphs = [build_graph(agent, environment, loop=loop) for agent in agents]
+        return [asyncio.run(graph.ainvoke({"question": NAME_QUESTION})) for graph in graphs]
 
 
 def rows_of(path: Path) -> list[dict]:
