@@ -128,6 +128,28 @@ def run_cli_process(
     )
 
 
+def accelerate_launch(args: Sequence[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """`accelerate launch ARGS` run to its end, on a free port (not accelerate's fixed 29500, which another launch
+    on the machine may hold), one thread per process."""
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    accelerate = Path(sys.executable).parent / "accelerate"
+    return subprocess.run(
+        [str(accelerate), "launch", "--main_process_port", str(free_port()), *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def failure_lines(stderr: str) -> str:
+    """The lines of a failed launch that say why, without the progress bars and deprecation warnings."""
+    noise = ("it/s]", "s/it]", "Warning", "warnings.warn", "return func(")
+    lines = [line for line in stderr.splitlines() if line.strip() and not any(n in line for n in noise)]
+    return "\n".join(lines[-60:])
+
+
 def spawn(
     command: Sequence[str], log: Path, *, cwd: Path = ROOT, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +23,7 @@ from conftest import (  # noqa: E402
     NAME_TURN_1,
     NAMES,
 )
-from helpers import ROOT, name_rows, tiny_train_args, write_name_dataset  # noqa: E402
+from helpers import ROOT, accelerate_launch, failure_lines, name_rows, tiny_train_args, write_name_dataset  # noqa: E402
 
 from prompt_r1.cli.main import main as cli_main  # noqa: E402
 from prompt_r1.core.prompts import question_message  # noqa: E402
@@ -137,30 +135,6 @@ def test_merge_refuses_a_folder_that_is_not_an_adapter(tmp_path, capsys):
     assert "not a LoRA adapter folder" in capsys.readouterr().err
 
 
-def _failure_lines(stderr: str) -> str:
-    """The lines of a failed launch that say why, without the progress bars and deprecation warnings."""
-    noise = ("it/s]", "s/it]", "Warning", "warnings.warn", "return func(")
-    lines = [line for line in stderr.splitlines() if line.strip() and not any(n in line for n in noise)]
-    return "\n".join(lines[-60:])
-
-
-def _launch(args: list[str], tmp_path: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    accelerate = Path(sys.executable).parent / "accelerate"
-    # A free port rather than accelerate's fixed 29500, so that no other launch on the machine can collide.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return subprocess.run(
-        [str(accelerate), "launch", "--main_process_port", str(port), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model_path, tmp_path, stage):
     """The README's command: accelerate launch with the repo's DeepSpeed config, 2 CPU processes (gloo)."""
@@ -168,7 +142,7 @@ def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model
 
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         out = tmp_path / "run"
-        done = _launch(
+        done = accelerate_launch(
             [
                 "--config_file",
                 str(ROOT / f"training/accelerate/deepspeed_zero{stage}.yaml"),
@@ -194,7 +168,7 @@ def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model
             tmp_path,
         )
         requests = len(server.requests_for("env"))
-    assert done.returncode == 0, f"exit {done.returncode}: {_failure_lines(done.stderr)}"
+    assert done.returncode == 0, f"exit {done.returncode}: {failure_lines(done.stderr)}"
     assert "trained 2 steps" in done.stderr
     assert 0 < requests <= 2 * 2 * 4  # 2 steps x 2 processes x 4 episodes, at most one environment call each
     before = load_file(protocol_model_path / "model.safetensors")
