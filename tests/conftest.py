@@ -64,6 +64,19 @@ def served():
             yield url, upstream
 
 
+@pytest.fixture
+def tiny_grpo_config(tmp_path):
+    """Build the tiny GRPO run's config (helpers.TINY_GRPO) in this test's folder: `tiny_grpo_config(model, server,
+    **overrides)`; `async_grpo=True` gives the async trainer's. Output goes to tmp_path/run unless overridden."""
+    from helpers import UNREACHABLE_URL, tiny_grpo_config
+
+    def make(model: Path | str = "unused", server: ScriptedServer | None = None, **overrides):
+        url = server.base_url if server is not None else UNREACHABLE_URL
+        return tiny_grpo_config(overrides.pop("output_dir", tmp_path / "run"), model, url, **overrides)
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
     """A tiny random Qwen2 model with an in-process tokenizer, saved for `from_pretrained`."""
@@ -124,3 +137,30 @@ def protocol_model_path(tmp_path_factory) -> Path:
         (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
     ]
     return build_protocol_model(tmp_path_factory.mktemp("protocol") / "model", episodes, steps=150)
+
+
+@pytest.fixture(scope="session")
+def wide_head_model_path(tmp_path_factory) -> Path:
+    """The name task's protocol model with 2 heads of 64 on a hidden size of 128: vLLM's CPU attention takes heads
+    32, 64 or 128 wide (tests/test_vllm*.py)."""
+    from prompt_r1.testing.tiny_models import build_protocol_model
+
+    episodes = [
+        (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+    ]
+    path = tmp_path_factory.mktemp("wide-head") / "model"
+    return build_protocol_model(path, episodes, hidden_size=128, heads=2, kv_heads=1, steps=120)
+
+
+@pytest.fixture
+def colocate_config(tiny_grpo_config):
+    """The tiny run's config with TRL's colocated vLLM engine and its sync check, three steps (tests/test_vllm*.py:
+    `colocate_config(model, server, **overrides)`)."""
+
+    def make(model: Path, server: ScriptedServer, **overrides):
+        # TRL's default seed (42) and the protocol's own reward preset: the settings these runs were checked with.
+        settings = dict(max_steps=3, seed=42, reward_preset=None, report_to=[], bf16=False)
+        vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_sync_check=True)
+        return tiny_grpo_config(model, server, **{**settings, **vllm, **overrides})
+
+    return make

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES
+from helpers import run_cli_process, tiny_grpo_config
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.testing.servers import ScriptedServer
@@ -96,32 +96,12 @@ def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
 
 
 def _config(tmp_path: Path, **overrides):
-    """A tiny run's config; `async_grpo=True` gives the async trainer's (`trainer_config`)."""
-    from prompt_r1.training.run import trainer_config
-
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        model_name_or_path="unused",
-        env_model="env",
-        env_base_url="http://127.0.0.1:9/v1",
-        env_api_key_env="PROMPT_R1_TEST_NO_KEY",
-        per_device_train_batch_size=8,
-        num_generations=8,
-        max_steps=3,
-        max_turns=2,
-        max_turn_tokens=24,
-        max_total_tokens=96,
-        learning_rate=1e-4,
-        temperature=1.0,
-        reward_preset="reference",
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        save_strategy="no",
-        seed=0,
+    """The tiny run's config (helpers.TINY_GRPO) at 8 episodes a step; `async_grpo=True` gives the async
+    trainer's (`trainer_config`)."""
+    settings = dict(
+        per_device_train_batch_size=8, num_generations=8, max_steps=3, learning_rate=1e-4, bf16=False
     )
-    return trainer_config(**{**values, **overrides})
+    return tiny_grpo_config(tmp_path / "out", **{**settings, **overrides})
 
 
 def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_refused_key(tmp_path):
@@ -144,10 +124,14 @@ def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_re
         match=r"^the async trainer does not support beta: 0.001 \(it has no reference model.*drop beta\)$",
     ):
         _config(tmp_path, async_grpo=True, beta=0.001)
-    with pytest.raises(ConfigError, match=r"vllm_sync_check: True \(its sync is checked by its importance ratio"):
+    with pytest.raises(
+        ConfigError, match=r"vllm_sync_check: True \(its sync is checked by its importance ratio"
+    ):
         _config(tmp_path, async_grpo=True, vllm_sync_check=True)
     # TRL's async config has top_k; the loop's served agent does not send it.
-    with pytest.raises(ConfigError, match=r"top_k: 5 \(the served agent samples with temperature and top_p\)"):
+    with pytest.raises(
+        ConfigError, match=r"top_k: 5 \(the served agent samples with temperature and top_p\)"
+    ):
         _config(tmp_path, async_grpo=True, top_k=5)
     with pytest.raises(
         ConfigError,
@@ -178,11 +162,11 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
         "model_name_or_path: unused\noutput_dir: out\nenv_base_url: http://127.0.0.1:9/v1\nbeta: 0.001\n"
         "use_cpu: true\nbf16: false\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def train(*args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "prompt_r1", "train", "--config", str(recipe), *args]
-        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        return run_cli_process(
+            ["train", "--config", recipe, *args], timeout=300, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}
+        )
 
     done = train("--async")
     assert done.returncode == 2, done.stderr[-2000:]

@@ -228,13 +228,12 @@ def test_a_bad_number_in_a_request_is_a_400_naming_it_and_runs_nothing(served, e
 # ---- training ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def grpo_config():
-    from prompt_r1.training.sync.config import PromptR1GRPOConfig
+@pytest.fixture
+def grpo_config(tiny_grpo_config):
+    """The tiny run's config (conftest), output in tmp_path/out, with one value changed by each test."""
 
     def make(tmp_path, **overrides):
-        return PromptR1GRPOConfig(**{"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False,
-                                     "model_name_or_path": str(tmp_path), **overrides})  # fmt: skip
+        return tiny_grpo_config(tmp_path, **{"output_dir": str(tmp_path / "out"), "bf16": False, **overrides})
 
     return make
 

@@ -1,16 +1,16 @@
-"""Servers that misbehave, and outputs that must survive them: keys never reach a client or a file, malformed 200s
-are retried, refusals are final, text that is not valid Unicode is repaired, forged protocol tags are defused,
-and every output path is checked before anything is written to it. Real HTTP servers on 127.0.0.1 throughout."""
+"""Servers that misbehave: keys never reach a client or a file, malformed 200s are retried, refusals are final, text
+that is not valid Unicode is repaired, forged protocol tags are defused. Real HTTP servers on 127.0.0.1 throughout.
+Output paths that must survive them: tests/test_hostile_outputs.py; the token-exact served path under the same
+faults: tests/test_hostile_token_path.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
-from pathlib import Path
 
 import pytest
+from hostile_setup import AGENT_KEY, ANSWER, ENV_KEY, KEY_ENV, PROMPT, no_key_in, run_args
 
 from prompt_r1.agents.served import ServedAgent
 from prompt_r1.cli.main import main
@@ -20,25 +20,11 @@ from prompt_r1.core.config import AgentConfig, EnvironmentConfig
 from prompt_r1.core.errors import AgentError, EnvironmentRefused
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, relay_agent, scripted_agent
 
-AGENT_KEY = "sk-agent-hostile-7c1d94e2"
-ENV_KEY = "sk-env-hostile-0b8a33f5"
-PROMPT = "<think>t</think><interaction_prompt>p</interaction_prompt>"
-ANSWER = "<think>f</think><answer>Paris</answer>"
-
 
 @pytest.fixture(autouse=True)
 def _keys(monkeypatch):
-    monkeypatch.setenv("HOSTILE_AGENT_KEY", AGENT_KEY)
-    monkeypatch.setenv("HOSTILE_ENV_KEY", ENV_KEY)
-
-
-def run_args(server: ScriptedServer, *extra: str, question: str = "Where?") -> list[str]:
-    return [
-        "run", question, "--agent-model", "agent", "--agent-base-url", server.base_url,
-        "--agent-api-key-env", "HOSTILE_AGENT_KEY", "--env-model", "env", "--env-base-url", server.base_url,
-        "--env-api-key-env", "HOSTILE_ENV_KEY", "--env-backoff-initial", "0.01", "--env-backoff-max", "0.02",
-        *extra,
-    ]  # fmt: skip
+    for name, key in KEY_ENV.items():
+        monkeypatch.setenv(name, key)
 
 
 def echoing(model_to_fail: str, kind: str = "echo-401"):
@@ -46,14 +32,6 @@ def echoing(model_to_fail: str, kind: str = "echo-401"):
     return ScriptedServer(
         {"env": echo_environment(), "agent": scripted_agent([PROMPT, ANSWER])},
         fault_rule=lambda model, body: Fault(kind) if model == model_to_fail else None,
-    )
-
-
-def no_key_in(*texts: str | bytes) -> bool:
-    return all(
-        key not in (t.decode("utf-8", "replace") if isinstance(t, bytes) else t)
-        for t in texts
-        for key in (AGENT_KEY, ENV_KEY)
     )
 
 
@@ -311,221 +289,6 @@ def test_a_huge_reply_and_a_huge_agent_turn_end_cleanly(capsys):
     assert payload["status"] == "format_error" and payload["error"].startswith("too long")
 
 
-# ---- output paths ---------------------------------------------------------------------------------------------
-
-
-def batch_args(server: ScriptedServer, inp: Path, out: Path, *extra: str) -> list[str]:
-    return ["batch", str(inp), "--out", str(out), "--no-progress", *run_args(server)[2:], *extra]
-
-
-@pytest.fixture
-def questions(tmp_path) -> Path:
-    path = tmp_path / "q.jsonl"  # no trailing newline: a file a careless --out would lose its last line of
-    path.write_text("\n".join(json.dumps({"id": f"q{i}", "question": f"Item {i}?"}) for i in range(3)))
-    return path
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith("prompt-r1: error: "), err
-    return lines[0]
-
-
-def test_batch_out_equal_to_the_input_is_refused_untouched(questions, capsys):
-    before = questions.read_bytes()
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        assert main(batch_args(server, questions, questions)) == 2
-        assert not server.requests
-    assert "is the input file" in one_error_line(capsys.readouterr().err)
-    assert questions.read_bytes() == before
-
-
-def test_batch_out_naming_another_file_is_refused_untouched(questions, tmp_path, capsys):
-    other = tmp_path / "notes.jsonl"
-    other.write_text('{"note": "keep me"}\n{"note": "and my last line"}')
-    before = other.read_bytes()
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        assert main(batch_args(server, questions, other)) == 2
-        assert not server.requests
-    assert "line 1 is not a results row" in one_error_line(capsys.readouterr().err)
-    assert other.read_bytes() == before
-
-
-def test_a_torn_row_of_our_own_is_cut_and_a_complete_last_row_kept(questions, tmp_path, capsys):
-    out = tmp_path / "r.jsonl"
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        assert main(batch_args(server, questions, out, "--limit", "2")) == 0
-        rows = out.read_text().splitlines()
-        out.write_text(rows[0])  # the last row complete, its newline lost
-        assert main(batch_args(server, questions, out, "--limit", "2")) == 0
-        out.write_text(out.read_text() + '{"id": "q2", "dataset": "q", "ques')  # a row torn mid-write
-        assert main(batch_args(server, questions, out)) == 0
-    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == ["q0", "q1", "q2"]
-
-
-@pytest.mark.parametrize("where", ["folder", "under-a-file", "a-device"])
-def test_batch_out_that_cannot_be_written_is_one_line(where, questions, tmp_path, capsys):
-    out = {
-        "folder": tmp_path / "dir.jsonl",
-        "under-a-file": questions / "r.jsonl",
-        "a-device": tmp_path / "null.jsonl",
-    }[where]
-    if where == "folder":
-        out.mkdir()
-    if where == "a-device":
-        out.symlink_to(os.devnull)
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        code = main(batch_args(server, questions, out))
-        assert not server.requests
-    line = one_error_line(capsys.readouterr().err)
-    assert code == 2 and f"--out {out}" in line
-    assert {"folder": "is a folder", "under-a-file": "is not a folder", "a-device": "not a regular file"}[
-        where
-    ] in line
-
-
-def run_on_a_small_file_system(tmp_path: Path, argv_for, *, read_only: bool) -> tuple[int, str, Path]:
-    """Run the CLI in a mount namespace of its own with a 24 KiB tmpfs at MOUNT (read-only, or soon full), as a
-    real full disk or read-only mount behaves (as root, a permission bit cannot make a file unwritable)."""
-    import shutil
-    import subprocess
-    import sys
-
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare is not installed")
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs "{mount}"'], capture_output=True
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {probe.stderr.decode().strip()}")
-    remount = f' && mount -o remount,ro "{mount}"' if read_only else ""
-    script = f'mount -t tmpfs -o size=24k tmpfs "{mount}"{remount} && exec "$@"'
-    command = [
-        "unshare",
-        "-m",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-        "sh",
-        sys.executable,
-        "-m",
-        "prompt_r1",
-    ]
-    env = {**os.environ, "HOSTILE_AGENT_KEY": AGENT_KEY, "HOSTILE_ENV_KEY": ENV_KEY}
-    done = subprocess.run(command + argv_for(mount), capture_output=True, text=True, env=env, timeout=120)
-    return done.returncode, done.stderr, mount
-
-
-@pytest.mark.parametrize("read_only", [True, False])
-def test_batch_on_a_read_only_or_full_file_system_is_one_line(read_only, tmp_path):
-    inp = tmp_path / "q.jsonl"
-    rows = (json.dumps({"id": f"q{i}", "question": f"Item {i}? " + "x" * 400}) + "\n" for i in range(80))
-    inp.write_text("".join(rows))
-    summary = str(tmp_path / "s.json")
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        code, err, mount = run_on_a_small_file_system(
-            tmp_path,
-            lambda mount: batch_args(
-                server, inp, mount / "r.jsonl", "--summary", summary, "--concurrency", "4"
-            ),
-            read_only=read_only,
-        )
-    assert code == 2 and "Traceback" not in err, err
-    line = one_error_line("\n".join(x for x in err.splitlines() if x.startswith("prompt-r1: error")))
-    assert f"{mount}/r.jsonl" in line
-    assert ("Read-only file system" if read_only else "No space left on device") in line
-
-
-@pytest.mark.parametrize(
-    "problem", ["not-a-database", "is-the-input", "summary-is-a-folder", "summary-not-ours"]
-)
-def test_batch_side_files_are_checked_before_anything_runs(problem, questions, tmp_path, capsys):
-    out, extra = tmp_path / "r.jsonl", []
-    if problem == "not-a-database":
-        checkpoint = tmp_path / "c.sqlite"
-        checkpoint.write_text("these are my notes, not a database\n")
-        extra, kept = ["--checkpoint", str(checkpoint)], checkpoint
-    elif problem == "is-the-input":
-        extra, kept = ["--checkpoint", str(questions)], questions
-    elif problem == "summary-is-a-folder":
-        (tmp_path / "s.json").mkdir()
-        extra, kept = ["--summary", str(tmp_path / "s.json")], None
-    else:
-        (tmp_path / "s.json").write_text("my own file\n")
-        extra, kept = ["--summary", str(tmp_path / "s.json")], tmp_path / "s.json"
-    before = kept.read_bytes() if kept else None
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        assert main(batch_args(server, questions, out, *extra)) == 2
-        assert not server.requests
-    line = one_error_line(capsys.readouterr().err)
-    expected = {
-        "not-a-database": "is not a SQLite database",
-        "is-the-input": "is the input file",
-        "summary-is-a-folder": "is a folder",
-        "summary-not-ours": "is not a summary this command wrote",
-    }[problem]
-    assert expected in line
-    if kept:
-        assert kept.read_bytes() == before
-
-
-def test_an_unwritable_summary_is_refused_before_anything_runs(questions, tmp_path, capsys):
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        code = main(
-            batch_args(server, questions, tmp_path / "r.jsonl", "--summary", str(tmp_path / "no" / "s.json"))
-        )
-        assert not server.requests
-    assert code == 2 and "its folder" in one_error_line(capsys.readouterr().err)
-
-
-@pytest.mark.parametrize("command", ["eval", "score"])
-def test_eval_and_score_out_that_cannot_be_written_is_one_line(command, tmp_path, capsys):
-    data = tmp_path / "qs.jsonl"
-    data.write_text(
-        json.dumps({"id": "1", "question": "Where?", "golden_answers": ["Paris"], "prediction": "Paris"})
-        + "\n"
-    )
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder\n")
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        if command == "eval":
-            args = [
-                "eval",
-                "--dataset",
-                str(data),
-                "--out",
-                str(blocker),
-                "--no-progress",
-                *run_args(server)[2:],
-            ]
-        else:
-            args = ["score", str(data), "--out", str(blocker / "sub"), "--no-chart"]
-        code = main(args)
-    assert code == 2 and str(blocker) in one_error_line(capsys.readouterr().err)
-    assert blocker.read_text() == "not a folder\n"
-
-
-def test_a_checkpoint_on_a_read_only_file_system_is_one_line_before_anything_runs(tmp_path):
-    inp = tmp_path / "q.jsonl"
-    inp.write_text(json.dumps({"id": "q0", "question": "Item 0?"}) + "\n")
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(1)}) as server:
-        code, err, mount = run_on_a_small_file_system(
-            tmp_path,
-            lambda mount: batch_args(
-                server, inp, tmp_path / "r.jsonl", "--checkpoint", str(mount / "c.sqlite")
-            ),
-            read_only=True,
-        )
-        assert not server.requests
-    assert code == 2 and "Traceback" not in err, err
-    line = one_error_line(err)
-    assert f"--checkpoint {mount}/c.sqlite" in line and "Read-only file system" in line
-
-
 # ---- found by review: more paths around the same promises ------------------------------------------------------
 
 
@@ -652,154 +415,3 @@ def test_serve_reports_a_refusal_as_content_filter(stream):
             with urllib.request.urlopen(request, timeout=30) as response:
                 text = response.read().decode()
     assert '"finish_reason": "content_filter"' in text and '"status": "refused"' in text
-
-
-# ---- the token-exact served path (a served agent on vLLM's completions API) ----------------------------------
-
-
-def token_server(tokenizer, *, fault_rule=None, token_ids=None) -> ScriptedServer:
-    from prompt_r1.testing.servers import scripted_turns
-
-    return ScriptedServer(
-        {"env": echo_environment(), "agent": scripted_turns([PROMPT, ANSWER])},
-        tokenizer=tokenizer,
-        vllm_version="0.31.0",
-        fault_rule=fault_rule,
-        token_ids=token_ids,
-    )
-
-
-@pytest.fixture
-def tiny_tokenizer(tiny_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_path)
-
-
-@pytest.mark.parametrize("kind", [None, "html", "error-200", "drop", "500"])
-def test_the_token_path_runs_and_retries_what_the_chat_path_retries(
-    kind, tiny_tokenizer, tiny_model_path, capsys
-):
-    injected = []
-
-    def once(model: str, body: dict) -> Fault | None:
-        if kind and model == "agent" and not injected:
-            injected.append(kind)
-            return Fault(kind, retry_after=0.01)
-        return None
-
-    with token_server(tiny_tokenizer, fault_rule=once) as server:
-        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
-        agent_requests = server.requests_for("agent")
-    payload = json.loads(capsys.readouterr().out)
-    assert code == 0 and payload["answer"] == "Paris"
-    assert all("prompt" in r.body and isinstance(r.body["prompt"], list) for r in agent_requests)  # token ids
-    assert payload["trajectory"] is not None and 0 in payload["trajectory"]["env_mask"]
-    assert [r.fault for r in agent_requests] == ([kind] if kind else []) + [None, None]
-
-
-def test_the_token_path_never_shows_a_key_a_server_echoed(tiny_tokenizer, tiny_model_path, capsys):
-    with token_server(
-        tiny_tokenizer, fault_rule=lambda model, body: Fault("echo-401") if model == "agent" else None
-    ) as server:
-        code = main(run_args(server, "--json", "--agent-tokenizer", str(tiny_model_path)))
-    captured = capsys.readouterr()
-    assert code == 1 and "Authorization: Bearer ***" in captured.err
-    assert no_key_in(captured.out, captured.err)
-
-
-def test_a_huge_reply_on_the_token_path_ends_the_episode_cleanly(tiny_tokenizer, tiny_model_path, capsys):
-    with token_server(
-        tiny_tokenizer, fault_rule=lambda model, body: Fault("huge") if model == "agent" else None
-    ) as server:
-        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
-    payload = json.loads(capsys.readouterr().out)
-    assert code == 0 and payload["status"] in ("format_error", "context_overflow")
-    assert len(payload["trajectory"]["completion_ids"]) <= 8192  # the token budget held
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_serve_returns_the_trajectory_of_a_token_exact_served_agent_on_request(
-    stream, tiny_tokenizer, tiny_model_path
-):
-    import urllib.request
-
-    from prompt_r1.integrations.server import build_app, serving_in_thread
-
-    with token_server(tiny_tokenizer) as upstream:
-        environment = EnvironmentClient(
-            EnvironmentConfig(model="env", base_url=upstream.base_url), api_key="x"
-        )
-        config = AgentConfig(model="agent", base_url=upstream.base_url, tokenizer=str(tiny_model_path))
-        agent = ServedAgent(config, api_key="x")
-        with serving_in_thread(build_app(agent, environment)) as url:
-            body = {
-                "messages": [{"role": "user", "content": "Where?"}],
-                "stream": stream,
-                "prompt_r1_trajectory": True,
-            }
-            request = urllib.request.Request(
-                url + "/chat/completions",
-                data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(request, timeout=30) as response:
-                text = response.read().decode()
-    if stream:
-        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-        extension = next(e["prompt_r1"] for e in events if "prompt_r1" in e)
-    else:
-        extension = json.loads(text)["prompt_r1"]
-    trajectory = extension["trajectory"]
-    assert len(trajectory["completion_ids"]) == len(trajectory["env_mask"]) == len(trajectory["logprobs"]) > 0
-    assert 0 in trajectory["env_mask"] and trajectory["prompt_ids"]
-
-
-def test_the_vllm_probe_sends_no_key(tiny_tokenizer, tiny_model_path):
-    with token_server(tiny_tokenizer) as server:
-        config = AgentConfig(
-            model="agent",
-            base_url=server.base_url,
-            tokenizer=str(tiny_model_path),
-            api_key_env="HOSTILE_AGENT_KEY",
-        )
-        agent = ServedAgent(config)
-        assert agent.tokenizer is not None  # recognised as vLLM
-        assert server.version_headers and all("Authorization" not in h for h in server.version_headers)
-
-
-@pytest.mark.parametrize(
-    ("rewrite", "said"),
-    [
-        (lambda ids: [*ids, 10**9], "ids outside the tokenizer's"),  # an id no tokenizer of this model has
-        (lambda ids: [-1, *ids], "ids outside the tokenizer's"),
-        (lambda ids: ids * 400, "for a budget of"),  # more ids than the turn's max_tokens
-        (lambda ids: [*ids[:-1], "7"], "ids outside the tokenizer's"),  # not an int
-        (lambda ids: None, "returned no token ids"),  # a proxy that drops return_token_ids' field
-    ],
-)
-def test_token_ids_a_served_agent_could_not_have_sampled_are_refused_not_kept(
-    rewrite, said, tiny_tokenizer, tiny_model_path, capsys
-):
-    with token_server(tiny_tokenizer, token_ids=rewrite) as server:
-        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
-    captured = capsys.readouterr()
-    assert code == 1 and said in captured.err and captured.out == ""
-
-
-def test_a_served_agent_without_log_probabilities_is_refused_not_given_placeholders(
-    tiny_tokenizer, tiny_model_path, capsys
-):
-    """The token path keeps the sampled tokens' log-probabilities for training (the async trainer divides by
-    them): a server that sends none fails the run in one line instead of filling in 0.0 ("certain")."""
-    from prompt_r1.testing.servers import scripted_turns
-
-    with ScriptedServer(
-        {"env": echo_environment(), "agent": scripted_turns([PROMPT, ANSWER])},
-        tokenizer=tiny_tokenizer,
-        vllm_version="0.31.0",
-        token_logprobs=False,
-    ) as server:
-        code = main(run_args(server, "--json", "--trajectory", "--agent-tokenizer", str(tiny_model_path)))
-    captured = capsys.readouterr()
-    assert code == 1 and "but no log-probabilities" in captured.err and captured.out == ""

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, spawn_cli, wait_for, write_questions
 
 from prompt_r1.cli.main import main
 from prompt_r1.core.errors import OutputError
@@ -24,36 +25,17 @@ from prompt_r1.runs.output_lock import hold_output, lock_path
 from prompt_r1.runs.shards import Shard
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
-ROOT = Path(__file__).resolve().parents[1]
 FIRST_KEY, SECOND_KEY = "key-of-the-first-run", "key-of-the-second-run"
 
 
 def _spawn(args: list[str], log: Path, key: str) -> subprocess.Popen:
-    env = {**os.environ, "ONE_WRITER_KEY": key, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "prompt_r1", *args], cwd=ROOT, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+    return spawn_cli(args, log, env={"ONE_WRITER_KEY": key})
 
 
 def _endpoints(server: ScriptedServer) -> list[str]:
     return ["--agent-model", "agent", "--agent-base-url", server.base_url, "--agent-api-key-env", "ONE_WRITER_KEY",
             "--env-model", "env", "--env-base-url", server.base_url, "--env-api-key-env", "ONE_WRITER_KEY",
             "--no-progress"]  # fmt: skip
-
-
-def _questions(path: Path, n: int = 12) -> Path:
-    path.write_text(
-        "".join(
-            json.dumps({"id": f"q{i}", "question": f"What is item {i}?", "answer": f"item {i}"}) + "\n"
-            for i in range(n)
-        )
-    )
-    return path
-
-
-def _wait(predicate, what: str, timeout: float = 60.0) -> None:
-    from test_signals import wait_for
-
-    wait_for(predicate, what, timeout)
 
 
 def _holds(lock: Path, pid: int) -> bool:
@@ -77,7 +59,7 @@ def _sent_with(server: ScriptedServer, key: str) -> list:
 
 
 def test_a_second_batch_on_the_same_out_is_refused_and_no_id_is_paid_twice(tmp_path):
-    questions, out = _questions(tmp_path / "q.jsonl"), tmp_path / "results.jsonl"
+    questions, out = write_questions(tmp_path / "q.jsonl", 12), tmp_path / "results.jsonl"
     slow = {"on": True}  # the first run's calls are slow until the second has been refused
     with ScriptedServer(
         {"env": echo_environment(), "agent": relay_agent()},
@@ -86,7 +68,7 @@ def test_a_second_batch_on_the_same_out_is_refused_and_no_id_is_paid_twice(tmp_p
         args = ["batch", str(questions), "--out", str(out), "--concurrency", "2", *_endpoints(server)]
         first = _spawn(args, tmp_path / "first.log", FIRST_KEY)
         try:
-            _wait(lambda: _holds(lock_path(out), first.pid), "the first run to hold --out")
+            wait_for(lambda: _holds(lock_path(out), first.pid), "the first run to hold --out")
             second = _spawn(args, tmp_path / "second.log", SECOND_KEY)
             refused = _finish(second)
             assert first.poll() is None  # the refusal came while the first was writing
@@ -106,7 +88,7 @@ def test_a_second_batch_on_the_same_out_is_refused_and_no_id_is_paid_twice(tmp_p
 
 
 def test_a_writer_killed_with_sigkill_leaves_no_lock(tmp_path):
-    questions, out = _questions(tmp_path / "q.jsonl"), tmp_path / "results.jsonl"
+    questions, out = write_questions(tmp_path / "q.jsonl", 12), tmp_path / "results.jsonl"
     slow = {"on": True}
     with ScriptedServer(
         {"env": echo_environment(), "agent": relay_agent()},
@@ -115,7 +97,7 @@ def test_a_writer_killed_with_sigkill_leaves_no_lock(tmp_path):
         args = ["batch", str(questions), "--out", str(out), "--concurrency", "2", *_endpoints(server)]
         first = _spawn(args, tmp_path / "first.log", FIRST_KEY)
         try:
-            _wait(
+            wait_for(
                 lambda: _holds(lock_path(out), first.pid) and server.requests_for("env"), "a call in flight"
             )
         finally:
@@ -144,7 +126,7 @@ def _hold_in_another_process(output: Path, tmp_path: Path, *, folder: bool) -> s
 
 
 def test_shards_write_their_own_files_side_by_side(tmp_path):
-    questions, out = _questions(tmp_path / "q.jsonl"), tmp_path / "results.jsonl"
+    questions, out = write_questions(tmp_path / "q.jsonl", 12), tmp_path / "results.jsonl"
     holder = _hold_in_another_process(Shard(1, 2).path(out), tmp_path, folder=False)  # shard 1 is running
     try:
         with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:
@@ -163,7 +145,7 @@ def test_shards_write_their_own_files_side_by_side(tmp_path):
 
 
 def test_a_second_eval_on_the_same_folder_is_refused_before_anything_is_written(tmp_path, capsys):
-    questions, out = _questions(tmp_path / "q.jsonl"), tmp_path / "eval"
+    questions, out = write_questions(tmp_path / "q.jsonl", 12), tmp_path / "eval"
     holder = _hold_in_another_process(out, tmp_path, folder=True)
     try:
         with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server:

@@ -9,8 +9,9 @@ import pytest
 
 pytest.importorskip("trl")
 
+from helpers import accelerate_launch, failure_lines  # noqa: E402
 from test_release import release_first_prompt, release_step  # noqa: E402
-from test_training import _failure_lines, _launch, env_client, stand_in_trainer  # noqa: E402
+from test_training import env_client, stand_in_trainer  # noqa: E402
 
 from prompt_r1.cli.main import main as cli_main  # noqa: E402
 from prompt_r1.core.config import LoopConfig  # noqa: E402
@@ -192,7 +193,7 @@ def test_the_release_recipe_trains_a_tiny_model_in_one_process(release_model_pat
 @pytest.mark.slow  # the 2-process path is tested with the tiny recipe; this one was run for the release recipe
 def test_the_release_recipe_under_two_zero2_processes(release_model_path, tmp_path):
     with ScriptedServer({"env": lambda body: "Ada Lovelace wrote it."}) as server:
-        done = _launch(
+        done = accelerate_launch(
             [
                 "--config_file", str(ROOT / "training/accelerate/deepspeed_zero2.yaml"), "--num_processes", "2",
                 "-m", "prompt_r1", "train", "--config", RECIPE,
@@ -201,6 +202,6 @@ def test_the_release_recipe_under_two_zero2_processes(release_model_path, tmp_pa
             tmp_path,
         )  # fmt: skip
         calls = len(server.requests_for("env"))
-    assert done.returncode == 0, f"exit {done.returncode}: {_failure_lines(done.stderr)}"
-    assert calls, f"no episode called the environment: {_failure_lines(done.stderr)}"
+    assert done.returncode == 0, f"exit {done.returncode}: {failure_lines(done.stderr)}"
+    assert calls, f"no episode called the environment: {failure_lines(done.stderr)}"
     assert "trained 2 steps" in done.stderr

@@ -9,48 +9,27 @@ name the signal and exit 143 (130 for SIGINT); none prints a traceback.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import spawn_cli, wait_for, write_questions
 
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "SIGNAL_TEST_KEY": "k", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "prompt_r1", *args], cwd=ROOT, env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+    return spawn_cli(args, log, env={"SIGNAL_TEST_KEY": "k"})
 
 
 def endpoints(server: ScriptedServer) -> list[str]:
     return ["--agent-model", "agent", "--agent-base-url", server.base_url, "--agent-api-key-env", "SIGNAL_TEST_KEY",
             "--env-model", "env", "--env-base-url", server.base_url, "--env-api-key-env", "SIGNAL_TEST_KEY",
             "--env-backoff-initial", "0.01"]  # fmt: skip
-
-
-def wait_for(predicate, what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def write_questions(path: Path, n: int) -> Path:
-    rows = [{"id": f"q{i}", "question": f"What is item {i}?", "answer": f"item {i}"} for i in range(n)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def finish(proc: subprocess.Popen, log: Path) -> tuple[int, str]:

@@ -18,31 +18,24 @@ import pytest
 
 pytest.importorskip("trl")
 
-from conftest import NAME_QUESTION, NAME_RESPONSE  # noqa: E402
-from test_signals import wait_for  # noqa: E402
+from conftest import NAME_RESPONSE  # noqa: E402
+from helpers import ROOT, cli_command, spawn, tiny_train_args, wait_for, write_name_dataset  # noqa: E402
 
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _train_args(model: Path, tmp_path: Path, server: ScriptedServer, *extra: str) -> list[str]:
-    rows = tmp_path / "names.jsonl"
-    rows.write_text(
-        "".join(
-            json.dumps({"id": f"n{i}", "question": NAME_QUESTION, "golden_answers": ["Ada"]}) + "\n"
-            for i in range(32)
-        )
-    )
-    return [sys.executable, "-m", "prompt_r1", "train", "--config", str(ROOT / "training/configs/tiny-cpu.yaml"),
-            "--model_name_or_path", str(model), "--train_data", str(rows), "--env-base-url", server.base_url,
-            "--max_turn_tokens", "24", "--max_total_tokens", "96", "--max_steps", "6", "--save_strategy", "no",
-            "--output_dir", str(tmp_path / "run"), *extra]  # fmt: skip
+    rows = write_name_dataset(tmp_path / "names.jsonl", 32)
+    return cli_command(
+        tiny_train_args(model, server.base_url, rows, tmp_path / "run", "--max_steps", "6", "--save_strategy", "no",
+                        *extra)
+    )  # fmt: skip
 
 
 def _spawn(command: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(command, cwd=log.parent, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return spawn(
+        command, log, cwd=log.parent, env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300.0) -> int:

@@ -1,16 +1,11 @@
-"""GRPO training: the graph as TRL's rollout_func, token-exact trajectories, real TRL/DeepSpeed/PEFT runs on CPU."""
+"""GRPO training: the graph as TRL's rollout_func (token-exact trajectories, seeds, the environment's failures) and
+the training config, recipes and flags. Real TRL/DeepSpeed/PEFT runs on CPU: tests/test_training_runs.py."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import math
-import os
 import re
-import socket
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,15 +16,12 @@ import torch
 pytest.importorskip("trl")
 
 from conftest import (  # noqa: E402
-    NAME_QUESTION,
-    NAME_RESPONSE,
-    NAME_TURN_1,
-    NAMES,
     TINY_QUESTION,
     TINY_RESPONSE_1,
     TINY_TURN_1,
     TINY_TURN_2,
 )
+from helpers import ROOT, run_cli_process  # noqa: E402
 
 from prompt_r1.cli.main import main as cli_main  # noqa: E402
 from prompt_r1.clients.environment import EnvironmentClient  # noqa: E402
@@ -43,9 +35,6 @@ from prompt_r1.training.shared.rows import load_training_rows  # noqa: E402
 from prompt_r1.training.shared.trajectories import question_of  # noqa: E402
 from prompt_r1.training.sync.config import PromptR1GRPOConfig  # noqa: E402
 from prompt_r1.training.sync.rollout import GraphRollout  # noqa: E402
-from prompt_r1.training.sync.trainer import build_trainer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def stand_in_trainer(model_path: Path, *, temperature: float = 1.0):
@@ -83,37 +72,6 @@ def env_client(server: ScriptedServer, **overrides) -> EnvironmentClient:
         model="env", base_url=server.base_url, api_key_env="PROMPT_R1_TEST_NO_KEY", backoff_initial=0.01
     )
     return EnvironmentClient(EnvironmentConfig(**{**settings, **overrides}))
-
-
-def name_rows(n: int) -> list[dict]:
-    return [
-        {"prompt": [{"role": "user", "content": question_message(NAME_QUESTION)}], "golden_answers": ["Ada"]}
-    ] * n
-
-
-def name_config(tmp_path: Path, model: Path, server: ScriptedServer, **overrides) -> PromptR1GRPOConfig:
-    settings = dict(
-        output_dir=str(tmp_path / "run"),
-        model_name_or_path=str(model),
-        env_model="env",
-        env_base_url=server.base_url,
-        env_api_key_env="PROMPT_R1_TEST_NO_KEY",
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_steps=2,
-        max_turns=2,
-        max_turn_tokens=24,
-        max_total_tokens=96,
-        learning_rate=1e-3,
-        temperature=1.0,
-        reward_preset="reference",
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-    )
-    return PromptR1GRPOConfig(**{**settings, **overrides})
 
 
 def test_question_of_reads_release_messages_and_plain_text():
@@ -290,110 +248,6 @@ def test_episode_whose_environment_failed_gets_no_reward(trained_tiny_model_path
     assert trainer._metrics["train"]["episode/env_failed_calls"] == [1.0]
 
 
-def _params(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
-    protocol_model_path, tmp_path, capsys
-):
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        config = name_config(tmp_path, protocol_model_path, server, max_steps=2)
-        trainer = build_trainer(config, train_rows=name_rows(16))
-        before = _params(trainer.model)
-        trainer.train()
-        assert trainer.state.global_step == 2
-        # Training you can watch: a line per step instead of transformers' dict of every metric, and the curves.
-        captured = capsys.readouterr()
-        lines = re.findall(
-            r"step (\d+/\d+)  reward [-+][\d.]+ \(format [\d.]+, answer [\d.]+\)  turns [\d.]+  "
-            r"env calls [\d.]+  tokens \d+  [\d.]+ s  \$- this step, \$- total\n",  # "env" has no price
-            captured.err,
-        )
-        assert lines == ["1/2", "2/2"], captured.err[-2000:]
-        assert "'loss'" not in captured.out + captured.err
-        assert (Path(config.output_dir) / "curves.png").stat().st_size > 1000
-        after = _params(trainer.model)
-        assert any(not torch.equal(before[n], after[n]) for n in before), "no parameter changed"
-        logged = [h for h in trainer.state.log_history if "reward" in h]
-        assert len(logged) == 2 and all("episode/turns" in h for h in logged)
-        assert any(h["reward_std"] > 0 for h in logged)
-
-        # Environment tokens contribute nothing to the loss: with the same episodes, two different runs of
-        # environment tokens after the agent's last token give the same gradient; counted in the loss, they don't.
-        rows = name_rows(4)
-        episodes = trainer.rollout_func([r["prompt"] for r in rows], trainer)
-        assert any(0 in m for m in episodes["env_mask"])
-
-        def gradient(suffix: list[int], *, count_env_tokens: bool = False) -> torch.Tensor:
-            out = copy.deepcopy(episodes)
-            for i in range(len(rows)):
-                out["completion_ids"][i] += suffix
-                out["logprobs"][i] += [0.0] * len(suffix)
-                out["env_mask"][i] += [0] * len(suffix)
-            trainer.rollout_func = lambda prompts, _trainer: copy.deepcopy(out)
-            inputs = trainer._generate_and_score_completions(copy.deepcopy(rows))
-            inputs["advantages"] = torch.linspace(-1.0, 1.0, len(rows))
-            if count_env_tokens:
-                inputs["tool_mask"] = torch.ones_like(inputs["tool_mask"])
-            trainer.model.zero_grad()
-            trainer.compute_loss(trainer.model, inputs).backward()
-            return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
-
-        a, b = gradient([11, 12, 13]), gradient([40, 41, 42])
-        assert torch.equal(a, b)
-        assert not torch.allclose(
-            gradient([11, 12, 13], count_env_tokens=True), gradient([40, 41, 42], count_env_tokens=True)
-        )
-
-
-def test_lora_run_then_merge_then_load(protocol_model_path, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from prompt_r1.training.run import train
-
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        config = name_config(
-            tmp_path, protocol_model_path, server, use_peft=True, lora_r=4, lora_alpha=8, learning_rate=5e-2
-        )
-        trainer = train(config, train_rows=name_rows(16))
-    assert trainer.state.global_step == 2
-    adapter = Path(config.output_dir)
-    assert (adapter / "adapter_config.json").is_file()
-    merged = tmp_path / "merged"
-    assert cli_main(["merge", str(adapter), "--out", str(merged)]) == 0
-    base = AutoModelForCausalLM.from_pretrained(protocol_model_path)
-    model = AutoModelForCausalLM.from_pretrained(merged)
-    assert set(dict(model.named_parameters())) == set(dict(base.named_parameters()))
-    changed = [
-        n for n, p in model.named_parameters() if not torch.allclose(p, dict(base.named_parameters())[n])
-    ]
-    assert changed, "the merged model equals its base"
-    # The merged folder is an ordinary agent model.
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        code = cli_main(
-            [
-                "run",
-                NAME_QUESTION,
-                "--json",
-                "--agent-model",
-                str(merged),
-                "--agent-max-new-tokens",
-                "24",
-                "--env-model",
-                "env",
-                "--env-base-url",
-                server.base_url,
-            ]
-        )
-    assert code in (0, 1)  # the episode ran; a merged random-ish tiny model may or may not answer
-
-
-def test_merge_refuses_a_folder_that_is_not_an_adapter(tmp_path, capsys):
-    assert cli_main(["merge", str(tmp_path), "--out", str(tmp_path / "m")]) == 2
-    assert "not a LoRA adapter folder" in capsys.readouterr().err
-
-
 def test_training_rows_come_from_the_shipped_sample():
     rows = load_training_rows(PromptR1GRPOConfig(output_dir="x", use_cpu=True).resolved_train_data(), limit=3)
     assert len(rows) == 3
@@ -440,167 +294,8 @@ def test_every_recipe_parses(tmp_path):
     assert (paper.max_turns, paper.max_turn_tokens, paper.max_total_tokens) == (5, 1024, 8192)
 
 
-def _failure_lines(stderr: str) -> str:
-    """The lines of a failed launch that say why, without the progress bars and deprecation warnings."""
-    noise = ("it/s]", "s/it]", "Warning", "warnings.warn", "return func(")
-    lines = [line for line in stderr.splitlines() if line.strip() and not any(n in line for n in noise)]
-    return "\n".join(lines[-60:])
-
-
-def _launch(args: list[str], tmp_path: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    accelerate = Path(sys.executable).parent / "accelerate"
-    # A free port rather than accelerate's fixed 29500, so that no other launch on the machine can collide.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return subprocess.run(
-        [str(accelerate), "launch", "--main_process_port", str(port), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@pytest.mark.parametrize("stage", [2, 3])
-def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model_path, tmp_path, stage):
-    """The README's command: accelerate launch with the repo's DeepSpeed config, 2 CPU processes (gloo)."""
-    from safetensors.torch import load_file
-
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        out = tmp_path / "run"
-        done = _launch(
-            [
-                "--config_file",
-                str(ROOT / f"training/accelerate/deepspeed_zero{stage}.yaml"),
-                "--num_processes",
-                "2",
-                "-m",
-                "prompt_r1",
-                "train",
-                "--config",
-                str(ROOT / "training/configs/tiny-cpu.yaml"),
-                "--model_name_or_path",
-                str(protocol_model_path),
-                "--train_data",
-                str(_name_dataset(tmp_path)),
-                "--env-base-url",
-                server.base_url,
-                "--max_turn_tokens",
-                "24",
-                "--max_total_tokens",
-                "96",
-                "--learning_rate",
-                "1e-3",
-                "--reward_preset",
-                "reference",
-                "--max_steps",
-                "2",
-                "--save_strategy",
-                "no",
-                "--output_dir",
-                str(out),
-            ],
-            tmp_path,
-        )
-        requests = len(server.requests_for("env"))
-    assert done.returncode == 0, f"exit {done.returncode}: {_failure_lines(done.stderr)}"
-    assert "trained 2 steps" in done.stderr
-    assert 0 < requests <= 2 * 2 * 4  # 2 steps x 2 processes x 4 episodes, at most one environment call each
-    before = load_file(protocol_model_path / "model.safetensors")
-    after = load_file(out / "model.safetensors")
-    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
-
-
-def _name_dataset(folder: Path) -> Path:
-    path = folder / "names.jsonl"
-    path.write_text(
-        "".join(
-            json.dumps({"id": f"n{i}", "question": NAME_QUESTION, "golden_answers": ["Ada"]}) + "\n"
-            for i in range(32)
-        )
-    )
-    return path
-
-
-def test_cli_resumes_from_its_last_checkpoint(protocol_model_path, tmp_path, capsys):
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        common = [
-            "train",
-            "--config",
-            str(ROOT / "training/configs/tiny-cpu.yaml"),
-            "--model_name_or_path",
-            str(protocol_model_path),
-            "--train_data",
-            str(_name_dataset(tmp_path)),
-            "--env-base-url",
-            server.base_url,
-            "--max_turn_tokens",
-            "24",
-            "--output_dir",
-            str(tmp_path / "run"),
-            "--save_steps",
-            "1",
-        ]
-        assert cli_main([*common, "--resume"]) == 2
-        assert "no checkpoint" in capsys.readouterr().err
-        assert cli_main([*common, "--max_steps", "1"]) == 0
-        assert (tmp_path / "run/checkpoint-1").is_dir()
-        first_run = len(server.requests_for("env"))
-        assert cli_main([*common, "--max_steps", "2", "--resume"]) == 0
-        resumed_run = len(server.requests_for("env")) - first_run
-    state = json.loads((tmp_path / "run/checkpoint-2/trainer_state.json").read_text())
-    assert state["global_step"] == 2
-    steps = {h["step"]: h for h in state["log_history"] if "reward" in h}
-    assert set(steps) == {1, 2}  # step 1's log came back with the checkpoint
-    # The resumed run played step 2's episodes only (4 per step, each logged with its environment calls).
-    assert resumed_run == round(steps[2]["episode/env_calls"] * 4)
-
-
-@pytest.mark.slow
-def test_mean_reward_rises_on_the_name_task(tmp_path):
-    """Learning check: the environment always says Ada; the model starts out answering any of four names, with a
-    format it sometimes breaks. GRPO with the double-constrained reward must raise the mean reward."""
-    from prompt_r1.testing.tiny_models import build_protocol_model
-
-    questions = [NAME_QUESTION, "Which name is on the list?"]
-    episodes = [
-        (q, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>")
-        for q in questions
-        for n in NAMES
-    ]
-    model = build_protocol_model(tmp_path / "model", episodes, steps=300)
-    rows = [
-        {"prompt": [{"role": "user", "content": question_message(q)}], "golden_answers": ["Ada"]}
-        for q in questions
-    ]
-    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
-        config = name_config(
-            tmp_path,
-            model,
-            server,
-            per_device_train_batch_size=8,
-            num_generations=8,
-            max_steps=30,
-            beta=0.0,
-            learning_rate=3e-4,
-        )
-        trainer = build_trainer(config, train_rows=rows * 120)
-        trainer.train()
-    curve = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    print("mean reward per step:", " ".join(f"{r:.2f}" for r in curve))
-    first, last = sum(curve[:10]) / 10, sum(curve[-10:]) / 10
-    # At this scale the curve is noisy (runs seen: +0.41, +0.23, +0.07 from the first ten steps to the last ten):
-    # the check is that it rises, not by how much.
-    assert not math.isnan(first) and last > first, (first, last)
-
-
 def test_train_help_lists_the_loop_fields():
-    done = subprocess.run(
-        [sys.executable, "-m", "prompt_r1", "train", "--help"], capture_output=True, text=True, timeout=120
-    )
+    done = run_cli_process(["train", "--help"], timeout=120)
     assert done.returncode == 0
     for flag in (
         "--env_model",

@@ -11,7 +11,7 @@ One more step is needed: the embedding and the LM head (`VocabParallelEmbedding`
 weight and a prepacked copy of it (`remove_weight=False`), and the reload updates the weight but not the copy. With
 tied embeddings (Qwen3-4B, the paper's agent, ties them) the LM head then still computes logits from the old
 weights. So after the reload each of those layers is processed again, which repacks it from the new weight.
-`tests/test_vllm.py` checks, after every sync, that the engine's log-probabilities of a fixed
+`tests/test_vllm_serve.py` checks, after every sync, that the engine's log-probabilities of a fixed
 continuation equal the trained model's.
 
 On GPU TRL's own sync is used.
