@@ -17,8 +17,16 @@ from prompt_r1.cli.flags import (
     check_reachable,
     configs_from_args,
 )
+from prompt_r1.cli.records import (
+    ALLOW_CHANGED,
+    add_allow_changed_flag,
+    add_cache_flags,
+    cache_verdict,
+    open_run_cache,
+)
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
+from prompt_r1.clients.response_cache import use_cache
 from prompt_r1.core import redaction, signals
 from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError, OutputError
@@ -90,6 +98,8 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "`prompt-r1 batch-merge --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
     )
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cache_flags(bt)
+    add_allow_changed_flag(bt, "rows")
     add_run_flags(bt)
     merge = sub.add_parser(
         "batch-merge",
@@ -171,17 +181,37 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
                 member.config.base_url or OPENAI_BASE_URL, f"environment {member.name}", "--env-pool"
             )
             check_rate_store(member.config.rate_store)
-        agent, _ = build_players(agent_cfg, None)
     else:
-        agent, environment = build_players(agent_cfg, env_cfg)
+        _, environment = build_players(None, env_cfg)
+    # The cache and the manifest before the agent loads: a bad one is one line, nothing loaded or sent.
+    cache = open_run_cache(args, [environment], protected=[
+        ("input file", settings.check_files()), ("--out file", settings.out),
+        ("--checkpoint file", settings.checkpoint), ("--summary file", settings.summary),
+    ])  # fmt: skip
+    use_cache(environment, cache, always=args.env_cache_always)
+    write = _manifest(args, settings, agent_cfg, env_cfg, loop_cfg, environment, prices)
+    agent, _ = build_players(agent_cfg, None)
     if settings.log_file is not None:
         _log_to_file(settings.log_file)
     summary = asyncio.run(
-        run_batch(settings, agent=agent, environment=environment, loop=loop_cfg, prices=prices)
+        run_batch(
+            settings,
+            agent=agent,
+            environment=environment,
+            loop=loop_cfg,
+            prices=prices,
+            cache=cache,
+            cache_always=args.env_cache_always,
+            manifest=write,
+        )  # fmt: skip
     )
     write_text_file(settings.summary, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
     print(summary.render(), file=sys.stderr)
     print(f"summary: {settings.summary}", file=sys.stderr)
+    damaged = cache_verdict(cache)
+    if damaged:
+        print(f"prompt-r1: error: {damaged}", file=sys.stderr)
+        return EXIT_USAGE
     if summary.input_error:
         print(f"prompt-r1: error: {summary.input_error}", file=sys.stderr)
         return EXIT_USAGE
@@ -208,6 +238,37 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _manifest(args, settings: BatchSettings, agent_cfg, env_cfg, loop_cfg, environment, prices):
+    """Check the manifest beside --out (one that does not parse, or other settings, is refused: nothing is
+    written), and return what writes this run's once the results file is checked too."""
+    import dataclasses
+
+    from prompt_r1.runs.manifest import (
+        build_manifest,
+        check_manifest,
+        manifest_path,
+        measured,
+        write_manifest,
+    )
+
+    members = getattr(environment, "members", None)
+    env_measured = [measured(m.config) for m in members] if members else measured(env_cfg)
+    runs_on = {"input": str(settings.source), "limit": settings.limit, "shard": args.shard,
+               "agent": measured(agent_cfg), "environment": env_measured, "loop": dataclasses.asdict(loop_cfg)}  # fmt: skip
+    operational = {
+        "concurrency": settings.concurrency, "max_failures": settings.max_failures, "budget": settings.budget,
+        "out": settings.out, "checkpoint": settings.checkpoint, "summary": settings.summary,
+        "env_pool": args.env_pool, "env_cache": args.env_cache, "env_cache_always": args.env_cache_always,
+        "agent": dataclasses.asdict(agent_cfg), "environment": dataclasses.asdict(env_cfg),
+    }  # fmt: skip
+    path = manifest_path(results_file=settings.out)
+    earlier, changes = check_manifest(
+        path, runs_on, allow_changed=args.allow_changed_settings, flag=ALLOW_CHANGED, what="--out file"
+    )
+    manifest = build_manifest("batch", runs_on, operational, seeds={"agent": agent_cfg.seed}, prices=prices)
+    return lambda: write_manifest(path, manifest, earlier, changes)
 
 
 def cmd_batch_merge(args: argparse.Namespace) -> int:

@@ -12,12 +12,20 @@ from pathlib import Path
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
     add_stop_flags,
     build_players,
     check_run_flags,
     configs_from_args,
 )
+from prompt_r1.cli.records import (
+    add_allow_changed_flag,
+    add_cache_flags,
+    cache_verdict,
+    open_run_cache,
+)
 from prompt_r1.clients.costs import PriceTable
+from prompt_r1.clients.response_cache import use_cache
 from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
@@ -92,6 +100,8 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     _add_scorer_flag(ev)
+    add_cache_flags(ev)
+    add_allow_changed_flag(ev, "rows")
     _add_search_flags(ev)
     add_run_flags(ev, repeatable_env=SWEEP_FIELDS)
 
@@ -225,8 +235,12 @@ def _eval_folders(
     args, methods, samples, sources, search, prices, agent_cfg, loop_cfg, sweep, folders
 ) -> int:
     """`cmd_eval` once its folders are held: settings recorded, clients made, each folder evaluated."""
-    # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
-    for folder, cfg in folders:
+    from prompt_r1.runs.manifest import manifest_path, read_manifest
+
+    # Before any endpoint is contacted or model loaded: a manifest that does not parse, or a folder of rows made
+    # with other settings, is refused (unless --allow-changed-settings), with nothing written.
+    earlier = [read_manifest(manifest_path(folder=folder)) for folder, _ in folders]
+    recorded = [
         record_settings(
             folder,
             methods,
@@ -234,10 +248,20 @@ def _eval_folders(
             environment_config=cfg,
             loop=loop_cfg,
             search=search.to_dict(),
+            allow_changed=args.allow_changed_settings,
         )
+        for folder, cfg in folders
+    ]
     # Every environment's key and socket are checked before the agent loads (the cheap checks first), and the
     # agent is loaded once, whatever the environments.
     environments = [build_players(None, cfg)[1] for _, cfg in folders]
+    called = [environment for environment in environments if environment is not None]
+    protected = [(f"{folder}", folder) for folder, _ in folders]
+    cache = open_run_cache(args, called, protected=protected)
+    for environment in called:
+        use_cache(environment, cache, always=args.env_cache_always)
+    for (folder, cfg), before, settings in zip(folders, earlier, recorded, strict=True):
+        _write_manifest(args, folder, settings, cfg, sources, prices, agent_cfg, search, before)
     agent, _ = build_players(agent_cfg, None)
     if args.budget is not None:  # every environment's model priced before the first one is paid for
         for environment in environments:
@@ -268,7 +292,37 @@ def _eval_folders(
         written = write_sweep_report(summaries, args.out, chart=not args.no_chart, scoring=args.scorer)
         print(written["markdown"].read_text(encoding="utf-8"))
         print("sweep: " + ", ".join(str(p) for p in written.values()), file=sys.stderr)
+    if cache is not None:
+        print(f"cache {cache.label}: {cache.render(prices)}", file=sys.stderr)
+        damaged = cache_verdict(cache)
+        if damaged:
+            print(f"prompt-r1: error: {damaged}", file=sys.stderr)
+            return EXIT_USAGE
     return code
+
+
+def _write_manifest(args, folder, settings, env_cfg, sources, prices, agent_cfg, search, earlier) -> None:
+    """The folder's manifest (prompt_r1.runs.manifest): what changes its rows is `settings` (run.json's, every
+    method's), with the datasets; the rest is operational."""
+    import dataclasses
+
+    from prompt_r1.runs.manifest import build_manifest, manifest_path, write_manifest
+
+    runs_on = {
+        "methods": settings["methods"],
+        "datasets": sources,
+        "limit": args.limit,
+        "scorer": args.scorer,
+    }
+    operational = {
+        "concurrency": args.concurrency, "max_failures": args.max_failures, "budget": args.budget,
+        "env_cache": args.env_cache, "env_cache_always": args.env_cache_always,
+        "agent": None if agent_cfg is None else dataclasses.asdict(agent_cfg),
+        "environment": None if env_cfg is None else dataclasses.asdict(env_cfg),
+    }  # fmt: skip
+    seeds = {"agent": getattr(agent_cfg, "seed", None), "optimizers": search.opro.seed}
+    manifest = build_manifest("eval", runs_on, operational, seeds=seeds, prices=prices)
+    write_manifest(manifest_path(folder=folder), manifest, earlier, settings["changed"])
 
 
 def _evaluate(

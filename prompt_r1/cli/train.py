@@ -64,6 +64,13 @@ def train_parser(argv: list[str] | None = None):
         resume: bool = field(
             default=False, metadata={"help": "Continue from the last checkpoint-* folder in output_dir."}
         )
+        allow_changed_settings: bool = field(
+            default=False,
+            metadata={
+                "help": "With --resume: go on although settings that change what is learned differ from those "
+                "in output_dir/manifest.json (refused otherwise, naming each); the manifest records the change."
+            },
+        )
         task: str | None = field(
             default=None,
             metadata={
@@ -182,7 +189,7 @@ def cmd_train(argv: list[str]) -> int:
     from prompt_r1.training.shared.spend import SpendCapReached, stop_reason
 
     try:
-        trainer = train(config, resume=flags.resume)  # the trainer the config is for
+        trainer = train(config, resume=flags.resume, allow_changed_settings=flags.allow_changed_settings)
     except SpendCapReached as exc:
         raise CommandFailure(f"stopped by the spend cap, {exc}", EXIT_SPEND_CAP) from None
     stopped = stop_reason(trainer)

@@ -8,6 +8,8 @@ One `EnvironmentClient.respond(prompt, history)` call:
   4. on 429, 5xx, timeouts, dropped connections and malformed bodies retries with `tenacity`: full-jitter
      exponential backoff, or exactly the server's Retry-After when it sent one, for a bounded number of attempts;
   5. returns the text with the token usage of the call and how many attempts it took.
+With a response cache (`client.cache`, set by `clients.response_cache.use_cache`), a call already answered is
+replayed from it before step 2 (nothing is sent), and an answer paid for is kept in it after step 5.
 
     client = EnvironmentClient(EnvironmentConfig(model="gpt-4o-mini"))
     reply = await client.respond("Explain the question ...", history=[])
@@ -32,6 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from prompt_r1.clients.http_client import checked_async_client, classify_error, copy_for_this_loop, refusal_of
 from prompt_r1.clients.ratelimit import EndpointLimiter
+from prompt_r1.clients.response_cache import ResponseCache, request_key, sampling_of
 from prompt_r1.clients.shared_limit import SharedLimiter, limiter_for, rate_headers
 from prompt_r1.core import redaction
 from prompt_r1.core.aio import PerLoop
@@ -74,6 +77,7 @@ class EnvironmentReply:
     model: str = ""  # the model that answered, as its endpoint knows it (for price tables and pools)
     endpoint: str = ""  # which endpoint answered: the pool member's name, else base URL
     repaired: bool = False  # the reply held text UTF-8 cannot encode (a lone surrogate), replaced by U+FFFD
+    cached: bool = False  # replayed from the response cache (clients.response_cache): not sent, not paid for
 
     def to_dict(self) -> dict:
         # Field by field: dataclasses.asdict deep-copies recursively, a measurable share of a turn's cost.
@@ -171,6 +175,10 @@ class EnvironmentClient:
         endpoint = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter | SharedLimiter = limiter_for(config, endpoint, key)
         self.name = config.base_url or OPENAI_BASE_URL
+        self.base_url = self.name  # the endpoint, whatever a pool names its member (the cache's key)
+        self.cache: ResponseCache | None = (
+            None  # replies replayed and kept (clients.response_cache.use_cache)
+        )
         self.model_name = config.model
         if chat_model is not None:
             self.model_name = str(
@@ -253,9 +261,16 @@ class EnvironmentClient:
         Raises `EnvironmentCallError` (after the retries) or `ContextOverflow`.
         """
         messages = environment_messages(prompt, history, system_prompt or self.system_prompt)
+        started = time.monotonic()
+        cache, key = self.cache, None
+        if cache is not None:
+            key = request_key(self.base_url, self.model_name, messages, sampling_of(self))
+            found = cache.get(key)
+            if found is not None:
+                found.update(cached=True, attempts=1, latency_s=time.monotonic() - started)
+                return EnvironmentReply(**found)
         run_config = {**(run_config or {}), "run_name": "environment"}
         run_config["tags"] = [*run_config.get("tags", []), "prompt-r1", "environment"]
-        started = time.monotonic()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.config.max_retries + 1),
             wait=_BackoffOrRetryAfter(
@@ -280,7 +295,7 @@ class EnvironmentClient:
         # A reply that repeats a key (an endpoint echoing its request) must not carry it into the state, the
         # checkpoint, or the agent's next prompt.
         text = redaction.redact(text)
-        return EnvironmentReply(
+        reply = EnvironmentReply(
             text=text,
             input_tokens=int(usage.get("input_tokens", 0)),
             output_tokens=int(usage.get("output_tokens", 0)),
@@ -290,6 +305,9 @@ class EnvironmentClient:
             endpoint=self.name,
             repaired=repaired,
         )
+        if cache is not None and key is not None:
+            cache.put(key, reply.to_dict())
+        return reply
 
     def _count_retry(self, state: RetryCallState) -> None:
         self.retries += 1

@@ -24,6 +24,7 @@ __all__ = [
     "check_store_url",
     "check_url",
     "is_shared_store",
+    "names_store",
     "printable_url",
     "store_user",
 ]
@@ -92,7 +93,7 @@ def _shown(url: str) -> str:
     return repr(printable_url(url))
 
 
-def check_store_url(url: str) -> str:
+def check_store_url(url: str, flag: str = "--env-rate-store") -> str:
     """`url` when it is a rate store the redis client can open as written (`memory`, or redis:// or rediss://,
     a host, a port from 1 to 65535, an optional database number, nothing more), else a one-line ConfigError
     naming what is wrong. The one rule for every surface (flags, config and recipe files, pool members,
@@ -108,7 +109,7 @@ def check_store_url(url: str) -> str:
     """
     if not is_shared_store(url):
         return url
-    flag, example = "--env-rate-store", "redis://127.0.0.1:6379/0"
+    example = "redis://127.0.0.1:6379/0"
     _check_characters(url, flag)
     if len(url) > STORE_URL_MAX:
         raise ConfigError(
@@ -148,6 +149,15 @@ def check_store_url(url: str) -> str:
 
 # A DNS name, an IPv4 address or the inside of an IPv6 address's brackets (as urlsplit gives `hostname`).
 _HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}(%[A-Za-z0-9._-]+)?")
+
+
+def names_store(value: str) -> bool:
+    """Whether a value given where a file or a shared store may go (`--env-cache`) names a store by URL.
+
+    >>> names_store("redis://10.0.0.5:6379/0"), names_store("cache.sqlite")
+    (True, False)
+    """
+    return value.split("://", 1)[0] in STORE_SCHEMES and "://" in value
 
 
 def store_user(url: str) -> bool:

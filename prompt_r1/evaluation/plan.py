@@ -20,6 +20,7 @@ from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import DATASETS
 from prompt_r1.evaluation.optimizers.search import OPTIMIZERS
+from prompt_r1.runs.manifest import measured as _measured
 
 __all__ = [
     "MANIFEST",
@@ -107,28 +108,6 @@ def resolve_plan(
     return chosen, picked
 
 
-# Settings that change how a run reaches its endpoints but not what it measures; a resumed run may change them
-# (a server that moved to another port keeps its model name).
-_OPERATIONAL = {
-    "base_url",
-    "api_key_env",
-    "rate_limit",
-    "rate_period",
-    "max_in_flight",
-    "tokens_per_minute",
-    "timeout",
-    "max_retries",
-    "backoff_initial",
-    "backoff_max",
-    "max_retry_after",
-    "device",
-}
-
-
-def _measured(config: Any) -> dict[str, Any]:
-    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _OPERATIONAL}
-
-
 def _method_settings(
     method: str, agent_config: Any, environment_config: Any, loop: LoopConfig, search: dict | None
 ) -> dict:
@@ -172,10 +151,13 @@ def record_settings(
     environment_config: Any = None,
     loop: LoopConfig | None = None,
     search: dict | None = None,
-) -> None:
-    """Refuse to mix rows produced under different settings in one folder; record the settings otherwise.
+    allow_changed: bool = False,
+) -> dict[str, Any]:
+    """Refuse to mix rows produced under different settings in one folder; record the settings otherwise, and
+    return them (every method's, this run's and earlier runs'), with the changes allowed under "changed".
 
     Only what changes results is compared (models, sampling, loop); endpoints, limits and retries may change.
+    `allow_changed` (`eval --allow-changed-settings`) records the new settings instead of refusing them.
     """
     loop = loop or LoopConfig()
     settings = {m: _method_settings(m, agent_config, environment_config, loop, search) for m in methods}
@@ -183,6 +165,7 @@ def record_settings(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / MANIFEST
     recorded = _read_settings(path)
+    allowed: list[str] = []
     for method, current in settings.items():
         before = recorded["methods"].get(method)
         if before is None or before == current:
@@ -198,9 +181,13 @@ def record_settings(
         # A setting added since the folder was written, at its unset value, changed nothing the rows depend on.
         if not changes:
             continue
+        if allow_changed:
+            allowed += [f"{method} {change}" for change in changes]
+            continue
         raise ConfigError(
             f"{out_dir} holds {method} rows made with other settings ({'; '.join(changes)}); "
-            "use another --out folder, or the same settings to resume"
+            "use another --out folder, the same settings to resume, or --allow-changed-settings to mix them"
         )
     recorded["methods"].update(settings)
     path.write_text(json.dumps(recorded, indent=2, ensure_ascii=False) + "\n")
+    return {"methods": recorded["methods"], "changed": allowed}

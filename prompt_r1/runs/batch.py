@@ -32,13 +32,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from prompt_r1.agents.base import AgentBackend
 from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.clients.response_cache import ResponseCache, render_summary, use_cache
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import DataError
 from prompt_r1.core.redaction import RedactedStream, Redactor
@@ -76,6 +77,7 @@ class BatchSummary(RunTally):
     retries: int = 0
     fallbacks: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] | None = None  # the response cache's use: hits (calls saved), stored, saved_usd
 
     @property
     def complete(self) -> bool:
@@ -103,6 +105,7 @@ class BatchSummary(RunTally):
             "stopped": self.stopped,
             "input_error": self.input_error,
             "usage": self.usage,
+            "cache": self.cache,
         }
 
     def render(self) -> str:
@@ -149,6 +152,8 @@ class BatchSummary(RunTally):
                     + (f" (no price for {', '.join(unpriced)}; see --prices)" if unpriced else ""),
                 )
             )
+        if self.cache is not None:
+            lines.append(("cache", render_summary(self.cache)))
         if self.stopped:
             lines.append(("stopped", self.stopped))
         width = max(len(k) for k, _ in lines)
@@ -186,6 +191,9 @@ async def run_batch(
     prices: PriceTable | None = None,
     log: TextIO | None = None,
     secrets: Sequence[str] = (),
+    cache: ResponseCache | None = None,
+    cache_always: bool = False,
+    manifest: Callable[[], None] | None = None,
 ) -> BatchSummary:
     """Run the loop on every question of `settings.source` not yet finished in `settings.out`, appending one
     JSON row per episode. Returns the summary (also when stopped early).
@@ -196,13 +204,17 @@ async def run_batch(
 
     Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
     written: rows, the summary, `log`. With `settings.shard`, only that shard's rows run (`limit` applies
-    first)."""
+    first). With `cache` (prompt_r1.clients.response_cache), calls answered before are replayed from it, not
+    paid for; refused for an environment sampled above temperature 0 unless `cache_always`. `manifest` is called
+    once the input and the results file are checked, before the first episode (`prompt-r1 batch` writes the
+    manifest beside the results with it: prompt_r1.runs.manifest)."""
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
     prices = prices or PriceTable.load()
 
     environment = as_environment(environment)
+    use_cache(environment, cache, always=cache_always)
     agent_config = getattr(agent, "config", None)
     agent_model = str(getattr(agent_config, "model", None) or "agent")
     if settings.budget is not None:
@@ -211,11 +223,13 @@ async def run_batch(
     # One writer per results file (re-entered when `prompt-r1 batch` already holds it), held to the end: a second
     # run on it is refused here, before it reads a row or calls anything.
     with hold_output(settings.out, "--out" if settings.flags else "the output"):
-        return await _run_batch(settings, agent, environment, loop, prices, log, redact, path, agent_model)
+        return await _run_batch(
+            settings, agent, environment, loop, prices, log, redact, path, agent_model, cache, manifest
+        )
 
 
 async def _run_batch(
-    settings, agent, environment, loop, prices, log, redact, path, agent_model
+    settings, agent, environment, loop, prices, log, redact, path, agent_model, cache=None, manifest=None
 ) -> BatchSummary:
     """`run_batch`'s run, with the results file held."""
     source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
@@ -229,6 +243,8 @@ async def _run_batch(
     store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
     if checkpoint is not None:
         check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
+    if manifest is not None:
+        manifest()
     meter = UsageMeter(prices)
     metered_env = MeteredEnvironment(environment, meter, redact)
     metered_agent = MeteredAgent(agent, meter, agent_model, redact)
@@ -315,5 +331,6 @@ async def _run_batch(
             summary.retries = getattr(environment, "retries", 0)
             summary.fallbacks = getattr(environment, "fallbacks", 0)
             summary.usage = meter.to_dict()
+            summary.cache = None if cache is None else cache.summary(prices)
             summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
     return summary

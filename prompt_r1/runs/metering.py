@@ -39,7 +39,12 @@ class MeteredEnvironment:
         except Exception as exc:
             self.redact.exception(exc)
             raise
-        self.meter.add("environment", reply.model or "environment", reply.input_tokens, reply.output_tokens)
+        if (
+            not reply.cached
+        ):  # a reply replayed from the response cache was not paid for (clients.response_cache)
+            self.meter.add(
+                "environment", reply.model or "environment", reply.input_tokens, reply.output_tokens
+            )
         return reply
 
     def __getattr__(self, name: str) -> Any:
@@ -68,11 +73,12 @@ class MeteredAgent:
 
 def environment_cost(state: dict[str, Any], prices: PriceTable) -> float | None:
     """What an episode's environment calls cost, each priced by the model that answered; None when one is
-    unpriced. Training pays only these: its agent is the model being trained."""
+    unpriced. Training pays only these: its agent is the model being trained. A call replayed from the response
+    cache costs nothing."""
     total = 0.0
     for turn in state.get("turns", []):
         call = turn.get("environment_call")
-        if call:
+        if call and not call.get("cached"):
             cost = prices.cost(call.get("model") or "", call["input_tokens"], call["output_tokens"])
             if cost is None:
                 return None
@@ -103,6 +109,8 @@ def row_cost(row: dict[str, Any], prices: PriceTable, agent_model: str, *, agent
     calls += list(row.get("environment_calls") or ())
     total = 0.0
     for call in calls:
+        if call.get("cached"):  # replayed from the response cache: not paid for by this run
+            continue
         cost = prices.cost(call.get("model") or "", call["input_tokens"], call["output_tokens"])
         if cost is None:
             return None

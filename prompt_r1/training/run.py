@@ -38,6 +38,7 @@ def train(
     config: Any,
     *,
     resume: bool = False,
+    allow_changed_settings: bool = False,
     build: Callable[..., Any] | None = None,
     **build_kwargs: Any,
 ) -> Any:
@@ -45,7 +46,9 @@ def train(
     `build`: the trainer's builder (default: the one the config is for, `build_trainer` or `build_async_trainer`). Ctrl-C or
     SIGTERM stops after the step in flight with a checkpoint of it (`prompt_r1.training.shared.graceful_stop`); the model
     is then not saved to output_dir, and `graceful_stop_of(trainer)` says which signal, step and checkpoint.
-    A second run on the same output_dir while this one runs is refused (`OutputError`)."""
+    A second run on the same output_dir while this one runs is refused (`OutputError`). The run's manifest is
+    written to output_dir (`training.shared.run_manifest`); a resumed run whose settings differ from it is refused
+    naming them, unless `allow_changed_settings`."""
     from prompt_r1.runs.output_lock import hold_output
 
     # One run per output folder, held to the end: a second is refused before a model loads or a call is paid. The
@@ -56,10 +59,16 @@ def train(
         if config.process_index == 0
         else nullcontext()
     ):
-        return _train(config, resume, build, build_kwargs)
+        return _train(config, resume, build, build_kwargs, allow_changed_settings)
 
 
-def _train(config: Any, resume: bool, build: Callable[..., Any] | None, build_kwargs: dict) -> Any:
+def _train(
+    config: Any,
+    resume: bool,
+    build: Callable[..., Any] | None,
+    build_kwargs: dict,
+    allow_changed: bool = False,
+) -> Any:
     """`train`, with the output folder held."""
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -78,6 +87,10 @@ def _train(config: Any, resume: bool, build: Callable[..., Any] | None, build_kw
         check_resume_checkpoint(checkpoint)
         if getattr(config, "call_ledger", False):  # the synchronous trainer's
             check_ledger_for_resume(checkpoint, ledger_path(config.output_dir, config.process_index))
+    from prompt_r1.training.shared.run_manifest import train_manifest
+
+    # Before the model loads: a resumed run under other settings is one line, and nothing is written.
+    train_manifest(config, resume=checkpoint is not None, allow_changed=allow_changed)
     trainer = (build or _builder(config))(config, **build_kwargs)
     if checkpoint is not None:
         from prompt_r1.training.shared.spend import check_resumed_ledger

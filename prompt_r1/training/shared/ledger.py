@@ -26,7 +26,6 @@ import contextlib
 import contextvars
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import EnvironmentReply, environment_messages
+from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
 
@@ -115,7 +115,6 @@ def call_scope(*, step: int, training: bool, call: int, episode: int) -> Iterato
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS calls (
     step INTEGER NOT NULL, phase TEXT NOT NULL, call INTEGER NOT NULL, episode INTEGER NOT NULL,
     turn INTEGER NOT NULL, request TEXT NOT NULL,
@@ -224,30 +223,18 @@ _WAYS_ON = (
 
 
 def _create(path: Path, identity: dict[str, str]) -> None:
-    """Write a new, empty ledger whole under a temporary name, then rename it into place: a process killed
-    while creating it leaves no file at `path`, so a file there is always a ledger or a damaged one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".creating")
-    for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
-        leftover.unlink(missing_ok=True)
-    connection = sqlite3.connect(tmp, isolation_level=None)
-    try:
-        connection.executescript(_SCHEMA)
-        rows = [("format", FORMAT), ("version", VERSION), *sorted(identity.items())]
-        with connection:
-            connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
-    finally:
-        connection.close()
-    os.replace(tmp, path)
+    """A new, empty ledger, made whole before it appears at `path` (`clients.sqlite_files`, as the response
+    cache's): a file there is always a ledger or a damaged one."""
+    create_whole(path, _SCHEMA, {**identity, "format": FORMAT, "version": VERSION})
 
 
 def _check(connection: sqlite3.Connection, path: Path, identity: dict[str, str]) -> None:
     """Refuse a damaged file, a database that is not a ledger, and another run's ledger, each in one line."""
-    problem = connection.execute("PRAGMA quick_check").fetchone()[0]
-    if problem != "ok":
+    problem = damage(connection)
+    if problem is not None:
         raise LedgerError(f"{path} is damaged ({problem}); {_WAYS_ON}")
     tables = {r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    meta = dict(connection.execute("SELECT name, value FROM meta")) if "meta" in tables else {}
+    meta = read_meta(connection)
     if meta.get("format") != FORMAT or "calls" not in tables:
         raise LedgerError(
             f"{path} is an SQLite file but not a call ledger: move it away or use another output_dir"

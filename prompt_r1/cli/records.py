@@ -1,0 +1,73 @@
+"""What `batch` and `eval` keep beside their results: the response cache's flags and the manifest's.
+
+    add_cache_flags(parser)                   # --env-cache PATH|redis://…, --env-cache-always
+    add_allow_changed_flag(parser, "rows")    # --allow-changed-settings
+    cache = open_run_cache(args, environments, protected=[("--out file", out)])
+    manifest_of(args, command, measured, operational, seeds=…, prices=…)   # prompt_r1.runs.manifest
+
+The cache and the manifest themselves live below (prompt_r1.clients.response_cache, prompt_r1.runs.manifest); this
+module turns flags into them, so that each command adds a line, not a copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.clients.response_cache import CacheError, ResponseCache, cache_endpoints, open_cache
+from prompt_r1.core.urls import names_store
+
+__all__ = ["ALLOW_CHANGED", "add_allow_changed_flag", "add_cache_flags", "cache_verdict", "open_run_cache"]
+
+ALLOW_CHANGED = "--allow-changed-settings"
+
+
+def add_cache_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("response cache")
+    group.add_argument(
+        "--env-cache",
+        metavar="FILE|URL",
+        help="replay environment answers paid for before instead of paying again: an SQLite file (made when "
+        "missing) or the store's redis:// URL; keyed by endpoint, model, messages and sampling settings. Only "
+        "at --env-temperature 0 unless --env-cache-always",
+    )
+    group.add_argument(
+        "--env-cache-always",
+        action="store_true",
+        help="with --env-cache, replay also answers sampled above temperature 0 (as they were, not drawn again)",
+    )
+
+
+def add_allow_changed_flag(parser: argparse.ArgumentParser, unit: str) -> None:
+    parser.add_argument(
+        ALLOW_CHANGED,
+        action="store_true",
+        help=f"add {unit} to an output made with other settings (refused otherwise, naming each that differs); "
+        "the manifest records what changed",
+    )
+
+
+def open_run_cache(
+    args: argparse.Namespace, environments: Sequence[Any], protected: Iterable[tuple[str, Path | None]] = ()
+) -> ResponseCache | None:
+    """The run's response cache from --env-cache (None without it), for every environment the run calls: a file
+    that is one of the run's other files, a folder, unreadable, damaged, or another endpoint's is one line
+    (exit 2) before anything is sent."""
+    where = getattr(args, "env_cache", None)
+    if where is None:
+        if getattr(args, "env_cache_always", False):
+            raise CacheError("--env-cache-always goes with --env-cache FILE|URL")
+        return None
+    if not names_store(where):
+        for what, path in protected:
+            if path is not None and Path(path).resolve() == Path(where).resolve():
+                raise CacheError(f"--env-cache {where} is the {what}; name a file of its own")
+    endpoints = sorted({e for environment in environments for e in cache_endpoints(environment)})
+    return open_cache(where, endpoints)
+
+
+def cache_verdict(cache: ResponseCache | None) -> str | None:
+    """The one line to end with when a reply in the cache turned out damaged during the run, else None."""
+    return None if cache is None else cache.damaged

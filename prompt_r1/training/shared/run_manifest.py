@@ -1,0 +1,57 @@
+"""A training run's manifest (`OUTPUT_DIR/manifest.json`, prompt_r1.runs.manifest), and `--resume`'s check of it.
+
+    train_manifest(config, resume=True, allow_changed=False)   # refuses, naming each setting that differs
+
+`measured`: the settings that decide what is learned (the model, data, reward, loop, environment model and
+sampling, optimiser and GRPO settings, seeds). The rest (output folders, logging, saving, endpoints, limits, the
+step count and the spend caps, which a resumed run raises on purpose) is recorded as operational and may change.
+Only the first process writes the file; every process checks it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prompt_r1.clients.costs import PriceTable
+from prompt_r1.runs.manifest import build_manifest, check_manifest, manifest_path, write_manifest
+
+__all__ = ["MEASURED", "train_manifest"]
+
+ALLOW_FLAG = "--allow_changed_settings"
+
+MEASURED = (
+    # the agent, its data and its adapter
+    "model_name_or_path", "agent_dtype", "train_data", "max_train_samples", "use_peft", "lora_r", "lora_alpha",
+    "lora_dropout", "lora_target_modules",
+    # the loop, the reward and the environment that answers
+    "protocol", "max_turns", "max_turn_tokens", "max_total_tokens", "train_on_environment_tokens", "reward_preset",
+    "reward_alpha", "reward_beta", "reward_gamma", "reward_delta", "reward_epsilon", "reward_format_gate",
+    "reward_weights", "env_model", "env_temperature", "env_max_tokens",
+    # GRPO and the optimiser
+    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay", "optim",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "num_generations", "generation_batch_size", "steps_per_generation",
+    "num_iterations", "beta", "epsilon", "epsilon_high", "loss_type", "scale_rewards", "importance_sampling_level",
+    "mask_truncated_completions", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "max_completion_length", "bf16", "fp16", "seed", "data_seed",
+)  # fmt: skip
+
+
+def train_manifest(config: Any, *, resume: bool, allow_changed: bool = False) -> None:
+    """Check, when resuming, that `config` measures what the output's manifest says (`ManifestError` naming each
+    setting that differs, unless `allow_changed`); then (first process only) write this run's manifest."""
+    values = config.to_dict()
+    measured = {name: values[name] for name in MEASURED if name in values}
+    path = manifest_path(folder=config.output_dir)
+    earlier, changes = None, []
+    if resume:
+        earlier, changes = check_manifest(
+            path, measured, allow_changed=allow_changed, flag=ALLOW_FLAG, what="output_dir"
+        )
+    if getattr(config, "process_index", 0) != 0:
+        return
+    operational = {name: value for name, value in values.items() if name not in measured}
+    seeds = {"seed": values.get("seed"), "data_seed": values.get("data_seed")}
+    prices = PriceTable.load(getattr(config, "prices", None))
+    manifest = build_manifest("train", measured, operational, seeds=seeds, prices=prices)
+    write_manifest(path, manifest, earlier, changes)
