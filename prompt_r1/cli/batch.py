@@ -22,6 +22,7 @@ from prompt_r1.cli.records import (
     add_allow_changed_flag,
     add_cache_flags,
     cache_verdict,
+    closing_caches,
     open_run_cache,
 )
 from prompt_r1.clients.costs import PriceTable
@@ -167,7 +168,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     settings.check_files()
     # One writer per results file, from here to the end: a second run on it is refused before it loads a model
     # or calls anything (a shard's own file is its lock's; shards run side by side).
-    with hold_output(settings.out, "--out"):
+    with hold_output(settings.out, "--out"), closing_caches():
         return _batch(args, settings)
 
 

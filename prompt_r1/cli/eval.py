@@ -22,6 +22,7 @@ from prompt_r1.cli.records import (
     add_allow_changed_flag,
     add_cache_flags,
     cache_verdict,
+    closing_caches,
     open_run_cache,
 )
 from prompt_r1.clients.costs import PriceTable
@@ -224,6 +225,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     folders = [(Path(args.out) / name if len(sweep) > 1 else Path(args.out), cfg) for name, cfg in sweep]
     # One writer per folder, to the end: a second eval on it is refused here, before a search or a row is paid for.
     with contextlib.ExitStack() as held:
+        held.enter_context(closing_caches())
         for folder, _ in folders:
             held.enter_context(hold_output(folder, "--out", folder=True))
         return _eval_folders(

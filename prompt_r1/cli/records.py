@@ -12,16 +12,36 @@ module turns flags into them, so that each command adds a line, not a copy.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.clients.response_cache import CacheError, ResponseCache, cache_endpoints, open_cache
 from prompt_r1.core.urls import names_store
 
-__all__ = ["ALLOW_CHANGED", "add_allow_changed_flag", "add_cache_flags", "cache_verdict", "open_run_cache"]
+__all__ = [
+    "ALLOW_CHANGED",
+    "add_allow_changed_flag",
+    "add_cache_flags",
+    "cache_verdict",
+    "closing_caches",
+    "open_run_cache",
+]
 
 ALLOW_CHANGED = "--allow-changed-settings"
+_opened: list[ResponseCache] = []  # the caches this command opened, closed when it ends (closing_caches)
+
+
+@contextlib.contextmanager
+def closing_caches() -> Iterator[None]:
+    """Close every cache opened inside the block when it ends, however it ends: a cache file is then whole at rest
+    (its write-ahead log taken in), as the next run's check expects."""
+    try:
+        yield
+    finally:
+        while _opened:
+            _opened.pop().close()
 
 
 def add_cache_flags(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +85,9 @@ def open_run_cache(
             if path is not None and Path(path).resolve() == Path(where).resolve():
                 raise CacheError(f"--env-cache {where} is the {what}; name a file of its own")
     endpoints = sorted({e for environment in environments for e in cache_endpoints(environment)})
-    return open_cache(where, endpoints)
+    cache = open_cache(where, endpoints)
+    _opened.append(cache)
+    return cache
 
 
 def cache_verdict(cache: ResponseCache | None) -> str | None:
