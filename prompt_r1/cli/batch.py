@@ -256,7 +256,10 @@ def _manifest(args, settings: BatchSettings, agent_cfg, env_cfg, loop_cfg, envir
 
     members = getattr(environment, "members", None)
     env_measured = [measured(m.config) for m in members] if members else measured(env_cfg)
-    runs_on = {"input": str(settings.source), "limit": settings.limit, "shard": args.shard,
+    from prompt_r1.data.datasets import resolve_source
+
+    source = resolve_source(settings.source)[0].resolve()  # one file however it is named
+    runs_on = {"input": str(source), "limit": settings.limit, "shard": args.shard,
                "agent": measured(agent_cfg), "environment": env_measured, "loop": dataclasses.asdict(loop_cfg)}  # fmt: skip
     operational = {
         "concurrency": settings.concurrency, "max_failures": settings.max_failures, "budget": settings.budget,
