@@ -97,7 +97,8 @@ def test_train_dry_run_counts_the_calls_a_short_run_makes(protocol_model_path, t
                 "--env-base-url", server.base_url, "--max_turn_tokens", "24", "--output_dir", tmp_path / "run",
                 "--max_steps", "2"]  # fmt: skip
         code, out, err = run_cli([*args, "--dry_run"])
-        assert code == 0, err and server.requests == []
+        assert code == 0, err
+        assert server.requests == [] and not (tmp_path / "run").exists()
         assert "2 generation steps of 1 questions × 4 = 4 episodes" in out
         code, _, err = run_cli(args)
         assert code == 0, err

@@ -235,6 +235,9 @@ def _eval_folders(
     args, methods, samples, sources, search, prices, agent_cfg, loop_cfg, sweep, folders
 ) -> int:
     """`cmd_eval` once its folders are held: settings recorded, clients made, each folder evaluated."""
+    if args.budget is not None:  # the optimiser model priced before a folder is recorded: its calls count too
+        for _, cfg in folders:
+            check_search_prices(prices, methods, search, cfg)
     # Before any endpoint is contacted or model loaded: a folder of rows made with other settings is refused.
     for folder, cfg in folders:
         record_settings(
@@ -252,8 +255,6 @@ def _eval_folders(
     if args.budget is not None:  # every environment's model priced before the first one is paid for
         for environment in environments:
             check_budget_prices(prices, environment, agent)
-        for _, cfg in folders:  # the optimiser model too: its calls count against the same budget
-            check_search_prices(prices, methods, search, cfg)
     summaries, code = {}, EXIT_OK
     for (name, _), (folder, cfg), environment in zip(sweep, folders, environments, strict=True):
         summary, done = _evaluate(
