@@ -5,6 +5,7 @@ the count is determined (a scripted agent, a known number of turns); the at-most
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from batch_setup import KEY_ENV, cli_args
@@ -108,7 +109,7 @@ def test_train_dry_run_counts_the_calls_a_short_run_makes(protocol_model_path, t
     mean = sum(per_episode) / len(per_episode)  # every step runs 4 episodes: the run's mean calls per episode
     code, out, err = run_cli([*args, "--output_dir", tmp_path / "again", "--dry_run", "--expect_turns", mean])
     assert code == 0, err
-    expected = float(out.split("environment calls")[1].split("expected")[0].replace(",", ""))
+    expected = float(re.search(r"^environment calls +([\d,.]+) expected", out, re.M)[1].replace(",", ""))
     assert expected == pytest.approx(sent, abs=0.5) and sent <= 2 * 4 * 2  # steps × episodes × max_turns
 
 
