@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from prompt_r1.cli.dry_run import add_dry_run_flags, batch_dry_run
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
@@ -71,6 +72,7 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "step instead of paying again for the turns it had",
     )
     add_stop_flags(bt, "episodes")
+    add_dry_run_flags(bt)
     bt.add_argument(
         "--env-pool",
         metavar="FILE",
@@ -166,6 +168,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         flags=True,
     )
     settings.check_files()
+    if args.dry_run:  # the estimate alone: nothing sent, loaded or written
+        return batch_dry_run(args, settings)
     # One writer per results file, from here to the end: a second run on it is refused before it loads a model
     # or calls anything (a shard's own file is its lock's; shards run side by side).
     with hold_output(settings.out, "--out"), closing_caches():

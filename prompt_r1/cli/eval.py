@@ -9,6 +9,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from prompt_r1.cli.dry_run import add_dry_run_flags, eval_dry_run
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
@@ -41,7 +42,13 @@ from prompt_r1.evaluation.harness import (
     run_evaluation,
 )
 from prompt_r1.evaluation.optimizers.opro import OproSettings
-from prompt_r1.evaluation.optimizers.search import SearchSettings, search_instructions, search_spend
+from prompt_r1.evaluation.optimizers.search import (
+    SearchSettings,
+    SearchStopped,
+    check_search_prices,
+    search_instructions,
+    search_spend,
+)
 from prompt_r1.evaluation.reports import summarize, write_reports
 from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
 from prompt_r1.runs.metering import check_budget_prices
@@ -98,6 +105,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
         help="episodes in flight (default: 16)",
     )
     add_stop_flags(ev, "rows")
+    add_dry_run_flags(ev)
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     _add_scorer_flag(ev)
@@ -223,6 +231,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     given = {name: getattr(args, f"environment__{name}", None) for name in SWEEP_FIELDS}
     sweep = environment_sweep(env_cfg, given) if needs_env else [("", None)]
     folders = [(Path(args.out) / name if len(sweep) > 1 else Path(args.out), cfg) for name, cfg in sweep]
+    if args.dry_run:  # the estimate alone: nothing sent, loaded or written
+        return eval_dry_run(args, methods, samples, sources, search, prices, agent_cfg, loop_cfg, folders)
     # One writer per folder, to the end: a second eval on it is refused here, before a search or a row is paid for.
     with contextlib.ExitStack() as held:
         held.enter_context(closing_caches())
@@ -239,6 +249,9 @@ def _eval_folders(
     """`cmd_eval` once its folders are held: settings recorded, clients made, each folder evaluated."""
     from prompt_r1.runs.manifest import manifest_path, read_manifest
 
+    if args.budget is not None:  # the optimiser model priced before a folder is recorded: its calls count too
+        for _, cfg in folders:
+            check_search_prices(prices, methods, search, cfg)
     # Before any endpoint is contacted or model loaded: a manifest that does not parse, or a folder of rows made
     # with other settings, is refused (unless --allow-changed-settings), with nothing written.
     earlier = [read_manifest(manifest_path(folder=folder)) for folder, _ in folders]
@@ -383,12 +396,25 @@ def _evaluate(
 
 async def _search_then_run(out, methods, sources, samples, environment, env_cfg, search, prices, **options):
     """The optimisers' searches (read back when done before), then the rows: one event loop for both, so the
-    environment's client serves them on the loop it was first used on."""
-    records = await search_instructions(out, methods, sources, samples, environment, env_cfg, search, prices)
+    environment's client serves them on the loop it was first used on. One meter for both, so that --budget
+    covers the searches' calls as it covers the rows': a search that reaches it stops, and no row starts."""
+    from prompt_r1.clients.costs import UsageMeter
+    from prompt_r1.evaluation.harness import RunOutcome
+
+    meter = UsageMeter(prices)
+    try:
+        records = await search_instructions(
+            out, methods, sources, samples, environment, env_cfg, search, prices, spend=meter,
+            budget=options.get("budget"),
+        )  # fmt: skip
+    except (
+        SearchStopped
+    ) as exc:  # the search is not recorded; the next run, with a higher budget, does it again
+        return {}, RunOutcome(stopped=str(exc), usage=meter.to_dict())
     instructions = {key: record["instruction"] for key, record in records.items()}
     outcome = await run_evaluation(
         out, methods, samples, environment=environment, environment_config=env_cfg, prices=prices,
-        instructions=instructions, search=search.to_dict(), **options,
+        instructions=instructions, search=search.to_dict(), meter=meter, **options,
     )  # fmt: skip
     return records, outcome
 

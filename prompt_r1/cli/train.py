@@ -88,6 +88,25 @@ def train_parser(argv: list[str] | None = None):
             },
         )
 
+        dry_run: bool = field(
+            default=False,
+            metadata={
+                "help": "Print what the run will cost (generation steps, episodes, environment calls, tokens, "
+                "dollars, the time the limits impose, where max_env_cost stops it) and exit: nothing sent, no "
+                "model loaded (docs/cost.md)."
+            },
+        )
+        expect_turns: float | None = field(
+            default=None,
+            metadata={"help": "The dry run's expected environment calls per episode (default: 2)."},
+        )
+        expect_from: str | None = field(
+            default=None,
+            metadata={
+                "help": "The dry run's episode shape from an earlier results file (batch or eval rows)."
+            },
+        )
+
     known = {f.name for f in fields(config_class)} | {f.name for f in fields(TrainFlags)}
 
     class Parser(TrlParser):
@@ -167,6 +186,10 @@ def cmd_train(argv: list[str]) -> int:
     from prompt_r1.training.run import train
     from prompt_r1.training.shared.checks import check_train_data
 
+    if any(a.split("=")[0] in ("--dry_run", "--dry-run") for a in argv):
+        # A dry run plans a GPU recipe on any machine: precision changes nothing it counts, and TRL refuses bf16
+        # where no GPU has it.
+        argv = [*argv, "--bf16", "false", "--fp16", "false"]
     parser = train_parser(argv)
     try:
         config, flags = parser.parse_args_and_config(argv)  # the config checked itself as it was built
@@ -177,6 +200,12 @@ def cmd_train(argv: list[str]) -> int:
     # The cheapest checks first, and all of them before any model loads: the training file, the model's folder or
     # hub id, then the environment's socket.
     check_train_data(config)
+    if flags.dry_run:  # the estimate alone: nothing sent, loaded or written
+        from prompt_r1.cli.dry_run import train_dry_run
+
+        return train_dry_run(
+            config, style="text", expect_turns=flags.expect_turns, expect_from=flags.expect_from
+        )
     try:
         check_model_source(config.model_name_or_path, "model_name_or_path")
     except ConfigError as exc:

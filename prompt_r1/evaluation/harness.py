@@ -232,10 +232,13 @@ async def run_evaluation(
     log: TextIO | None = None,
     instructions: Mapping[tuple[str, str], str] | None = None,
     search: dict | None = None,
+    meter: UsageMeter | None = None,
 ) -> RunOutcome:
     """Run every method on every sample not yet finished in `out_dir`, appending rows as they finish (see the
     module docstring). A prompt optimiser's method answers under `instructions[(method, dataset)]`, found by the
-    search whose settings are `search` (prompt_r1.evaluation.optimizers.search). Returns the outcome, also when stopped early."""
+    search whose settings are `search` (prompt_r1.evaluation.optimizers.search). `meter`: the run's meter when
+    something before the rows already spent from the budget (the searches); else a new one. Returns the outcome,
+    also when stopped early."""
     loop = loop or LoopConfig()
     redact = Redactor()
     log = RedactedStream(log if log is not None else sys.stderr, redact)
@@ -276,7 +279,7 @@ async def run_evaluation(
             out_dir / PREDICTIONS, row_prefix=_ROW_PREFIX, what="predictions file", key=_key, redact=redact,
             check=prediction_problem,
         )  # fmt: skip
-        meter = UsageMeter(prices)
+        meter = meter if meter is not None else UsageMeter(prices)
         agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
         # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.
         agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"

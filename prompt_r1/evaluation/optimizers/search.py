@@ -23,14 +23,14 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from prompt_r1.clients.costs import PriceTable, UsageMeter
 from prompt_r1.core.checks import number
-from prompt_r1.core.errors import ConfigError, ContextOverflow, EnvironmentCallError
+from prompt_r1.core.errors import ConfigError, ContextOverflow, EnvironmentCallError, PromptR1Error
 from prompt_r1.core.prompts import DIRECT_ANSWER_TEMPLATE
 from prompt_r1.core.protocol import last_answer
 from prompt_r1.data.datasets import Sample, load_samples
@@ -40,6 +40,8 @@ from prompt_r1.scoring.metrics import f1, normalize_answer
 __all__ = [
     "OPTIMIZERS",
     "SearchSettings",
+    "SearchStopped",
+    "check_search_prices",
     "find_instruction",
     "instruction_request",
     "load_or_find",
@@ -51,6 +53,11 @@ __all__ = [
 
 OPTIMIZERS = ("opro", "gepa", "textgrad")  # eval methods that search an instruction first
 FOLDER = "optimized"
+
+
+class SearchStopped(PromptR1Error):
+    """The run's budget was reached during a search: no further call was sent, and the search, unfinished, is not
+    recorded (the next run does it again)."""
 
 
 @dataclass(frozen=True)
@@ -130,9 +137,13 @@ async def find_instruction(
     *,
     log: TextIO | None = None,
     log_dir: str | Path | None = None,
+    spend: UsageMeter | None = None,
+    stop: Callable[[], str | None] | None = None,
 ) -> dict[str, Any]:
     """Search an instruction for `dataset` with `method` and return its record (see the module docstring).
-    `log_dir`: where a package that keeps its own log files (TextGrad) writes them."""
+    `log_dir`: where a package that keeps its own log files (TextGrad) writes them. `spend`: the run's meter, which
+    every call of the search is added to as well; `stop`: the run's budget rule, asked before each call, whose
+    reason ends the search with `SearchStopped` (as a row is not started once the budget is reached)."""
     if method not in OPTIMIZERS:
         raise ConfigError(f"unknown optimiser {method!r}; choose from {', '.join(OPTIMIZERS)}")
     log = log if log is not None else sys.stderr
@@ -140,12 +151,17 @@ async def find_instruction(
 
     async def ask(client: Any, role: str, prompt: str) -> str:
         """One call of the search, metered under `role`; "" when it failed after its retries."""
+        reason = stop() if stop is not None else None
+        if reason is not None:
+            raise SearchStopped(f"{reason} during the {method} search for {dataset}")
         try:
             reply = await client.respond(prompt)
         except (EnvironmentCallError, ContextOverflow):
             failed[0] += 1
             return ""
-        meter.add(role, reply.model or "", reply.input_tokens, reply.output_tokens)
+        for each in (meter, spend):
+            if each is not None:
+                each.add(role, reply.model or "", reply.input_tokens, reply.output_tokens)
         return reply.text
 
     async def task_reply(instruction: str, question: str) -> str:
@@ -229,6 +245,22 @@ def search_spend(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def check_search_prices(
+    prices: PriceTable, methods: Sequence[str], settings: SearchSettings, environment_config: Any
+) -> None:
+    """A `ConfigError` unless the optimiser model a budgeted search pays for has a price (its task calls are the
+    environment's, checked with the rows): unpriced, its calls would count as nothing against the budget."""
+    if not any(m in OPTIMIZERS for m in methods) or environment_config is None:
+        return
+    model = settings.reflection_model or environment_config.model
+    missing = prices.unpriced({f"optimiser model {model!r} (--reflection-model)": model})
+    if missing:
+        raise ConfigError(
+            f"a budget needs a price for every model it pays for; there is none for {missing[0]}: "
+            f"{prices.edit_hint()}, as MODEL: {{input: $, output: $}} per 1M tokens"
+        )
+
+
 async def load_or_find(
     out_dir: str | Path, method: str, dataset: str, find, settings: SearchSettings, train: Sequence[Sample]
 ) -> dict:
@@ -266,11 +298,15 @@ async def search_instructions(
     prices: PriceTable,
     *,
     log: TextIO | None = None,
+    spend: UsageMeter | None = None,
+    budget: float | None = None,
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Every optimiser method's record for every dataset (`sources`: dataset label → name or file), searched or
     read back (`load_or_find`). The optimiser model is a client of the environment's endpoint with the
-    reflection model and OPRO's sampling temperature."""
+    reflection model and OPRO's sampling temperature. `spend` and `budget`: the run's meter and dollar cap, shared
+    with its rows: each search call is added to it, and a search that reaches the cap raises `SearchStopped`."""
     from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.runs.metering import budget_rule
 
     records: dict[tuple[str, str], dict[str, Any]] = {}
     chosen = [m for m in methods if m in OPTIMIZERS]
@@ -291,7 +327,8 @@ async def search_instructions(
             async def find(method=method, label=label, train=train) -> dict[str, Any]:
                 return await find_instruction(
                     method, label, train, environment, reflection, settings, prices, log=log,
-                    log_dir=Path(out_dir) / FOLDER / method / "logs",
+                    log_dir=Path(out_dir) / FOLDER / method / "logs", spend=spend,
+                    stop=budget_rule(spend, budget) if spend is not None else None,
                 )  # fmt: skip
 
             records[(method, label)] = await load_or_find(out_dir, method, label, find, settings, train)
