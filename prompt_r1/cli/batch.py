@@ -10,12 +10,16 @@ from pathlib import Path
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
+    CommandFailure,
+    add_ray_flags,
     add_stop_flags,
     build_players,
     check_rate_store,
     check_reachable,
     configs_from_args,
+    ray_settings_from,
 )
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
@@ -89,6 +93,7 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "results file beside --out (NAME.shard-I-of-N.jsonl); run every shard, on any machines, then "
         "`prompt-r1 batch-merge --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
     )
+    add_ray_flags(bt, "episodes")
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_run_flags(bt)
     merge = sub.add_parser(
@@ -152,6 +157,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         log_file=args.log_file,
         progress=not args.no_progress,
         shard=shard,
+        ray=ray_settings_from(args),
         flags=True,
     )
     settings.check_files()
@@ -164,6 +170,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
+    if settings.ray is not None:
+        return _batch_on_ray(args, settings, agent_cfg, env_cfg, loop_cfg, prices)
     if args.env_pool:
         environment = EnvironmentPool.from_file(args.env_pool, env_cfg)
         for member in environment.members:
@@ -179,6 +187,50 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     summary = asyncio.run(
         run_batch(settings, agent=agent, environment=environment, loop=loop_cfg, prices=prices)
     )
+    return _report(settings, summary)
+
+
+def _batch_on_ray(args, settings, agent_cfg, env_cfg, loop_cfg, prices) -> int:
+    """The same run, its episodes in Ray actors: the endpoints and the store are checked from here (the actors
+    load the agent, not this process), then Ray is joined or started."""
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.errors import BackendUnavailable
+
+    from prompt_r1.core.urls import is_shared_store
+    from prompt_r1.runs.ray_batch import check_store_for, import_ray
+
+    try:
+        import_ray()
+    except BackendUnavailable as exc:
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
+    if args.env_pool:
+        raise ConfigError("--ray runs one environment per actor: --env-pool is not supported with --ray yet")
+    if not settings.ray.local and not is_shared_store(env_cfg.rate_store):
+        raise ConfigError(check_store_for(settings.ray))
+    EnvironmentClient(env_cfg)  # a missing key is refused here, before Ray starts
+    check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    check_rate_store(env_cfg.rate_store)
+    if agent_cfg.resolved_backend == "served":
+        check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+    if settings.log_file is not None:
+        _log_to_file(settings.log_file)
+    from prompt_r1.runs.ray_batch import ClusterUnreachable
+
+    try:
+        summary = asyncio.run(
+            run_batch(
+                settings, agent_config=agent_cfg, environment_config=env_cfg, loop=loop_cfg, prices=prices
+            )
+        )
+    except ClusterUnreachable as exc:
+        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+    except BackendUnavailable as exc:
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
+    return _report(settings, summary)
+
+
+def _report(settings: BatchSettings, summary) -> int:
+    """Write the summary, print it, and the exit code it makes."""
     write_text_file(settings.summary, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
     print(summary.render(), file=sys.stderr)
     print(f"summary: {settings.summary}", file=sys.stderr)

@@ -33,12 +33,14 @@ __all__ = [
     "EXIT_USAGE",
     "CommandFailure",
     "add_deprecated_alias",
+    "add_ray_flags",
     "add_run_flags",
     "add_stop_flags",
     "build_players",
     "check_rate_store",
     "check_reachable",
     "check_run_flags",
+    "ray_settings_from",
     "configs_from_args",
 ]
 
@@ -150,6 +152,56 @@ def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
         metavar="FILE",
         help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
         "prompt_r1/clients/prices.yaml",
+    )
+
+
+def add_ray_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """--ray [ADDRESS], --ray-actors, --ray-actor-cpus, --ray-actor-gpus: run the `unit` in Ray actors."""
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help=f"run the {unit} in Ray actors: without ADDRESS on a local Ray started for the run, else on the "
+        "cluster at auto, ray://HOST:PORT or HOST:PORT (needs --env-rate-store redis://… every node reaches). One "
+        "provider limit, one --budget, one results file written here (the `ray` extra)",
+    )
+    parser.add_argument(
+        "--ray-actors",
+        type=flag_number(integer=True, minimum=1),
+        default=2,
+        metavar="N",
+        help="Ray actors, each holding one agent and one environment client (default: 2); --concurrency is "
+        "shared among them",
+    )
+    parser.add_argument(
+        "--ray-actor-cpus",
+        type=flag_number(minimum=0),
+        default=1.0,
+        metavar="N",
+        help="CPUs per actor (default: 1)",
+    )
+    parser.add_argument(
+        "--ray-actor-gpus",
+        type=flag_number(minimum=0),
+        default=0.0,
+        metavar="N",
+        help="GPUs per actor (default: 0; 1 for an agent model loaded on a GPU in each actor)",
+    )
+
+
+def ray_settings_from(args: argparse.Namespace):
+    """The run's `RaySettings`, or None without --ray."""
+    if args.ray is None:
+        return None
+    from prompt_r1.runs.ray_settings import RaySettings
+
+    return RaySettings(
+        args.ray or None,
+        actors=args.ray_actors,
+        actor_cpus=args.ray_actor_cpus,
+        actor_gpus=args.ray_actor_gpus,
+        flags=True,
     )
 
 

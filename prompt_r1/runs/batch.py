@@ -31,20 +31,21 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TextIO
 
 from prompt_r1.agents.base import AgentBackend
 from prompt_r1.clients.costs import PriceTable, UsageMeter
-from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import DataError
 from prompt_r1.core.redaction import RedactedStream, Redactor
 from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
+from prompt_r1.runs.batch_rows import episode_row, failure_row
 from prompt_r1.runs.batch_settings import BatchSettings
-from prompt_r1.runs.episode import FAILED_STATUSES, Episode, EpisodeRunner, as_environment, describe_exception
+from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment
 from prompt_r1.runs.metering import (
     MeteredAgent,
     MeteredEnvironment,
@@ -54,7 +55,7 @@ from prompt_r1.runs.metering import (
 )
 from prompt_r1.runs.output_files import check_checkpoint, crc
 from prompt_r1.runs.output_lock import hold_output
-from prompt_r1.runs.pool import RunTally, named_keys
+from prompt_r1.runs.pool import RunTally, named_keys, run_many
 from prompt_r1.runs.result_store import ResultStore
 from prompt_r1.runs.shards import Shard
 
@@ -180,8 +181,10 @@ def scan_input(source: str | Path, limit: int | None = None, shard: Shard | None
 async def run_batch(
     settings: BatchSettings,
     *,
-    agent: AgentBackend,
-    environment: Any,
+    agent: AgentBackend | None = None,
+    environment: Any = None,
+    agent_config: AgentConfig | None = None,
+    environment_config: EnvironmentConfig | None = None,
     loop: LoopConfig | None = None,
     prices: PriceTable | None = None,
     log: TextIO | None = None,
@@ -196,12 +199,24 @@ async def run_batch(
 
     Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
     written: rows, the summary, `log`. With `settings.shard`, only that shard's rows run (`limit` applies
-    first)."""
+    first). With `settings.ray`, the episodes run in Ray actors that build their own players from
+    `agent_config` and `environment_config` (prompt_r1.runs.ray_batch; `agent` and `environment` are not needed);
+    the rest of the run is this one."""
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
     prices = prices or PriceTable.load()
 
+    if settings.ray is not None:
+        if agent_config is None or environment_config is None:
+            raise ValueError(
+                "a Ray batch needs agent_config and environment_config: its actors build the players"
+            )
+        from prompt_r1.clients.environment import EnvironmentClient
+
+        # Built here only to check prices and keys (no connection is opened); the actors build their own.
+        environment = EnvironmentClient(environment_config)
+        agent = SimpleNamespace(config=agent_config)
     environment = as_environment(environment)
     agent_config = getattr(agent, "config", None)
     agent_model = str(getattr(agent_config, "model", None) or "agent")
@@ -211,11 +226,13 @@ async def run_batch(
     # One writer per results file (re-entered when `prompt-r1 batch` already holds it), held to the end: a second
     # run on it is refused here, before it reads a row or calls anything.
     with hold_output(settings.out, "--out" if settings.flags else "the output"):
-        return await _run_batch(settings, agent, environment, loop, prices, log, redact, path, agent_model)
+        return await _run_batch(
+            settings, agent, environment, loop, prices, log, redact, path, agent_model, environment_config
+        )
 
 
 async def _run_batch(
-    settings, agent, environment, loop, prices, log, redact, path, agent_model
+    settings, agent, environment, loop, prices, log, redact, path, agent_model, environment_config
 ) -> BatchSummary:
     """`run_batch`'s run, with the results file held."""
     source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
@@ -223,87 +240,57 @@ async def _run_batch(
     samples = iter_samples(source, limit=limit, require_answers=False)
     if settings.shard is not None:
         samples = (s for s in samples if settings.shard.contains(s.id))
-    protected = [("input file", path), ("--checkpoint file", checkpoint)]
-    if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
-        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
-    store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
-    if checkpoint is not None:
-        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
     meter = UsageMeter(prices)
-    metered_env = MeteredEnvironment(environment, meter, redact)
-    metered_agent = MeteredAgent(agent, meter, agent_model, redact)
-
-    summary = BatchSummary(out=str(out), input_rows=input_rows)
-    bar = None
-    if settings.progress:
-        from tqdm.auto import tqdm
-
-        total = None if input_rows is None else max(0, input_rows - store.finished)
-        bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
-
-    def postfix(row: dict[str, Any], in_flight: int) -> None:
-        if bar is not None:
-            bar.set_postfix_str(
-                f"failed {summary.failed} · retries {getattr(environment, 'retries', 0)} · in flight {in_flight} · "
-                f"${meter.cost:.4f}",
-                refresh=False,
-            )
-
     async with contextlib.AsyncExitStack() as stack:
-        checkpointer = None
-        if checkpoint is not None:
-            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        episodes = None
+        if settings.ray is not None:  # joined (or started) before a file is touched: a refusal changes none
+            from prompt_r1.runs.ray_batch import RayEpisodes
 
-            checkpointer = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(checkpoint)))
-        runner = EpisodeRunner(
-            metered_agent,
-            metered_env,
-            loop,
-            checkpointer=checkpointer,
-            price=lambda state: episode_cost(state, prices, agent_model),
-            tags=["batch"],
-        )
-
-        def row_of(sample: Sample, episode: Episode) -> dict[str, Any]:
-            row = {"id": sample.id, "dataset": sample.dataset, "index": sample.index, **episode.to_row()}
-            row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
-            return row
-
-        def failure_row(sample: Sample, exc: Exception) -> dict[str, Any]:
-            error = describe_exception(exc)
-            failed = Episode.failure("internal_error", error, id=sample.id, question=sample.question)
-            return row_of(sample, failed)
-
-        async def work(sample: Sample) -> dict[str, Any]:
-            episode = await runner.run(
-                sample.question,
-                id=sample.id,
-                golden_answers=sample.golden_answers,
-                metadata={"dataset": sample.dataset},
+            episodes = stack.enter_context(
+                RayEpisodes(settings, agent.config, environment_config, loop, prices, meter=meter)
             )
-            if episode.resumed:
-                summary.resumed += 1
-            row = row_of(sample, episode)
-            if sample.golden_answers and episode.answer is not None:
-                from prompt_r1.scoring.scorers import row_metrics
+        protected = [("input file", path), ("--checkpoint file", checkpoint)]
+        if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
+            check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
+        store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
+        if checkpoint is not None:
+            check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
+        summary = BatchSummary(out=str(out), input_rows=input_rows)
+        if episodes is not None:
+            work, after_write, stop = episodes.work, episodes.after_write, episodes.stop_rule()
+        else:
+            metered_env = MeteredEnvironment(environment, meter, redact)
+            metered_agent = MeteredAgent(agent, meter, agent_model, redact)
+            work, after_write = await _local_episodes(stack, settings, metered_agent, metered_env, loop, prices,
+                                                      agent_model, summary)  # fmt: skip
+            stop = budget_rule(meter, settings.budget)
 
-                row["metrics"] = row_metrics(episode.answer, sample.golden_answers)
-            return row
+        # The bar starts once the players are up (a Ray start takes seconds), so its rate is the episodes'.
+        bar = None
+        if settings.progress:
+            from tqdm.auto import tqdm
 
-        async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
-            if row["status"] not in FAILED_STATUSES:
-                await runner.forget(sample.id)
+            total = None if input_rows is None else max(0, input_rows - store.finished)
+            bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
+
+        def postfix(row: dict[str, Any], in_flight: int) -> None:
+            if bar is not None:
+                bar.set_postfix_str(
+                    f"failed {summary.failed} · retries {getattr(environment, 'retries', 0)} · in flight {in_flight} · "
+                    f"${meter.cost:.4f}",
+                    refresh=False,
+                )
 
         try:
-            await runner.run_many(
+            await run_many(
                 samples,
+                work,
                 store,
-                work=work,
                 failure_row=failure_row,
                 concurrency=settings.concurrency,
                 max_failures=settings.max_failures,
-                stop=budget_rule(meter, settings.budget),
-                after_write=forget_finished,
+                stop=stop,
+                after_write=after_write,
                 on_row=postfix,
                 tally=summary,
                 progress=bar,
@@ -317,3 +304,34 @@ async def _run_batch(
             summary.usage = meter.to_dict()
             summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
     return summary
+
+
+async def _local_episodes(stack, settings, agent, environment, loop, prices, agent_model, summary):
+    """This process's episode runner (with LangGraph's checkpoints where asked): the pool's `work` and
+    `after_write`."""
+    checkpointer = None
+    if settings.checkpoint is not None:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        checkpointer = await stack.enter_async_context(
+            AsyncSqliteSaver.from_conn_string(str(settings.checkpoint))
+        )
+    runner = EpisodeRunner(
+        agent,
+        environment,
+        loop,
+        checkpointer=checkpointer,
+        price=lambda state: episode_cost(state, prices, agent_model),
+        tags=["batch"],
+    )
+
+    async def work(sample: Sample) -> dict[str, Any]:
+        row, resumed = await episode_row(runner, sample)
+        summary.resumed += resumed
+        return row
+
+    async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
+        if row["status"] not in FAILED_STATUSES:
+            await runner.forget(sample.id)
+
+    return work, forget_finished
