@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from prompt_r1.clients.limit_store import _redis_client
+from prompt_r1.clients.limit_store import redis_asyncio
 
 __all__ = ["SharedSpend", "run_key"]
 
@@ -42,7 +42,7 @@ class SharedSpend:
 
     @classmethod
     def connect(cls, url: str, key: str, password: str | None = None, timeout: float = 5.0) -> SharedSpend:
-        aioredis = _redis_client()
+        aioredis = redis_asyncio()
         client = aioredis.from_url(
             url, password=password, socket_timeout=timeout, socket_connect_timeout=timeout
         )
