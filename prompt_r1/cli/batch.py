@@ -10,15 +10,15 @@ from pathlib import Path
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
-    CommandFailure,
     add_ray_flags,
     add_stop_flags,
     build_players,
     check_rate_store,
+    check_ray_players,
     check_reachable,
     configs_from_args,
+    ray_failures,
     ray_settings_from,
 )
 from prompt_r1.clients.costs import PriceTable
@@ -193,38 +193,17 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
 def _batch_on_ray(args, settings, agent_cfg, env_cfg, loop_cfg, prices) -> int:
     """The same run, its episodes in Ray actors: the endpoints and the store are checked from here (the actors
     load the agent, not this process), then Ray is joined or started."""
-    from prompt_r1.clients.environment import EnvironmentClient
-    from prompt_r1.core.errors import BackendUnavailable
-    from prompt_r1.core.urls import is_shared_store
-    from prompt_r1.runs.ray_batch import check_store_for, import_ray
-
-    try:
-        import_ray()
-    except BackendUnavailable as exc:
-        raise CommandFailure(str(exc), EXIT_USAGE) from None
     if args.env_pool:
         raise ConfigError("--ray runs one environment per actor: --env-pool is not supported with --ray yet")
-    if not settings.ray.local and not is_shared_store(env_cfg.rate_store):
-        raise ConfigError(check_store_for(settings.ray))
-    EnvironmentClient(env_cfg)  # a missing key is refused here, before Ray starts
-    check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
-    check_rate_store(env_cfg.rate_store)
-    if agent_cfg.resolved_backend == "served":
-        check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+    check_ray_players(settings.ray, agent_cfg, env_cfg)
     if settings.log_file is not None:
         _log_to_file(settings.log_file)
-    from prompt_r1.runs.ray_batch import ClusterUnreachable
-
-    try:
+    with ray_failures():
         summary = asyncio.run(
             run_batch(
                 settings, agent_config=agent_cfg, environment_config=env_cfg, loop=loop_cfg, prices=prices
             )
         )
-    except ClusterUnreachable as exc:
-        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
-    except BackendUnavailable as exc:
-        raise CommandFailure(str(exc), EXIT_USAGE) from None
     return _report(settings, summary)
 
 

@@ -8,6 +8,7 @@ over a `--config` file, into the typed configs once, at the command line's edge.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
@@ -34,6 +35,8 @@ __all__ = [
     "CommandFailure",
     "add_deprecated_alias",
     "add_ray_flags",
+    "check_ray_players",
+    "ray_failures",
     "add_run_flags",
     "add_stop_flags",
     "build_players",
@@ -203,6 +206,41 @@ def ray_settings_from(args: argparse.Namespace):
         actor_gpus=args.ray_actor_gpus,
         flags=True,
     )
+
+
+def check_ray_players(ray_settings, agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None) -> None:
+    """What a --ray run checks here before Ray starts (its actors load the players, not this process): Ray is
+    installed, a cluster has a shared store, the environment's key, the endpoints and the store answer."""
+    from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
+    from prompt_r1.core.errors import BackendUnavailable
+    from prompt_r1.runs.ray_batch import check_store_for, import_ray
+
+    try:
+        import_ray()
+    except BackendUnavailable as exc:
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
+    if env_cfg is not None:
+        if not ray_settings.local and not is_shared_store(env_cfg.rate_store):
+            raise ConfigError(check_store_for(ray_settings))
+        EnvironmentClient(env_cfg)  # a missing key is refused here, before Ray starts
+        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+        check_rate_store(env_cfg.rate_store)
+    if agent_cfg is not None and agent_cfg.resolved_backend == "served":
+        check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+
+
+@contextlib.contextmanager
+def ray_failures():
+    """A --ray run's own failures as the CLI's: the cluster unreachable exits 3, Ray missing or refused exits 2."""
+    from prompt_r1.core.errors import BackendUnavailable
+    from prompt_r1.runs.ray_batch import ClusterUnreachable
+
+    try:
+        yield
+    except ClusterUnreachable as exc:
+        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+    except BackendUnavailable as exc:
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
 
 
 def check_run_flags(args: argparse.Namespace) -> None:

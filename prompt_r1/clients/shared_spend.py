@@ -6,7 +6,8 @@
     if await spend.total() >= budget: ...
 
 A `prompt-r1 batch --ray` run counts under a key of its own (one driver: one run); `--shard` runs of one input and
-one results file count under a key both derive (`run_key`), so N shards with `--budget 5` spend $5 together.
+one results file count under a key each derives alike (`run_key`, through prompt_r1.runs.shared_budget's
+`shard_spend_key`), so N shards with `--budget 5` spend $5 together.
 The count is INCRBYFLOAT, atomic in Redis: two processes adding at once both count. It expires a day after the
 last spend, as the limit store's keys expire when unused.
 """

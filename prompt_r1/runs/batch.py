@@ -29,6 +29,7 @@ How it runs:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from collections.abc import Sequence
@@ -39,11 +40,12 @@ from typing import Any, TextIO
 
 from prompt_r1.agents.base import AgentBackend
 from prompt_r1.clients.costs import PriceTable, UsageMeter
-from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig, rate_store_password
 from prompt_r1.core.errors import DataError
 from prompt_r1.core.redaction import RedactedStream, Redactor
+from prompt_r1.core.urls import is_shared_store
 from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
-from prompt_r1.runs.batch_rows import episode_row, failure_row
+from prompt_r1.runs.batch_rows import episode_row, episode_work, failure_row
 from prompt_r1.runs.batch_settings import BatchSettings
 from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment
 from prompt_r1.runs.metering import (
@@ -58,6 +60,13 @@ from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, named_keys, run_many
 from prompt_r1.runs.result_store import ResultStore
 from prompt_r1.runs.shards import Shard
+from prompt_r1.runs.shared_budget import (
+    BudgetReached,
+    SpendingEnvironment,
+    add_agent_cost,
+    shard_spend_key,
+    shared_budget_rule,
+)
 
 __all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
 
@@ -77,6 +86,9 @@ class BatchSummary(RunTally):
     retries: int = 0
     fallbacks: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] | None = (
+        None  # a --ray run's own figures (actors, start-up, episodes retried, calls replayed)
+    )
 
     @property
     def complete(self) -> bool:
@@ -104,6 +116,7 @@ class BatchSummary(RunTally):
             "stopped": self.stopped,
             "input_error": self.input_error,
             "usage": self.usage,
+            **({"ray": self.ray} if self.ray is not None else {}),
         }
 
     def render(self) -> str:
@@ -132,6 +145,8 @@ class BatchSummary(RunTally):
                 + (f" · {self.fallbacks} fallbacks" if self.fallbacks else ""),
             ),
         ]
+        if self.ray is not None:
+            lines.append(("ray", ray_line(self.ray)))
         for entry in self.usage.get("models", []):
             cost = entry["cost_usd"]
             lines.append(
@@ -154,6 +169,15 @@ class BatchSummary(RunTally):
             lines.append(("stopped", self.stopped))
         width = max(len(k) for k, _ in lines)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def ray_line(figures: dict[str, Any]) -> str:
+    """A --ray run's figures, as the summary table shows them."""
+    return (
+        f"{figures['actors']} actors · started in {figures['start_seconds']:.1f} s · "
+        f"{figures['retried_episodes']} episodes retried (actor lost) · {figures['replayed_calls']} paid calls "
+        "replayed from the ledger"
+    )
 
 
 def scan_input(source: str | Path, limit: int | None = None, shard: Shard | None = None) -> int:
@@ -247,8 +271,11 @@ async def _run_batch(
             from prompt_r1.runs.ray_batch import RayEpisodes
 
             episodes = stack.enter_context(
-                RayEpisodes(settings, agent.config, environment_config, loop, prices, meter=meter)
-            )
+                RayEpisodes(settings.ray, episode_work, out=out, concurrency=settings.concurrency,
+                            budget=settings.budget, agent_config=agent.config,
+                            environment_config=environment_config, loop=loop, prices=prices, meter=meter,
+                            options={"agent_model": agent_model, "tags": ("batch", "ray")})
+            )  # fmt: skip
         protected = [("input file", path), ("--checkpoint file", checkpoint)]
         if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
             check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
@@ -261,9 +288,16 @@ async def _run_batch(
         else:
             metered_env = MeteredEnvironment(environment, meter, redact)
             metered_agent = MeteredAgent(agent, meter, agent_model, redact)
+            spend = await _shard_spend(stack, settings, environment, path)
+            if spend is not None:  # the shards' one budget: checked before each call, counted in the store
+                metered_env = SpendingEnvironment(metered_env, prices, spend, settings.budget)
             work, after_write = await _local_episodes(stack, settings, metered_agent, metered_env, loop, prices,
-                                                      agent_model, summary)  # fmt: skip
-            stop = budget_rule(meter, settings.budget)
+                                                      agent_model, summary, spend)  # fmt: skip
+            stop = (
+                budget_rule(meter, settings.budget)
+                if spend is None
+                else shared_budget_rule(spend, settings.budget)
+            )
 
         # The bar starts once the players are up (a Ray start takes seconds), so its rate is the episodes'.
         bar = None
@@ -302,13 +336,37 @@ async def _run_batch(
             summary.retries = getattr(environment, "retries", 0)
             summary.fallbacks = getattr(environment, "fallbacks", 0)
             summary.usage = meter.to_dict()
+            if episodes is not None:
+                summary.ray = episodes.figures()
             summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
     return summary
 
 
-async def _local_episodes(stack, settings, agent, environment, loop, prices, agent_model, summary):
+async def _shard_spend(stack, settings, environment, source):
+    """The run's spending in the shared store, for a `--shard` run with a budget and a shared store (every shard
+    of the run counts under one key, prompt_r1.runs.shared_budget); else None (this process's meter is the
+    budget's)."""
+    config = getattr(environment, "config", None)
+    url = getattr(config, "rate_store", None)
+    if settings.shard is None or settings.budget is None or not is_shared_store(url):
+        return None
+    from prompt_r1.clients.shared_spend import SharedSpend
+
+    key = shard_spend_key(source, settings.out, settings.shard.count)
+    spend = SharedSpend.connect(url, key, rate_store_password(url))
+    stack.push_async_callback(spend.close)
+    await (
+        spend.total()
+    )  # what the other shards (and earlier runs of this one) spent: a spent budget stops at once
+    return spend
+
+
+async def _local_episodes(
+    stack, settings, agent, environment, loop, prices, agent_model, summary, spend=None
+):
     """This process's episode runner (with LangGraph's checkpoints where asked): the pool's `work` and
-    `after_write`."""
+    `after_write`. With `spend` (the shards' one budget), an episode the budget stops mid-way leaves no row (the
+    next run does it), and a served agent's tokens are counted in the store with each row."""
     checkpointer = None
     if settings.checkpoint is not None:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -325,9 +383,16 @@ async def _local_episodes(stack, settings, agent, environment, loop, prices, age
         tags=["batch"],
     )
 
+    agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
+
     async def work(sample: Sample) -> dict[str, Any]:
-        row, resumed = await episode_row(runner, sample)
+        try:
+            row, resumed = await episode_row(runner, sample)
+        except BudgetReached:
+            raise asyncio.CancelledError from None  # no row: the pool stops on the budget's reason
         summary.resumed += resumed
+        if spend is not None and agent_paid:
+            await add_agent_cost(spend, prices, agent_model, row)
         return row
 
     async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 from prompt_r1.data.datasets import Sample
 from prompt_r1.runs.episode import Episode, EpisodeRunner, describe_exception
+from prompt_r1.runs.metering import episode_cost
 
-__all__ = ["episode_row", "failure_row", "row_of"]
+__all__ = ["episode_row", "episode_work", "failure_row", "row_of"]
 
 
 def row_of(sample: Sample, episode: Episode) -> dict[str, Any]:
@@ -42,3 +43,20 @@ async def episode_row(runner: EpisodeRunner, sample: Sample) -> tuple[dict[str, 
 
         row["metrics"] = row_metrics(episode.answer, sample.golden_answers)
     return row, bool(episode.resumed)
+
+
+def episode_work(agent: Any, environment: Any, loop: Any, prices: Any, *, agent_model: str, tags=("batch",)):
+    """Batch's row maker on these players (a Ray actor builds it once, on its own agent and environment): a
+    sample's row, as a local run writes it."""
+    runner = EpisodeRunner(
+        agent,
+        environment,
+        loop,
+        price=lambda state: episode_cost(state, prices, agent_model),
+        tags=list(tags),
+    )
+
+    async def work(sample: Sample) -> dict[str, Any]:
+        return (await episode_row(runner, sample))[0]
+
+    return work

@@ -1,13 +1,17 @@
-"""Batch episodes in Ray actors, with one machine's guarantees: `prompt-r1 batch … --ray [ADDRESS]` (prompt_r1.runs.batch
-runs it when `BatchSettings.ray` is set; nothing else changes for the caller).
+"""Batch and eval rows in Ray actors, with one machine's guarantees: `prompt-r1 batch … --ray [ADDRESS]` and
+`prompt-r1 eval … --ray` (prompt_r1.runs.batch and prompt_r1.evaluation.harness use it when given `RaySettings`;
+nothing else changes for the caller).
 
-    with RayEpisodes(settings, agent_config, environment_config, loop, prices) as episodes:
+    with RayEpisodes(ray_settings, episode_work, out=out, concurrency=32, budget=5.0, agent_config=agent_config,
+                     environment_config=environment_config, loop=loop, prices=prices,
+                     options={"agent_model": "agent"}) as episodes:
         row = await episodes.work(sample)            # the same row a local run writes
 
 Why Ray core (actors and tasks) and not Ray Data: the driver keeps today's worker pool (prompt_r1.runs.pool): it
 reads the input, skips finished ids, writes every row through the one `ResultStore`, stops on a budget, failures or
-a signal, and shows one progress line. Only an episode's run moves: `work(sample)` sends the sample to the least
-busy actor and awaits its row. So every guarantee of a local batch holds by the same code, and the new ones are a
+a signal, and shows one progress line. Only the making of a row moves: `work(item)` sends the item to the least
+busy actor, which makes it with the surface's own row maker (the actors: prompt_r1.runs.ray_actors), and awaits
+the row. So every guarantee of a local batch holds by the same code, and the new ones are a
 few lines each. Ray Data's `map_batches` would own the reading, batching, retries and output instead: its retries
 rerun a whole batch (sending its calls again), its writers are many, and the resume and budget rules would have to
 be rebuilt around it.
@@ -34,45 +38,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import importlib.metadata
 import os
-import platform
 import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable, UsageMeter
-from prompt_r1.clients.environment import EnvironmentReply
-from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig, rate_store_password
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import BackendUnavailable, ConfigError, PromptR1Error
 from prompt_r1.core.urls import is_shared_store
-from prompt_r1.data.datasets import Sample
-from prompt_r1.runs.batch_rows import episode_row
-from prompt_r1.runs.call_ledger import EpisodeLedger, ledger_path_for, request_key
-from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner
-from prompt_r1.runs.metering import episode_cost
+from prompt_r1.runs.call_ledger import EpisodeLedger, ledger_path_for
+from prompt_r1.runs.episode import FAILED_STATUSES
+from prompt_r1.runs.ray_actors import EpisodeActor, LedgerKeeper, versions
 from prompt_r1.runs.ray_settings import RAY_EXTRA_HINT, RaySettings
 
 __all__ = ["ClusterUnreachable", "RayEpisodes", "import_ray"]
 
-# Tries of one sample when its actor dies under it (each on the least busy live actor).
+# Tries of one item when its actor dies under it (each on the least busy live actor).
 ACTOR_TRIES = 4
 READY_SECONDS = 300.0  # how long the actors may take to start (a model to load) before the run gives up
-
-_EPISODE: contextvars.ContextVar[str] = contextvars.ContextVar("prompt_r1_ray_episode")
 
 
 class ClusterUnreachable(PromptR1Error):
     """The Ray address answers nothing (the command exits 3)."""
-
-
-class BudgetReached(BaseException):
-    """Raised in an actor before a call the budget cannot pay: a BaseException, so the episode is stopped (no
-    row), not recorded as its failure."""
 
 
 def import_ray():
@@ -82,14 +74,6 @@ def import_ray():
     except ModuleNotFoundError:
         raise BackendUnavailable(f"--ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
     return ray
-
-
-def _versions() -> dict[str, str]:
-    try:
-        ours = importlib.metadata.version("prompt-r1")
-    except importlib.metadata.PackageNotFoundError:
-        ours = "unknown"
-    return {"python": platform.python_version(), "prompt-r1": ours, "node": socket.gethostname()}
 
 
 def _reachable(address: str) -> str | None:
@@ -104,174 +88,94 @@ def _reachable(address: str) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
-class LedgerKeeper:
-    """The run's one ledger writer (a Ray actor on the driver's node; see prompt_r1.runs.call_ledger)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self._ledger = path, None
-
-    @property
-    def ledger(self) -> EpisodeLedger:
-        # Opened at the first call, so that a run refused while starting (the actors' versions) leaves no file.
-        if self._ledger is None:
-            self._ledger = EpisodeLedger.open(self.path)
-        return self._ledger
-
-    def lookup(self, episode: str, turn: int, request: str) -> dict[str, Any] | None:
-        return self.ledger.lookup(episode, turn, request)
-
-    def record(self, episode: str, turn: int, request: str, reply: dict[str, Any]) -> None:
-        self.ledger.record(episode, turn, request, reply)
-
-    def forget(self, episode: str) -> None:
-        self.ledger.forget(episode)
-
-
-class LedgeredEnvironment:
-    """An actor's environment: each call answered from the ledger when its episode paid for it before, else sent
-    (within the budget), recorded, then handed on."""
-
-    def __init__(self, inner: Any, keeper: Any, prices: PriceTable, spend: Any, budget: float | None) -> None:
-        self.inner, self.keeper, self.prices, self.spend, self.budget = inner, keeper, prices, spend, budget
-        self.replayed = 0
-
-    async def respond(self, prompt: str, history=(), *, run_config=None, **options: Any) -> EnvironmentReply:
-        episode = _EPISODE.get()
-        model = str(getattr(self.inner, "model_name", "") or "")
-        turn, key = len(history), request_key(model, prompt, history)
-        recorded = await self.keeper.lookup.remote(episode, turn, key)
-        if recorded is not None:
-            self.replayed += 1
-            return EnvironmentReply(**recorded)
-        if self.budget is not None and await self.spend.total() >= self.budget:
-            raise BudgetReached
-        reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
-        await self.keeper.record.remote(
-            episode, turn, key, reply.to_dict()
-        )  # on disk before the episode sees it
-        if self.spend is not None:
-            await self.spend.add(
-                self.prices.cost(reply.model or model, reply.input_tokens, reply.output_tokens) or 0.0
-            )
-        return reply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class EpisodeActor:
-    """One agent and one environment client, loaded once; episodes run on them as the driver sends samples."""
-
-    def __init__(self, agent_config: AgentConfig, environment_config: EnvironmentConfig, loop: LoopConfig,
-                 prices: PriceTable, keeper: Any, spend_key: str | None, budget: float | None) -> None:  # fmt: skip
-        from prompt_r1.agents import load_agent
-        from prompt_r1.clients.environment import EnvironmentClient
-        from prompt_r1.clients.shared_spend import SharedSpend
-
-        self.prices, self.budget = prices, budget
-        self.agent_model = str(agent_config.model or "agent")
-        url = environment_config.rate_store
-        self.spend = (
-            SharedSpend.connect(url, spend_key, rate_store_password(url)) if spend_key is not None else None
-        )
-        self.environment = LedgeredEnvironment(
-            EnvironmentClient(environment_config), keeper, prices, self.spend, budget
-        )
-        self.runner = EpisodeRunner(
-            load_agent(agent_config),
-            self.environment,
-            loop,
-            price=lambda state: episode_cost(state, prices, self.agent_model),
-            tags=["batch", "ray"],
-        )
-        self.agent_paid = agent_config.resolved_backend == "served"
-
-    def ready(self) -> dict[str, str]:
-        return _versions()
-
-    async def run(self, sample: Sample) -> dict[str, Any]:
-        """The sample's row, or {"budget": True} when the budget stopped it; with the run's spending so far."""
-        token = _EPISODE.set(str(sample.id))
-        try:
-            row, _ = await episode_row(self.runner, sample)
-        except BudgetReached:
-            return {"budget": True, "spent": self.spend.last if self.spend else 0.0}
-        finally:
-            _EPISODE.reset(token)
-        usage = row.get("usage") or {}
-        agent_cost = self.prices.cost(
-            self.agent_model, usage.get("agent_prompt_tokens", 0), usage.get("agent_completion_tokens", 0)
-        )
-        if self.spend is not None and self.agent_paid and agent_cost:
-            await self.spend.add(agent_cost)
-        return {"row": row, "spent": self.spend.last if self.spend else 0.0}
-
-
 def meter_row(meter: UsageMeter, row: dict[str, Any], agent_model: str) -> None:
-    """Add what a row's episode used to the driver's meter (for the summary and the progress line)."""
-    turns = row.get("turns") or []
-    for turn in turns:
-        call = turn.get("environment_call")
-        if call:
-            meter.add(
-                "environment", call.get("model") or "environment", call["input_tokens"], call["output_tokens"]
-            )
+    """Add what a row used to the driver's meter (for the summary, the progress line and the budget): an episode's
+    turns' environment calls or a baseline's `environment_calls`, and the agent's tokens."""
+    calls = [t["environment_call"] for t in row.get("turns") or () if t.get("environment_call")]
+    for call in [*calls, *(row.get("environment_calls") or ())]:
+        meter.add(
+            "environment", call.get("model") or "environment", call["input_tokens"], call["output_tokens"]
+        )
     usage = row.get("usage") or {}
     read, written = usage.get("agent_prompt_tokens", 0), usage.get("agent_completion_tokens", 0)
     if read or written:
-        meter.add("agent", agent_model, read, written, calls=max(1, len(turns)))
+        calls = usage.get("agent_calls") or max(1, len(row.get("turns") or ()))
+        meter.add("agent", agent_model, read, written, calls=calls)
 
 
 class RayEpisodes:
     """The driver's side: connect (or start a local Ray and store), start the actors and the ledger keeper, check
-    the cluster runs the driver's versions, then `work(sample)` per episode. A context manager; leaving it stops
-    what it started."""
+    the cluster runs the driver's versions, then `work(item)` per row. A context manager; leaving it stops what
+    it started.
 
-    def __init__(self, settings: Any, agent_config: AgentConfig, environment_config: EnvironmentConfig,
-                 loop: LoopConfig, prices: PriceTable, *, meter: UsageMeter | None = None) -> None:  # fmt: skip
-        self.settings, self.ray_settings = settings, settings.ray
+    make_work, options: the surface's row maker, built in each actor as `make_work(agent, environment, loop,
+    prices, **options)` (a module-level function: Ray sends it by name). out: the results file (the ledger sits
+    beside it). key: an item's ledger key (its row's key, as text)."""
+
+    def __init__(self, ray_settings: RaySettings, make_work: Callable[..., Any], *, out: Path, concurrency: int,
+                 budget: float | None, agent_config: AgentConfig | None,
+                 environment_config: EnvironmentConfig | None, loop: LoopConfig, prices: PriceTable,
+                 meter: UsageMeter | None = None, options: dict[str, Any] | None = None,
+                 key: Callable[[Any], str] = lambda sample: str(sample.id)) -> None:  # fmt: skip
+        self.ray_settings, self.make_work, self.options = ray_settings, make_work, dict(options or {})
+        self.out, self.concurrency, self.budget, self.key = Path(out), concurrency, budget, key
         self.agent_config, self.environment_config = agent_config, environment_config
         self.loop, self.prices = loop, prices
         self.meter = meter if meter is not None else UsageMeter(prices)
-        self.agent_model = str(agent_config.model or "agent")
+        self.agent_model = str(getattr(agent_config, "model", None) or "agent")
         self.spent = 0.0
         self.actors: list[Any] = []
         self.load: dict[int, int] = {}
         self.lost: set[int] = set()
-        self.retried = 0
+        self.retried = 0  # tries of an item lost with its actor (its node died), run again on another
+        self.replayed = 0  # environment calls answered from the ledger instead of being sent again
+        self.start_seconds = 0.0  # joining or starting Ray, the store and the actors (their agents loaded)
         self._stack = contextlib.ExitStack()
 
     # ---- start and stop -------------------------------------------------------------------------------------
     def __enter__(self) -> RayEpisodes:
+        started = time.monotonic()
         try:
             self._start()
         except BaseException:
             self._stack.close()
             raise
+        self.start_seconds = time.monotonic() - started
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
+    def figures(self) -> dict[str, Any]:
+        """What the Ray side of the run did, for the summary."""
+        return {
+            "actors": len(self.actors),
+            "start_seconds": round(self.start_seconds, 3),
+            "retried_episodes": self.retried,
+            "replayed_calls": self.replayed,
+        }
+
     def _start(self) -> None:
         ray = import_ray()
         rs = self.ray_settings
-        store = self.environment_config.rate_store
-        if not is_shared_store(store):
-            if not rs.local:
-                raise ConfigError(check_store_for(rs))
-            from prompt_r1.clients.redis_process import RedisServer
+        if self.environment_config is not None:
+            store = self.environment_config.rate_store
+            if not is_shared_store(store):
+                if not rs.local:
+                    raise ConfigError(check_store_for(rs))
+                from prompt_r1.clients.redis_process import RedisServer
 
-            server = self._stack.enter_context(RedisServer(die_with_parent=True))
-            self.environment_config = replace(self.environment_config, rate_store=server.url)
+                server = self._stack.enter_context(RedisServer(die_with_parent=True))
+                self.environment_config = replace(self.environment_config, rate_store=server.url)
         self._connect(ray)
         self._check_room(ray)
         # One driver, one run: its spending counts under a key of its own, from zero.
-        spend_key = f"prompt-r1:spend:ray:{uuid.uuid4().hex}" if self.settings.budget is not None else None
+        with_spend = self.budget is not None and self.environment_config is not None
+        spend_key = f"prompt-r1:spend:ray:{uuid.uuid4().hex}" if with_spend else None
         keeper_path = (
             ":memory:"
             if (rs.address or "").startswith("ray://")
-            else str(ledger_path_for(Path(self.settings.out).resolve()))
+            else str(ledger_path_for(self.out.resolve()))
         )
         if keeper_path != ":memory:" and Path(keeper_path).exists():
             EpisodeLedger.open(keeper_path).close()  # refused now (not a ledger), before an actor starts
@@ -282,22 +186,17 @@ class RayEpisodes:
             num_cpus=0, max_restarts=-1, max_task_retries=-1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
         ).remote(keeper_path)  # fmt: skip
-        per_actor = max(1, -(-self.settings.concurrency // rs.actors))
+        per_actor = max(1, -(-self.concurrency // rs.actors))
         actor_class = ray.remote(EpisodeActor).options(
             num_cpus=rs.actor_cpus, num_gpus=rs.actor_gpus, max_concurrency=per_actor,
             max_restarts=-1, max_task_retries=0,
         )  # fmt: skip
+        # The settings go to the object store once, not once per actor (the price table is the bulk of them).
+        shared = ray.put(
+            (self.make_work, self.options, self.agent_config, self.environment_config, self.loop, self.prices)
+        )
         self.actors = [
-            actor_class.remote(
-                self.agent_config,
-                self.environment_config,
-                self.loop,
-                self.prices,
-                self.keeper,
-                spend_key,
-                self.settings.budget,
-            )
-            for _ in range(rs.actors)
+            actor_class.remote(shared, self.keeper, spend_key, self.budget) for _ in range(rs.actors)
         ]
         self.load = dict.fromkeys(range(len(self.actors)), 0)
         self._check_versions(ray)
@@ -352,7 +251,7 @@ class RayEpisodes:
                 f"{len(pending)} of {len(refs)} Ray actors did not start within {READY_SECONDS:g} s (no room on the "
                 "cluster for --ray-actors of --ray-actor-cpus/-gpus each?)"
             )
-        mine = _versions()
+        mine = versions()
         for found in ray.get(ready):
             for what in ("python", "prompt-r1"):
                 if found[what] != mine[what]:
@@ -363,9 +262,9 @@ class RayEpisodes:
 
     # ---- the run ----------------------------------------------------------------------------------------------
     def stop_rule(self):
-        """The driver's budget rule: stop starting episodes once the run's spending (as the actors last saw it in
-        the store) reaches the budget."""
-        budget = self.settings.budget
+        """The driver's budget rule: stop starting rows once the run's spending (as the actors last saw it in the
+        store) reaches the budget."""
+        budget = self.budget
         if budget is None:
             return None
 
@@ -376,16 +275,17 @@ class RayEpisodes:
 
         return over_budget
 
-    async def work(self, sample: Sample) -> dict[str, Any]:
-        """The sample's row, run on the least busy live actor; again on another when its actor dies under it."""
+    async def work(self, item: Any) -> dict[str, Any]:
+        """The item's row, made on the least busy live actor; again on another when its actor dies under it."""
         ray = import_ray()
         errors = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+        key = self.key(item)
         last: BaseException | None = None
         for _ in range(ACTOR_TRIES):
             index = min(self.load, key=lambda i: (i in self.lost, self.load[i]))
             self.load[index] += 1
             try:
-                result = await self.actors[index].run.remote(sample)
+                result = await self.actors[index].run.remote(key, item)
             except errors as exc:
                 self.lost.add(index)  # Ray restarts it where there is room; others are preferred meanwhile
                 self.retried += 1
@@ -394,18 +294,19 @@ class RayEpisodes:
             finally:
                 self.load[index] -= 1
             self.lost.discard(index)
+            self.replayed += int(result.get("replayed") or 0)
             self.spent = max(self.spent, float(result.get("spent") or 0.0))
             if result.get("budget"):
                 raise asyncio.CancelledError  # no row: the pool counts it cancelled, the next run replays its calls
             row = result["row"]
             meter_row(self.meter, row, self.agent_model)
             return row
-        raise RuntimeError(f"every try of this episode lost its Ray actor ({type(last).__name__})")
+        raise RuntimeError(f"every try of this row lost its Ray actor ({type(last).__name__})")
 
-    async def after_write(self, sample: Sample, row: dict[str, Any]) -> None:
-        """A finished row's calls leave the ledger (a rerun skips the id); a failed row's stay, to be replayed."""
+    async def after_write(self, item: Any, row: dict[str, Any]) -> None:
+        """A finished row's calls leave the ledger (a rerun skips it); a failed row's stay, to be replayed."""
         if row["status"] not in FAILED_STATUSES:
-            await self.keeper.forget.remote(str(sample.id))
+            await self.keeper.forget.remote(self.key(item))
 
 
 def check_store_for(rs: RaySettings) -> str:
