@@ -92,6 +92,7 @@ def test_every_id_once_at_one_limit(tmp_path, cluster, provider):
     assert max(env_requests(provider).values()) == 1  # no request sent twice
     summary = json.loads(out.with_name("out.summary.json").read_text())
     assert summary["written"] == 16 and summary["usage"]["models"]
+    assert summary["ray"]["actors"] == 2 and summary["ray"]["retried_episodes"] == 0
     # Resume: a rerun finds every row finished and sends nothing.
     with RedisServer() as redis:
         code, _, err = run_cli(
@@ -123,6 +124,41 @@ def test_one_budget_across_actors(tmp_path, cluster, provider):
     assert len(calls) * dearest >= budget
     assert len(calls) * cheapest <= budget + 2 * dearest
     assert 0 < len(rows) < 30 and all(r["status"] == "answered" for r in rows)
+
+
+def test_eval_rows_run_on_ray_as_batch_does(tmp_path, cluster, provider):
+    # eval's rows go through the same Ray actors and ledger as batch's: each (method, id) once, one limit.
+    questions, out = write_questions(tmp_path / "q.jsonl", 6), tmp_path / "eval"
+    with RedisServer() as redis:
+        code, _, err = run_cli(["eval", "--dataset", questions, "--method", "prompt-r1", "--method", "env-only",
+                                "--out", out, "--no-chart", "--ray", cluster.address, "--ray-actors", 2,
+                                "--concurrency", 6, *flags(provider, redis)])  # fmt: skip
+    assert code == 0, err
+    rows = rows_of(out / "predictions.jsonl")
+    assert sorted((r["method"], r["id"]) for r in rows) == sorted(
+        (m, f"q{i}") for m in ("prompt-r1", "env-only") for i in range(6)
+    )
+    episodes = [r for r in rows if r["method"] == "prompt-r1"]
+    assert all(r["prediction"] == f"Response 2: What is item {r['id'][1:]}? / part 2" for r in episodes)
+    assert all(r["status"] in ("answered", "untagged") and "metrics" in r for r in rows)
+    assert "ray: 2 actors" in err
+    times = [r.received_at for r in provider.requests if r.model == "env"]
+    assert len(times) == 6 * 2 + 6 and max_in_window(times, PERIOD) <= LIMIT
+    assert provider.rejected_by_rate_limit == 0 and max(env_requests(provider).values()) == 1
+    assert (
+        not (out / "predictions.calls.sqlite").exists()
+        or _ledger_calls(out / "predictions.calls.sqlite") == 0
+    )
+
+
+def _ledger_calls(path: Path) -> int:
+    from prompt_r1.runs.call_ledger import EpisodeLedger
+
+    ledger = EpisodeLedger.open(path)
+    try:
+        return ledger.calls()
+    finally:
+        ledger.close()
 
 
 @pytest.mark.parametrize(
@@ -158,9 +194,12 @@ def test_unreachable_cluster_is_exit_3(tmp_path, provider):
 
 @pytest.mark.slow
 def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
-    # The agent is slow and the environment quick: a node dies while its actor waits on the agent, after its
-    # episode paid for environment calls, and the episode's retry on the other node replays them from the ledger.
-    provider.routes["agent"].latency = 0.3
+    # The agent is slow only once its episode has paid for an environment call (its messages then hold the
+    # environment's reply): a node dies while its actors' episodes wait on the agent with paid calls behind them,
+    # and their retry on the other node replays those from the ledger.
+    provider.routes["agent"].latency = lambda body: (
+        0.5 if any(m["role"] == "assistant" for m in body["messages"]) else 0.0
+    )
     cluster, workers = start_cluster()
     try:
         questions, out = write_questions(tmp_path / "q.jsonl", 20), tmp_path / "out.jsonl"
@@ -177,6 +216,9 @@ def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
         check_rows(out, 20)
         assert max(env_requests(provider).values()) == 1  # no environment request sent twice
         assert provider.rejected_by_rate_limit == 0
+        # ... because the lost episodes were retried and their paid calls answered from the ledger.
+        figures = json.loads(out.with_name("out.summary.json").read_text())["ray"]
+        assert figures["retried_episodes"] >= 1 and figures["replayed_calls"] >= 1, figures
     finally:
         cluster.shutdown()
 
