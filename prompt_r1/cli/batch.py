@@ -12,11 +12,15 @@ from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    add_ray_flags,
     add_stop_flags,
     build_players,
     check_rate_store,
+    check_ray_players,
     check_reachable,
     configs_from_args,
+    ray_failures,
+    ray_settings_from,
 )
 from prompt_r1.cli.records import (
     ALLOW_CHANGED,
@@ -100,6 +104,7 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "results file beside --out (NAME.shard-I-of-N.jsonl); run every shard, on any machines, then "
         "`prompt-r1 batch-merge --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
     )
+    add_ray_flags(bt, "episodes")
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cache_flags(bt)
     add_allow_changed_flag(bt, "rows")
@@ -165,6 +170,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         log_file=args.log_file,
         progress=not args.no_progress,
         shard=shard,
+        ray=ray_settings_from(args),
         flags=True,
     )
     settings.check_files()
@@ -179,6 +185,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
+    if settings.ray is not None:
+        return _batch_on_ray(args, settings, agent_cfg, env_cfg, loop_cfg, prices)
     if args.env_pool:
         environment = EnvironmentPool.from_file(args.env_pool, env_cfg)
         for member in environment.members:
@@ -210,6 +218,38 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
             manifest=write,
         )  # fmt: skip
     )
+    return _report(settings, summary, cache)
+
+
+def _batch_on_ray(args, settings, agent_cfg, env_cfg, loop_cfg, prices) -> int:
+    """The same run, its episodes in Ray actors: the endpoints and the store are checked from here (the actors
+    load the agent, not this process), then Ray is joined or started."""
+    if args.env_pool:
+        raise ConfigError("--ray runs one environment per actor: --env-pool is not supported with --ray yet")
+    if args.env_cache:  # the actors build their own clients: a cache here would be silently unused
+        raise ConfigError(
+            "--env-cache is not supported with --ray yet: run without --ray to replay from a cache"
+        )
+    check_ray_players(settings.ray, agent_cfg, env_cfg)
+    write = _manifest(args, settings, agent_cfg, env_cfg, loop_cfg, None, prices)
+    if settings.log_file is not None:
+        _log_to_file(settings.log_file)
+    with ray_failures():
+        summary = asyncio.run(
+            run_batch(
+                settings,
+                agent_config=agent_cfg,
+                environment_config=env_cfg,
+                loop=loop_cfg,
+                prices=prices,
+                manifest=write,
+            )  # fmt: skip
+        )
+    return _report(settings, summary)
+
+
+def _report(settings: BatchSettings, summary, cache=None) -> int:
+    """Write the summary, print it, and the exit code it makes (a damaged `cache` entry found: exit 2)."""
     write_text_file(settings.summary, redaction.dumps(summary.to_dict(), indent=2) + "\n", "--summary")
     print(summary.render(), file=sys.stderr)
     print(f"summary: {settings.summary}", file=sys.stderr)

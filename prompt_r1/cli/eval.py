@@ -8,16 +8,21 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from prompt_r1.cli.dry_run import add_dry_run_flags, eval_dry_run
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    add_ray_flags,
     add_stop_flags,
     build_players,
+    check_ray_players,
     check_run_flags,
     configs_from_args,
+    ray_failures,
+    ray_settings_from,
 )
 from prompt_r1.cli.records import (
     add_allow_changed_flag,
@@ -106,6 +111,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     )
     add_stop_flags(ev, "rows")
     add_dry_run_flags(ev)
+    add_ray_flags(ev, "rows")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.add_argument("--no-chart", action="store_true", help="skip chart.png")
     _add_scorer_flag(ev)
@@ -254,6 +260,12 @@ def _eval_folders(
             check_search_prices(prices, methods, search, cfg)
     # Before any endpoint is contacted or model loaded: a manifest that does not parse, or a folder of rows made
     # with other settings, is refused (unless --allow-changed-settings), with nothing written.
+    if (
+        args.ray is not None and args.env_cache
+    ):  # the actors build their own clients: the cache would go unused
+        raise ConfigError(
+            "--env-cache is not supported with --ray yet: run without --ray to replay from a cache"
+        )
     earlier = [read_manifest(manifest_path(folder=folder)) for folder, _ in folders]
     recorded = [
         record_settings(
@@ -277,7 +289,12 @@ def _eval_folders(
         use_cache(environment, cache, always=args.env_cache_always)
     for (folder, cfg), before, settings in zip(folders, earlier, recorded, strict=True):
         _write_manifest(args, folder, settings, cfg, sources, prices, agent_cfg, search, before)
-    agent, _ = build_players(agent_cfg, None)
+    ray = ray_settings_from(args)
+    if ray is not None:  # the actors load the agent; here its endpoint is checked, and Ray is there
+        check_ray_players(ray, agent_cfg, None)
+        agent = SimpleNamespace(config=agent_cfg) if agent_cfg is not None else None
+    else:
+        agent, _ = build_players(agent_cfg, None)
     if args.budget is not None:  # every environment's model priced before the first one is paid for
         for environment in environments:
             check_budget_prices(prices, environment, agent)
@@ -349,25 +366,27 @@ def _evaluate(
         f"each method → {out}",
         file=sys.stderr,
     )
-    records, outcome = asyncio.run(
-        _search_then_run(
-            out,
-            methods,
-            sources,
-            samples,
-            environment,
-            env_cfg,
-            search,
-            prices,
-            agent=agent,
-            loop=loop_cfg,
-            agent_config=agent_cfg,
-            concurrency=args.concurrency,
-            max_failures=args.max_failures,
-            budget=args.budget,
-            progress=not args.no_progress,
-        )  # fmt: skip
-    )
+    with ray_failures():
+        records, outcome = asyncio.run(
+            _search_then_run(
+                out,
+                methods,
+                sources,
+                samples,
+                environment,
+                env_cfg,
+                search,
+                prices,
+                agent=agent,
+                loop=loop_cfg,
+                agent_config=agent_cfg,
+                concurrency=args.concurrency,
+                max_failures=args.max_failures,
+                budget=args.budget,
+                progress=not args.no_progress,
+                ray=ray_settings_from(args),
+            )  # fmt: skip
+        )
     # Scored: this run's rows, less those kept from an earlier run for another question.
     wanted = {(m, str(s.dataset), str(s.id)) for m in methods for s in samples} - set(outcome.conflict_keys)
     rows = [
@@ -391,6 +410,10 @@ def _evaluate(
         + ", ".join(str(p) for p in written.values()),
         file=sys.stderr,
     )
+    if outcome.ray is not None:
+        from prompt_r1.runs.batch import ray_line
+
+        print(f"ray: {ray_line(outcome.ray)}", file=sys.stderr)
     return summary, _verdict(outcome, sum(s.failed for s in summary))
 
 

@@ -8,6 +8,7 @@ over a `--config` file, into the typed configs once, at the command line's edge.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
@@ -33,12 +34,16 @@ __all__ = [
     "EXIT_USAGE",
     "CommandFailure",
     "add_deprecated_alias",
+    "add_ray_flags",
+    "check_ray_players",
+    "ray_failures",
     "add_run_flags",
     "add_stop_flags",
     "build_players",
     "check_rate_store",
     "check_reachable",
     "check_run_flags",
+    "ray_settings_from",
     "configs_from_args",
 ]
 
@@ -151,6 +156,91 @@ def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
         help="price table, $ per 1M tokens per model (YAML/JSON); its entries replace the bundled "
         "prompt_r1/clients/prices.yaml",
     )
+
+
+def add_ray_flags(parser: argparse.ArgumentParser, unit: str) -> None:
+    """--ray [ADDRESS], --ray-actors, --ray-actor-cpus, --ray-actor-gpus: run the `unit` in Ray actors."""
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help=f"run the {unit} in Ray actors: without ADDRESS on a local Ray started for the run, else on the "
+        "cluster at auto, ray://HOST:PORT or HOST:PORT (needs --env-rate-store redis://… every node reaches). One "
+        "provider limit, one --budget, one results file written here (the `ray` extra)",
+    )
+    parser.add_argument(
+        "--ray-actors",
+        type=flag_number(integer=True, minimum=1),
+        default=2,
+        metavar="N",
+        help="Ray actors, each holding one agent and one environment client (default: 2); --concurrency is "
+        "shared among them",
+    )
+    parser.add_argument(
+        "--ray-actor-cpus",
+        type=flag_number(minimum=0),
+        default=1.0,
+        metavar="N",
+        help="CPUs per actor (default: 1)",
+    )
+    parser.add_argument(
+        "--ray-actor-gpus",
+        type=flag_number(minimum=0),
+        default=0.0,
+        metavar="N",
+        help="GPUs per actor (default: 0; 1 for an agent model loaded on a GPU in each actor)",
+    )
+
+
+def ray_settings_from(args: argparse.Namespace):
+    """The run's `RaySettings`, or None without --ray."""
+    if args.ray is None:
+        return None
+    from prompt_r1.runs.ray_settings import RaySettings
+
+    return RaySettings(
+        args.ray or None,
+        actors=args.ray_actors,
+        actor_cpus=args.ray_actor_cpus,
+        actor_gpus=args.ray_actor_gpus,
+        flags=True,
+    )
+
+
+def check_ray_players(ray_settings, agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None) -> None:
+    """What a --ray run checks here before Ray starts (its actors load the players, not this process): Ray is
+    installed, a cluster has a shared store, the environment's key, the endpoints and the store answer."""
+    from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
+    from prompt_r1.core.errors import BackendUnavailable
+    from prompt_r1.runs.ray_batch import check_store_for, import_ray
+
+    try:
+        import_ray()
+    except BackendUnavailable as exc:
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
+    if env_cfg is not None:
+        if not ray_settings.local and not is_shared_store(env_cfg.rate_store):
+            raise ConfigError(check_store_for(ray_settings))
+        EnvironmentClient(env_cfg)  # a missing key is refused here, before Ray starts
+        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+        check_rate_store(env_cfg.rate_store)
+    if agent_cfg is not None and agent_cfg.resolved_backend == "served":
+        check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
+
+
+@contextlib.contextmanager
+def ray_failures():
+    """A --ray run's own failures as the CLI's: the cluster unreachable exits 3, Ray missing or refused exits 2."""
+    from prompt_r1.core.errors import BackendUnavailable
+    from prompt_r1.runs.ray_batch import ClusterUnreachable
+
+    try:
+        yield
+    except ClusterUnreachable as exc:
+        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+    except BackendUnavailable as exc:
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
 
 
 def check_run_flags(args: argparse.Namespace) -> None:

@@ -33,7 +33,15 @@ from urllib.parse import urlparse
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.urls import is_shared_store
 
-__all__ = ["Limits", "RedisLimitStore", "check_store", "key_prefix", "store_errors", "store_label"]
+__all__ = [
+    "Limits",
+    "RedisLimitStore",
+    "check_store",
+    "key_prefix",
+    "redis_asyncio",
+    "store_errors",
+    "store_label",
+]
 
 # Seconds a process stays counted among the store's processes after its last request (for the local share).
 PROCESS_SEEN_SECONDS = 30.0
@@ -259,7 +267,7 @@ class RedisLimitStore:
         cls, url: str, prefix: str, password: str | None = None, timeout: float = 2.0
     ) -> RedisLimitStore:
         """A store over a new client (no connection is opened until the first command)."""
-        aioredis = _redis_client()
+        aioredis = redis_asyncio()
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
@@ -344,7 +352,7 @@ class RedisLimitStore:
         await self.client.aclose()
 
 
-def _redis_client():
+def redis_asyncio():
     """The asyncio redis client, or one line saying which extra brings it (not a ModuleNotFoundError traceback)."""
     try:
         import redis.asyncio as aioredis
@@ -361,7 +369,7 @@ def check_store(url: str, password: str | None = None, timeout: float = 3.0) -> 
     before anything is sent to the provider."""
     import asyncio
 
-    aioredis = _redis_client()
+    aioredis = redis_asyncio()
     from redis.exceptions import AuthenticationError, RedisError
 
     async def ping() -> None:

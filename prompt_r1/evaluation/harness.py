@@ -21,29 +21,22 @@ The baselines ask for the answer in `<answer>` tags; a reply without them is sco
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TextIO
 
-from prompt_r1.agents.base import AgentBackend, AgentRequest
+from prompt_r1.agents.base import AgentBackend
 from prompt_r1.clients.costs import PriceTable, UsageMeter
 from prompt_r1.core.config import LoopConfig
-from prompt_r1.core.errors import (
-    AgentError,
-    AgentRefused,
-    ConfigError,
-    ContextOverflow,
-    EnvironmentCallError,
-    EnvironmentRefused,
-)
-from prompt_r1.core.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
-from prompt_r1.core.protocol import ANSWER_CLOSE, last_answer
+from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.redaction import RedactedStream, Redactor
 from prompt_r1.data.datasets import Sample, jsonl_rows
-from prompt_r1.evaluation.optimizers.search import OPTIMIZERS, instruction_request
+from prompt_r1.evaluation.optimizers.search import OPTIMIZERS
 from prompt_r1.evaluation.plan import (
     MANIFEST,
     METHODS,
@@ -56,26 +49,24 @@ from prompt_r1.evaluation.plan import (
 from prompt_r1.evaluation.reports import (
     SummaryRow,
     render_markdown,
-    row_metrics,
     summarize,
     write_chart,
     write_reports,
     write_summary_csv,
 )
+from prompt_r1.evaluation.rows import EvalItem, eval_work, row_head
 from prompt_r1.loop.graph import STATUSES
-from prompt_r1.loop.protocols import protocol_for
-from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment, describe_exception
+from prompt_r1.runs.episode import FAILED_STATUSES, as_environment, describe_exception
 from prompt_r1.runs.metering import (
     MeteredAgent,
     MeteredEnvironment,
     budget_rule,
     check_budget_prices,
-    row_cost,
 )
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import RunTally, check_limits, run_many
+from prompt_r1.runs.ray_settings import RaySettings
 from prompt_r1.runs.result_store import ResultStore
-from prompt_r1.scoring.rewards import PRESETS, score_episode
 
 __all__ = [
     "FAILED_STATUSES",
@@ -163,55 +154,14 @@ def read_predictions(
     return list(rows.values())
 
 
-@dataclass(frozen=True)
-class EvalItem:
-    """One row to produce: a method on a sample."""
-
-    method: str
-    sample: Sample
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.method, str(self.sample.dataset), str(self.sample.id))
-
-    @property
-    def question(self) -> str:
-        return self.sample.question
-
-    @property
-    def index(self) -> int:
-        return self.sample.index
-
-    def describe(self) -> str:
-        return f"row {'/'.join(self.key)}"
-
-
 @dataclass
 class RunOutcome(RunTally):
     """What one call of `run_evaluation` did: the pool's tally (written, skipped, failed, cancelled, conflicts,
-    stopped, seconds, the keys kept from an earlier run for another question) and the spending."""
+    stopped, seconds, the keys kept from an earlier run for another question) and the spending; with Ray, its
+    figures (actors, start-up seconds, rows retried, calls replayed from the ledger)."""
 
     usage: dict[str, Any] = field(default_factory=dict)
-
-
-def _row_head(item: EvalItem) -> dict[str, Any]:
-    """How every row of an item begins: its key (method, dataset, id first), then the sample."""
-    sample = item.sample
-    return {
-        "method": item.method,
-        "dataset": sample.dataset,
-        "id": sample.id,
-        "index": sample.index,
-        "question": sample.question,
-        "golden_answers": sample.golden_answers,
-    }
-
-
-def _baseline_request(method: str, question: str, instruction: str | None = None) -> str:
-    if instruction is not None:  # a prompt optimiser's method: its instruction, then env-only's request
-        return instruction_request(instruction, question)
-    template = CHAIN_OF_THOUGHT_TEMPLATE if method == "env-cot" else DIRECT_ANSWER_TEMPLATE
-    return template.format(question=question)
+    ray: dict[str, Any] | None = None
 
 
 async def run_evaluation(
@@ -233,22 +183,37 @@ async def run_evaluation(
     instructions: Mapping[tuple[str, str], str] | None = None,
     search: dict | None = None,
     meter: UsageMeter | None = None,
+    ray: RaySettings | None = None,
 ) -> RunOutcome:
     """Run every method on every sample not yet finished in `out_dir`, appending rows as they finish (see the
     module docstring). A prompt optimiser's method answers under `instructions[(method, dataset)]`, found by the
     search whose settings are `search` (prompt_r1.evaluation.optimizers.search). `meter`: the run's meter when
     something before the rows already spent from the budget (the searches); else a new one. Returns the outcome,
-    also when stopped early."""
+    also when stopped early.
+
+    With `ray` (`RaySettings`), the rows are made in Ray actors that build their own players from `agent_config`
+    and `environment_config` (prompt_r1.runs.ray_batch: one limit, one budget, the call ledger); `agent` and
+    `environment` are then not needed."""
     loop = loop or LoopConfig()
     redact = Redactor()
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     check_limits(concurrency, max_failures, budget)
+    if ray is not None:  # the actors build the players: only their settings are needed here
+        if environment is None and environment_config is not None:
+            from prompt_r1.clients.environment import EnvironmentClient
+
+            environment = EnvironmentClient(environment_config)  # no connection: its key and prices checked
+        agent = SimpleNamespace(config=agent_config) if agent_config is not None else None
     for method in methods:
         info = METHODS[method]
         if info.needs_agent and agent is None:
-            raise ConfigError(f"method {method} needs an agent")
+            raise ConfigError(
+                f"method {method} needs an agent" + (" (agent_config, with ray)" if ray else "")
+            )
         if info.needs_environment and environment is None:
-            raise ConfigError(f"method {method} needs an environment")
+            raise ConfigError(
+                f"method {method} needs an environment" + (" (environment_config, with ray)" if ray else "")
+            )
     for method in methods:
         if method in OPTIMIZERS:
             missing = sorted(
@@ -280,150 +245,91 @@ async def run_evaluation(
             check=prediction_problem,
         )  # fmt: skip
         meter = meter if meter is not None else UsageMeter(prices)
-        agent_model = str(getattr(getattr(agent, "config", None), "model", None) or "agent")
+        agent_config = agent_config if agent_config is not None else getattr(agent, "config", None)
+        agent_model = str(getattr(agent_config, "model", None) or "agent")
         # A served agent's tokens are paid for; a local model's cost nothing unless the price table says otherwise.
-        agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
-        agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
-        environment = MeteredEnvironment(environment, meter, redact) if environment is not None else None
-        runner = EpisodeRunner(agent, environment, loop, tags=["eval"]) if "prompt-r1" in methods else None
-        protocol = protocol_for(loop)
+        agent_paid = getattr(agent_config, "resolved_backend", None) == "served"
+        options = dict(methods=list(methods), agent_model=agent_model, agent_paid=agent_paid,
+                       instructions=dict(instructions or {}))  # fmt: skip
+        async with contextlib.AsyncExitStack() as stack:
+            if (
+                ray is not None
+            ):  # the rows are made in Ray actors, by the same row maker (prompt_r1.runs.ray_batch)
+                from prompt_r1.runs.ray_batch import RayEpisodes
 
-        async def work(item: EvalItem) -> dict[str, Any]:
-            method, sample = item.method, item.sample
-            row = _row_head(item)
-            if method == "prompt-r1":
-                episode = await runner.run(
-                    sample.question,
-                    id=str(sample.id),
-                    golden_answers=sample.golden_answers,
-                    metadata={"dataset": sample.dataset, "method": method},
-                )
-                prediction, status, error = episode.answer or "", episode.status, episode.error
-                row.update(turns=episode.turns, usage=episode.usage)
-                state = {**episode.to_row(), "golden_answers": sample.golden_answers}
-                row["reward"] = {name: score_episode(state, preset=name).total for name in PRESETS}
-                # The protocol's own reward where it has one (the release's: on its stream), under its preset's name.
-                own = protocol.episode_reward(sample.question, episode.turns, sample.golden_answers)
-                if own is not None:
-                    row["reward"][protocol.reward_preset] = own.total
-                latency = episode.latency_s
+                episodes = stack.enter_context(
+                    RayEpisodes(ray, eval_work, out=out_dir / PREDICTIONS, concurrency=concurrency, budget=budget,
+                                agent_config=agent_config, environment_config=environment_config, loop=loop,
+                                prices=prices, meter=meter, options=options, key=lambda item: "/".join(item.key))
+                )  # fmt: skip
+                work, after_write, stop = episodes.work, episodes.after_write, episodes.stop_rule()
             else:
-                instruction = (
-                    (instructions or {}).get((method, sample.dataset)) if method in OPTIMIZERS else None
+                agent = MeteredAgent(agent, meter, agent_model, redact) if agent is not None else None
+                environment = (
+                    MeteredEnvironment(environment, meter, redact) if environment is not None else None
                 )
-                prediction, status, error, latency = await _baseline(
-                    method, sample, row, agent, environment, instruction
-                )
-            row.update(prediction=prediction, status=status, error=error, latency_s=round(latency, 3))
-            row["cost_usd"] = row_cost(row, prices, agent_model, agent_paid=agent_paid)
-            if status not in FAILED_STATUSES:
-                row["metrics"] = row_metrics(prediction, sample.golden_answers)
-            return row
-
-        from tqdm.auto import tqdm
-
-        pending = len(samples) * len(methods) - sum(
-            store.is_finished((m, str(s.dataset), str(s.id))) for s in samples for m in methods
-        )
-        bar = tqdm(total=pending, desc="eval", unit="row", disable=not progress, dynamic_ncols=True, file=log)
-        running: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # method → [n, Σ EM, Σ F1]
-        outcome = RunOutcome()
-
-        def postfix(row: dict[str, Any], in_flight: int) -> None:
-            if row["status"] not in FAILED_STATUSES:
-                stats = running[row["method"]]
-                stats[0] += 1
-                stats[1] += row["metrics"]["em"]
-                stats[2] += row["metrics"]["f1"]
-            bar.set_postfix_str(
-                " · ".join(f"{m} EM {s[1] / s[0]:.3f} F1 {s[2] / s[0]:.3f}" for m, s in running.items())
-                + (f" · failed {outcome.failed}" if outcome.failed else ""),
-                refresh=False,
-            )
-
-        def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
-            """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
-            return {
-                **_row_head(item),
-                "prediction": "",
-                "status": "internal_error",
-                "error": describe_exception(exc),
-                "latency_s": 0.0,
-            }
-
-        items = (EvalItem(method, sample) for sample in samples for method in methods)
-        try:
-            await run_many(
-                items,
-                work,
-                store,
-                failure_row=failure_row,
-                concurrency=concurrency,
-                key=lambda item: item.key,
-                describe=EvalItem.describe,
-                max_failures=max_failures,
-                stop=budget_rule(meter, budget),
-                on_row=postfix,
-                tally=outcome,
-                progress=bar,
-                log=log,
-            )
-        finally:
-            bar.close()
-            outcome.usage = meter.to_dict()
+                work = eval_work(agent, environment, loop, prices, **options)
+                episodes, after_write, stop = None, None, budget_rule(meter, budget)
+            outcome = await _run_rows(samples, methods, store, work, after_write, stop, meter, concurrency,
+                                      max_failures, progress, log)  # fmt: skip
+            if episodes is not None:
+                outcome.ray = episodes.figures()
         return outcome
 
 
-async def _baseline(
-    method: str,
-    sample: Sample,
-    row: dict[str, Any],
-    agent: Any,
-    environment: Any,
-    instruction: str | None = None,
-) -> tuple[str, str, str | None, float]:
-    """One baseline's answer: (prediction, status, error, latency); its usage and reply go into `row`."""
-    import time
+async def _run_rows(samples, methods, store, work, after_write, stop, meter, concurrency, max_failures, progress,
+                    log) -> RunOutcome:  # fmt: skip
+    """The rows not yet finished, through the shared worker pool, with one progress line."""
+    from tqdm.auto import tqdm
 
-    started = time.monotonic()
-    prediction, status, error = "", "answered", None
-    request = _baseline_request(method, sample.question, instruction)
+    pending = len(samples) * len(methods) - sum(
+        store.is_finished((m, str(s.dataset), str(s.id))) for s in samples for m in methods
+    )
+    bar = tqdm(total=pending, desc="eval", unit="row", disable=not progress, dynamic_ncols=True, file=log)
+    running: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # method → [n, Σ EM, Σ F1]
+    outcome = RunOutcome()
+
+    def postfix(row: dict[str, Any], in_flight: int) -> None:
+        if row["status"] not in FAILED_STATUSES:
+            stats = running[row["method"]]
+            stats[0] += 1
+            stats[1] += row["metrics"]["em"]
+            stats[2] += row["metrics"]["f1"]
+        bar.set_postfix_str(
+            " · ".join(f"{m} EM {s[1] / s[0]:.3f} F1 {s[2] / s[0]:.3f}" for m, s in running.items())
+            + (f" · failed {outcome.failed}" if outcome.failed else ""),
+            refresh=False,
+        )
+
+    def failure_row(item: EvalItem, exc: Exception) -> dict[str, Any]:
+        """The row of an item whose own bookkeeping (its scoring, its reward) raised: failed, so rerun."""
+        return {
+            **row_head(item),
+            "prediction": "",
+            "status": "internal_error",
+            "error": describe_exception(exc),
+            "latency_s": 0.0,
+        }
+
+    items = (EvalItem(method, sample) for sample in samples for method in methods)
     try:
-        if method == "agent-only":
-            output = await agent.generate(
-                AgentRequest(messages=[{"role": "user", "content": request}], stop=(ANSWER_CLOSE,))
-            )
-            text = output.text
-            row["usage"] = {
-                "agent_calls": 1,
-                "agent_prompt_tokens": output.prompt_tokens,
-                "agent_completion_tokens": output.completion_tokens,
-            }
-        else:
-            reply = await environment.respond(request)
-            text = reply.text
-            row["usage"] = {
-                "env_calls": 1,
-                "env_input_tokens": reply.input_tokens,
-                "env_output_tokens": reply.output_tokens,
-                "env_retries": reply.attempts - 1,
-            }
-            row["environment_calls"] = [reply.to_dict()]
-        row["response"] = text
-        tagged = last_answer(text)
-        row["answer_tagged"] = tagged is not None
-        prediction = tagged if tagged is not None else text.strip()
-        status = "answered" if tagged is not None else "untagged"
-    except EnvironmentRefused as exc:  # an outcome, as in the loop: not retried by the next run
-        status, error = "refused", str(exc)
-    except EnvironmentCallError as exc:
-        status, error = "environment_error", str(exc)
-    except ContextOverflow as exc:
-        status, error = "context_overflow", str(exc)
-    except AgentRefused as exc:
-        status, error = "refused", str(exc)
-    except AgentError as exc:
-        status, error = "agent_error", str(exc)
-    except Exception as exc:  # this row's failure, recorded and retried by the next run; the others go on
-        status, error = "internal_error", describe_exception(exc)
-    return prediction, status, error, time.monotonic() - started
+        await run_many(
+            items,
+            work,
+            store,
+            failure_row=failure_row,
+            concurrency=concurrency,
+            key=lambda item: item.key,
+            describe=EvalItem.describe,
+            max_failures=max_failures,
+            stop=stop,
+            after_write=after_write,
+            on_row=postfix,
+            tally=outcome,
+            progress=bar,
+            log=log,
+        )
+    finally:
+        bar.close()
+        outcome.usage = meter.to_dict()
+    return outcome

@@ -29,23 +29,26 @@ How it runs:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TextIO
 
 from prompt_r1.agents.base import AgentBackend
 from prompt_r1.clients.costs import PriceTable, UsageMeter
 from prompt_r1.clients.response_cache import ResponseCache, render_summary, use_cache
-from prompt_r1.core.config import LoopConfig
+from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig, rate_store_password
 from prompt_r1.core.errors import DataError
 from prompt_r1.core.redaction import RedactedStream, Redactor
+from prompt_r1.core.urls import is_shared_store
 from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
+from prompt_r1.runs.batch_rows import episode_row, episode_work, failure_row
 from prompt_r1.runs.batch_settings import BatchSettings
-from prompt_r1.runs.episode import FAILED_STATUSES, Episode, EpisodeRunner, as_environment, describe_exception
+from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment
 from prompt_r1.runs.metering import (
     MeteredAgent,
     MeteredEnvironment,
@@ -55,9 +58,16 @@ from prompt_r1.runs.metering import (
 )
 from prompt_r1.runs.output_files import check_checkpoint, crc
 from prompt_r1.runs.output_lock import hold_output
-from prompt_r1.runs.pool import RunTally, named_keys
+from prompt_r1.runs.pool import RunTally, named_keys, run_many
 from prompt_r1.runs.result_store import ResultStore
 from prompt_r1.runs.shards import Shard
+from prompt_r1.runs.shared_budget import (
+    BudgetReached,
+    SpendingEnvironment,
+    add_agent_cost,
+    shard_spend_key,
+    shared_budget_rule,
+)
 
 __all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
 
@@ -78,6 +88,9 @@ class BatchSummary(RunTally):
     fallbacks: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] | None = None  # the response cache's use: hits (calls saved), stored, saved_usd
+    ray: dict[str, Any] | None = (
+        None  # a --ray run's own figures (actors, start-up, episodes retried, calls replayed)
+    )
 
     @property
     def complete(self) -> bool:
@@ -106,6 +119,7 @@ class BatchSummary(RunTally):
             "input_error": self.input_error,
             "usage": self.usage,
             "cache": self.cache,
+            **({"ray": self.ray} if self.ray is not None else {}),
         }
 
     def render(self) -> str:
@@ -134,6 +148,8 @@ class BatchSummary(RunTally):
                 + (f" · {self.fallbacks} fallbacks" if self.fallbacks else ""),
             ),
         ]
+        if self.ray is not None:
+            lines.append(("ray", ray_line(self.ray)))
         for entry in self.usage.get("models", []):
             cost = entry["cost_usd"]
             lines.append(
@@ -158,6 +174,15 @@ class BatchSummary(RunTally):
             lines.append(("stopped", self.stopped))
         width = max(len(k) for k, _ in lines)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def ray_line(figures: dict[str, Any]) -> str:
+    """A --ray run's figures, as the summary table shows them."""
+    return (
+        f"{figures['actors']} actors · started in {figures['start_seconds']:.1f} s · "
+        f"{figures['retried_episodes']} episodes retried (actor lost) · {figures['replayed_calls']} paid calls "
+        "replayed from the ledger"
+    )
 
 
 def scan_input(source: str | Path, limit: int | None = None, shard: Shard | None = None) -> int:
@@ -185,8 +210,10 @@ def scan_input(source: str | Path, limit: int | None = None, shard: Shard | None
 async def run_batch(
     settings: BatchSettings,
     *,
-    agent: AgentBackend,
-    environment: Any,
+    agent: AgentBackend | None = None,
+    environment: Any = None,
+    agent_config: AgentConfig | None = None,
+    environment_config: EnvironmentConfig | None = None,
     loop: LoopConfig | None = None,
     prices: PriceTable | None = None,
     log: TextIO | None = None,
@@ -205,14 +232,27 @@ async def run_batch(
     Every API key the clients use (prompt_r1.core.redaction), and any `secrets` given, are cut out of everything
     written: rows, the summary, `log`. With `settings.shard`, only that shard's rows run (`limit` applies
     first). With `cache` (prompt_r1.clients.response_cache), calls answered before are replayed from it, not
-    paid for; refused for an environment sampled above temperature 0 unless `cache_always`. `manifest` is called
-    once the input and the results file are checked, before the first episode (`prompt-r1 batch` writes the
-    manifest beside the results with it: prompt_r1.runs.manifest)."""
+    paid for; refused for an environment sampled above temperature 0 unless `cache_always`, and not with
+    `settings.ray` (the actors build their own clients). `manifest` is called once the input and the results
+    file are checked, before the first episode (`prompt-r1 batch` writes the manifest beside the results with it:
+    prompt_r1.runs.manifest). With `settings.ray`, the episodes run in Ray actors that build their own players
+    from `agent_config` and `environment_config` (prompt_r1.runs.ray_batch; `agent` and `environment` are not
+    needed); the rest of the run is this one."""
     redact = Redactor(secrets)
     log = RedactedStream(log if log is not None else sys.stderr, redact)
     loop = loop or LoopConfig()
     prices = prices or PriceTable.load()
 
+    if settings.ray is not None:
+        if agent_config is None or environment_config is None:
+            raise ValueError(
+                "a Ray batch needs agent_config and environment_config: its actors build the players"
+            )
+        from prompt_r1.clients.environment import EnvironmentClient
+
+        # Built here only to check prices and keys (no connection is opened); the actors build their own.
+        environment = EnvironmentClient(environment_config)
+        agent = SimpleNamespace(config=agent_config)
     environment = as_environment(environment)
     use_cache(environment, cache, always=cache_always)
     agent_config = getattr(agent, "config", None)
@@ -224,12 +264,14 @@ async def run_batch(
     # run on it is refused here, before it reads a row or calls anything.
     with hold_output(settings.out, "--out" if settings.flags else "the output"):
         return await _run_batch(
-            settings, agent, environment, loop, prices, log, redact, path, agent_model, cache, manifest
+            settings, agent, environment, loop, prices, log, redact, path, agent_model, environment_config,
+            cache, manifest,
         )
 
 
 async def _run_batch(
-    settings, agent, environment, loop, prices, log, redact, path, agent_model, cache=None, manifest=None
+    settings, agent, environment, loop, prices, log, redact, path, agent_model, environment_config, cache=None,
+    manifest=None,
 ) -> BatchSummary:
     """`run_batch`'s run, with the results file held."""
     source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
@@ -237,89 +279,69 @@ async def _run_batch(
     samples = iter_samples(source, limit=limit, require_answers=False)
     if settings.shard is not None:
         samples = (s for s in samples if settings.shard.contains(s.id))
-    protected = [("input file", path), ("--checkpoint file", checkpoint)]
-    if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
-        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
-    store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
-    if checkpoint is not None:
-        check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
-    if manifest is not None:
-        manifest()
     meter = UsageMeter(prices)
-    metered_env = MeteredEnvironment(environment, meter, redact)
-    metered_agent = MeteredAgent(agent, meter, agent_model, redact)
-
-    summary = BatchSummary(out=str(out), input_rows=input_rows)
-    bar = None
-    if settings.progress:
-        from tqdm.auto import tqdm
-
-        total = None if input_rows is None else max(0, input_rows - store.finished)
-        bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
-
-    def postfix(row: dict[str, Any], in_flight: int) -> None:
-        if bar is not None:
-            bar.set_postfix_str(
-                f"failed {summary.failed} · retries {getattr(environment, 'retries', 0)} · in flight {in_flight} · "
-                f"${meter.cost:.4f}",
-                refresh=False,
-            )
-
     async with contextlib.AsyncExitStack() as stack:
-        checkpointer = None
+        episodes = None
+        if settings.ray is not None:  # joined (or started) before a file is touched: a refusal changes none
+            from prompt_r1.runs.ray_batch import RayEpisodes
+
+            episodes = stack.enter_context(
+                RayEpisodes(settings.ray, episode_work, out=out, concurrency=settings.concurrency,
+                            budget=settings.budget, agent_config=agent.config,
+                            environment_config=environment_config, loop=loop, prices=prices, meter=meter,
+                            options={"agent_model": agent_model, "tags": ("batch", "ray")})
+            )  # fmt: skip
+        protected = [("input file", path), ("--checkpoint file", checkpoint)]
+        if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
+            check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
+        store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
         if checkpoint is not None:
-            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
-            checkpointer = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(checkpoint)))
-        runner = EpisodeRunner(
-            metered_agent,
-            metered_env,
-            loop,
-            checkpointer=checkpointer,
-            price=lambda state: episode_cost(state, prices, agent_model),
-            tags=["batch"],
-        )
-
-        def row_of(sample: Sample, episode: Episode) -> dict[str, Any]:
-            row = {"id": sample.id, "dataset": sample.dataset, "index": sample.index, **episode.to_row()}
-            row["finished_at"] = round(time.time(), 3)  # Unix time, for throughput over any part of a run
-            return row
-
-        def failure_row(sample: Sample, exc: Exception) -> dict[str, Any]:
-            error = describe_exception(exc)
-            failed = Episode.failure("internal_error", error, id=sample.id, question=sample.question)
-            return row_of(sample, failed)
-
-        async def work(sample: Sample) -> dict[str, Any]:
-            episode = await runner.run(
-                sample.question,
-                id=sample.id,
-                golden_answers=sample.golden_answers,
-                metadata={"dataset": sample.dataset},
+            check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
+        if manifest is not None:
+            manifest()
+        summary = BatchSummary(out=str(out), input_rows=input_rows)
+        if episodes is not None:
+            work, after_write, stop = episodes.work, episodes.after_write, episodes.stop_rule()
+        else:
+            metered_env = MeteredEnvironment(environment, meter, redact)
+            metered_agent = MeteredAgent(agent, meter, agent_model, redact)
+            spend = await _shard_spend(stack, settings, environment, path)
+            if spend is not None:  # the shards' one budget: checked before each call, counted in the store
+                metered_env = SpendingEnvironment(metered_env, prices, spend, settings.budget)
+            work, after_write = await _local_episodes(stack, settings, metered_agent, metered_env, loop, prices,
+                                                      agent_model, summary, spend)  # fmt: skip
+            stop = (
+                budget_rule(meter, settings.budget)
+                if spend is None
+                else shared_budget_rule(spend, settings.budget)
             )
-            if episode.resumed:
-                summary.resumed += 1
-            row = row_of(sample, episode)
-            if sample.golden_answers and episode.answer is not None:
-                from prompt_r1.scoring.scorers import row_metrics
 
-                row["metrics"] = row_metrics(episode.answer, sample.golden_answers)
-            return row
+        # The bar starts once the players are up (a Ray start takes seconds), so its rate is the episodes'.
+        bar = None
+        if settings.progress:
+            from tqdm.auto import tqdm
 
-        async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
-            if row["status"] not in FAILED_STATUSES:
-                await runner.forget(sample.id)
+            total = None if input_rows is None else max(0, input_rows - store.finished)
+            bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
+
+        def postfix(row: dict[str, Any], in_flight: int) -> None:
+            if bar is not None:
+                bar.set_postfix_str(
+                    f"failed {summary.failed} · retries {getattr(environment, 'retries', 0)} · in flight {in_flight} · "
+                    f"${meter.cost:.4f}",
+                    refresh=False,
+                )
 
         try:
-            await runner.run_many(
+            await run_many(
                 samples,
+                work,
                 store,
-                work=work,
                 failure_row=failure_row,
                 concurrency=settings.concurrency,
                 max_failures=settings.max_failures,
-                stop=budget_rule(meter, settings.budget),
-                after_write=forget_finished,
+                stop=stop,
+                after_write=after_write,
                 on_row=postfix,
                 tally=summary,
                 progress=bar,
@@ -332,5 +354,67 @@ async def _run_batch(
             summary.fallbacks = getattr(environment, "fallbacks", 0)
             summary.usage = meter.to_dict()
             summary.cache = None if cache is None else cache.summary(prices)
+            if episodes is not None:
+                summary.ray = episodes.figures()
             summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
     return summary
+
+
+async def _shard_spend(stack, settings, environment, source):
+    """The run's spending in the shared store, for a `--shard` run with a budget and a shared store (every shard
+    of the run counts under one key, prompt_r1.runs.shared_budget); else None (this process's meter is the
+    budget's)."""
+    config = getattr(environment, "config", None)
+    url = getattr(config, "rate_store", None)
+    if settings.shard is None or settings.budget is None or not is_shared_store(url):
+        return None
+    from prompt_r1.clients.shared_spend import SharedSpend
+
+    key = shard_spend_key(source, settings.out, settings.shard.count)
+    spend = SharedSpend.connect(url, key, rate_store_password(url))
+    stack.push_async_callback(spend.close)
+    await (
+        spend.total()
+    )  # what the other shards (and earlier runs of this one) spent: a spent budget stops at once
+    return spend
+
+
+async def _local_episodes(
+    stack, settings, agent, environment, loop, prices, agent_model, summary, spend=None
+):
+    """This process's episode runner (with LangGraph's checkpoints where asked): the pool's `work` and
+    `after_write`. With `spend` (the shards' one budget), an episode the budget stops mid-way leaves no row (the
+    next run does it), and a served agent's tokens are counted in the store with each row."""
+    checkpointer = None
+    if settings.checkpoint is not None:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        checkpointer = await stack.enter_async_context(
+            AsyncSqliteSaver.from_conn_string(str(settings.checkpoint))
+        )
+    runner = EpisodeRunner(
+        agent,
+        environment,
+        loop,
+        checkpointer=checkpointer,
+        price=lambda state: episode_cost(state, prices, agent_model),
+        tags=["batch"],
+    )
+
+    agent_paid = getattr(getattr(agent, "config", None), "resolved_backend", None) == "served"
+
+    async def work(sample: Sample) -> dict[str, Any]:
+        try:
+            row, resumed = await episode_row(runner, sample)
+        except BudgetReached:
+            raise asyncio.CancelledError from None  # no row: the pool stops on the budget's reason
+        summary.resumed += resumed
+        if spend is not None and agent_paid:
+            await add_agent_cost(spend, prices, agent_model, row)
+        return row
+
+    async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
+        if row["status"] not in FAILED_STATUSES:
+            await runner.forget(sample.id)
+
+    return work, forget_finished

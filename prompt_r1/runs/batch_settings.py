@@ -20,6 +20,7 @@ from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import resolve_source
 from prompt_r1.runs.output_files import check_folder_of, check_log_file, check_summary_path
 from prompt_r1.runs.pool import check_limits
+from prompt_r1.runs.ray_settings import RaySettings
 from prompt_r1.runs.shards import Shard
 
 __all__ = ["BatchSettings"]
@@ -37,6 +38,7 @@ class BatchSettings:
     cost reaches it (US $). limit: only the first rows of the input. progress: a progress bar on stderr.
     shard: run only this shard's rows (`prompt-r1 batch --shard I/N`, prompt_r1.runs.shards); `out` is then that
     shard's own results file (`Shard.path`).
+    ray: run the episodes in Ray actors (`prompt-r1 batch --ray`, prompt_r1.runs.ray_batch); everything else holds.
     flags: name settings in errors as the command line does (`--max-failures`), for the CLI.
     """
 
@@ -51,11 +53,18 @@ class BatchSettings:
     log_file: Path | None = None
     progress: bool = True
     shard: Shard | None = None
+    ray: RaySettings | None = None
     flags: bool = False
 
     def __post_init__(self) -> None:
         check_limits(self.concurrency, self.max_failures, self.budget, flags=self.flags)
         number(self.limit, "--limit" if self.flags else "limit", integer=True, minimum=1, none_ok=True)
+        if self.ray is not None and self.shard is not None:
+            raise ConfigError(
+                "--ray and --shard are two ways to spread one run: give one (--ray runs every shard's rows itself)"
+                if self.flags
+                else "ray and shard are two ways to spread one run: give one"
+            )
         out = Path(self.out)
         if out.suffix != ".jsonl":
             raise ConfigError(f"{'--out' if self.flags else 'the output'} must be a .jsonl file, got {out}")

@@ -176,6 +176,11 @@ class _Pool:
                 row = await self.work(item)
             except asyncio.CancelledError:
                 self.tally.cancelled += 1
+                # An item cancelled by its own work (a budget that cannot pay its next call, on another process)
+                # stops the run for the reason the stop rule gives, as the rule would before the next item.
+                reason = self.stop_rule() if self.stop_rule is not None and not self.stopping else None
+                if reason:
+                    self.stop(reason, cancel=False)
                 return
             except Exception as exc:
                 # Whatever a surface's own code raises for one item (its scoring, its bookkeeping) is that item's

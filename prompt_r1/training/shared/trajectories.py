@@ -63,7 +63,9 @@ class Trajectories:
         given = {k: v for k, v in keywords.items() if v is not None}
         if loop is not None and given:
             raise ConfigError(f"give loop= or the loop's keywords ({', '.join(given)}), not both")
-        warn_loop_keywords(type(self).__name__, given)  # deprecated, kept for one release: loop=LoopConfig(...)
+        warn_loop_keywords(
+            type(self).__name__, given
+        )  # deprecated, kept for one release: loop=LoopConfig(...)
         if loop is None:
             loop = LoopConfig(**{"max_turn_tokens": 1024, **given, "force_final_answer": False})
         if loop.max_turn_tokens is None:

