@@ -303,10 +303,12 @@ def _manifest(args, settings: BatchSettings, agent_cfg, env_cfg, loop_cfg, envir
     from prompt_r1.data.datasets import resolve_source
 
     source = resolve_source(settings.source)[0].resolve()  # one file however it is named
-    runs_on = {"input": str(source), "limit": settings.limit, "shard": args.shard,
+    # --limit is not among them: a first run on a few rows and a second on the rest add to one results file.
+    runs_on = {"input": str(source), "shard": args.shard,
                "agent": measured(agent_cfg), "environment": env_measured, "loop": dataclasses.asdict(loop_cfg)}  # fmt: skip
     operational = {
         "concurrency": settings.concurrency, "max_failures": settings.max_failures, "budget": settings.budget,
+        "limit": settings.limit,
         "out": settings.out, "checkpoint": settings.checkpoint, "summary": settings.summary,
         "env_pool": args.env_pool, "env_cache": args.env_cache, "env_cache_always": args.env_cache_always,
         "agent": dataclasses.asdict(agent_cfg), "environment": dataclasses.asdict(env_cfg),
