@@ -203,14 +203,17 @@ class CallLedger:
                 ),
             )
 
-    def totals(self) -> dict[str, float]:
-        """Every call this process has paid for in the run, over all its restarts."""
+    def totals(self, *, from_step: int | None = None) -> dict[str, float]:
+        """Every call this process has paid for in the run, over all its restarts; `from_step`: those of that
+        step and later only (under the async trainer a call's step is its rollout group)."""
+        where, args = ("WHERE step >= ?", (from_step,)) if from_step is not None else ("", ())
         with self._lock:
-            calls, tokens_in, tokens_out, cost = self.connection.execute(
+            calls, tokens_in, tokens_out, cost, steps = self.connection.execute(
                 "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
-                "COALESCE(SUM(cost), 0.0) FROM calls"
+                f"COALESCE(SUM(cost), 0.0), COUNT(DISTINCT step) FROM calls {where}",
+                args,
             ).fetchone()
-        return {"calls": calls, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost": cost}
+        return {"calls": calls, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost": cost, "steps": steps}
 
     def close(self) -> None:
         self.connection.close()
@@ -293,13 +296,17 @@ class LedgerEnvironment:
     def __init__(self, inner: Any, ledger: CallLedger | None, prices: PriceTable) -> None:
         self.inner, self.ledger, self.prices = inner, ledger, prices
         self.spend = StepSpend()
+        # The async trainer's worker counts on its event loop's thread while the trainer takes on its own.
+        self._counting = threading.Lock()
+        self.dearest: float | None = None  # the highest price of one call so far (None: none priced yet)
         self.model = str(
             getattr(inner, "model_name", None) or getattr(getattr(inner, "config", None), "model", "")
         )
 
     def take(self) -> StepSpend:
         """The counters since the last take, reset."""
-        spend, self.spend = self.spend, StepSpend()
+        with self._counting:
+            spend, self.spend = self.spend, StepSpend()
         return spend
 
     async def respond(
@@ -331,15 +338,22 @@ class LedgerEnvironment:
                        request_hash(self.model, messages))  # fmt: skip
 
     def _count(self, reply: EnvironmentReply, cost: float | None, *, replayed: bool) -> None:
-        spend = self.spend
-        spend.calls += 1
-        spend.replayed += int(replayed)
-        spend.tokens_in += reply.input_tokens
-        spend.tokens_out += reply.output_tokens
-        if cost is None:
-            spend.unpriced += 1
-        else:
-            spend.cost += cost
+        with self._counting:
+            spend = self.spend
+            spend.calls += 1
+            spend.replayed += int(replayed)
+            spend.tokens_in += reply.input_tokens
+            spend.tokens_out += reply.output_tokens
+            if cost is None:
+                spend.unpriced += 1
+            else:
+                spend.cost += cost
+                self.dearest = max(cost, self.dearest or 0.0)
+
+    def pending(self) -> StepSpend:
+        """A copy of the counters since the last take, left in place."""
+        with self._counting:
+            return StepSpend(**vars(self.spend))
 
     def __getattr__(self, name: str) -> Any:  # retries, members, config, name ...: the wrapped environment's
         return getattr(self.inner, name)

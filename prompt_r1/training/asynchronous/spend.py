@@ -1,0 +1,160 @@
+"""The spend caps under the async trainer: `max_env_cost` and `max_env_calls` hold while episodes keep flowing.
+
+    cap = install(trainer, environment, config, worker)   # environment: the worker's LedgerEnvironment
+
+The synchronous trainer pays for a step's episodes inside the step, so its cap (`prompt_r1.training.shared.spend`)
+is checked between steps. The async rollout worker pays on its own clock: groups run while steps train, and a
+group may end up trained or dropped as stale. Every call it pays for is counted all the same, since the counters
+sit in the environment the worker calls (`LedgerEnvironment`), and step lines show `$ this step, $ total` as in
+sync, "this step" being what the worker paid while the step ran.
+
+The cap itself is held at the source. Before the worker starts a group, `AsyncSpendCap.may_start` checks that the
+run's total plus the most the groups in flight and this one could still spend stays within the cap: for calls,
+`num_generations x max_turns` calls a group (a bound, so `max_env_calls` is never passed); for cost, that many
+calls at the dearest price seen so far (an estimate, as the synchronous trainer's; until a first call is priced,
+one group runs at a time). A refused group waits for one in flight to finish; with none in flight the cap is
+reached. After each step the trainer stops, with a checkpoint, once the worker is capped and the queue holds too few
+samples young enough for another step, or once a cap is reached: the worker is drained first (no group starts,
+those in flight finish and are counted), so the checkpoint's total holds every call paid. `prompt-r1 train` then
+exits 4, as with the synchronous trainer.
+
+The totals survive a resume: with the call ledger (`call_ledger`, on by default) every paid call is on disk before
+its reply is used, keyed by its group, so even a killed run's total is exact; without it, from the checkpoint's log.
+The ledger cannot replay an async run (its sampling is not reproducible), so a resume plays again the groups from
+the checkpoint's first untrained one on, paying their calls again: at most the groups that were queued or in flight
+and those trained after the checkpoint. `resume_cost` says what they cost, and the trainer prints it at resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prompt_r1.training.shared.ledger import LedgerEnvironment
+from prompt_r1.training.shared.spend import SpendCap
+
+__all__ = ["AsyncSpendCap", "install", "resume_cost"]
+
+
+class AsyncSpendCap(SpendCap):
+    """`SpendCap` with the async worker's gate (`may_start`) and the stop that drains it."""
+
+    def __init__(self, trainer: Any, environment: LedgerEnvironment, worker: Any, *, group_calls: int, **caps):
+        super().__init__(trainer, environment, **caps)
+        self.worker, self.group_calls = worker, group_calls
+
+    def _paid(self) -> tuple[float, float]:
+        """(dollars, calls) paid so far by this process, all restarts (read on the worker's thread)."""
+        ledger = self.environment.ledger
+        if ledger is not None:
+            mine = ledger.totals()
+            return mine["cost"], float(mine["calls"])
+        pending = self.environment.pending()
+        return (
+            self.base["cost"] + self.run_total["cost"] + pending.cost,
+            self.base["calls"] + self.run_total["calls"] + pending.calls,
+        )
+
+    def may_start(self, in_flight: int) -> str | None:
+        """Why the next group must not start while `in_flight` groups run, or None when it may."""
+        cost, calls = self._paid()
+        groups = in_flight + 1
+        if self.max_calls is not None and calls + groups * self.group_calls > self.max_calls:
+            return (
+                f"max_env_calls {self.max_calls:g}: {calls:.0f} calls paid, and a group may make "
+                f"{self.group_calls} more"
+            )
+        if self.max_cost is not None:
+            dearest = self.environment.dearest
+            if cost >= self.max_cost:
+                return f"max_env_cost {self.max_cost:g} reached: ${cost:.4f} spent"
+            if dearest is None:  # no price seen yet: one group at a time until one is
+                return None if in_flight == 0 else "no call priced yet"
+            if cost + groups * self.group_calls * dearest > self.max_cost:
+                return (
+                    f"max_env_cost {self.max_cost:g}: ${cost:.4f} spent, and a group may cost "
+                    f"${self.group_calls * dearest:.4f} more (the dearest call so far)"
+                )
+        return None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        super().on_step_end(args, state, control, **kwargs)
+        if self.stopped is None and state.global_step < state.max_steps:
+            capped, usable = self._sum([float(self.worker.capped is not None), float(self._usable())])
+            per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+            if capped and usable < per_step:
+                reason = self.worker.capped or "the worker starts no more groups"
+                self.stopped = f"{reason}; stopped after step {state.global_step} of {state.max_steps}"
+                control.should_save = True
+                control.should_training_stop = True
+        if self.stopped is not None:
+            self._drain()
+
+    def _over(self, totals: dict[str, float], state: Any) -> str | None:
+        """Only a cap reached: the gate keeps the worker from starting what would pass it, so there is no next
+        step to estimate (a step's cost is what the worker paid meanwhile, not what the step trained)."""
+        for name, cap, total, show in (
+            ("max_env_cost", self.max_cost, totals["cost"], f"${totals['cost']:.4f}"),
+            ("max_env_calls", self.max_calls, totals["calls"], f"{totals['calls']:.0f} calls"),
+        ):
+            if cap is not None and total >= cap:
+                return f"{name} {cap:g} reached: {show} spent"
+        return None
+
+    def _usable(self) -> int:
+        """Samples in the worker's queue young enough for the next step (main process; 0 elsewhere)."""
+        if not self.trainer.accelerator.is_main_process or self.trainer.rollout_worker is None:
+            return 0
+        version, limit = self.trainer.model_version, self.trainer.args.max_staleness
+        return sum(1 for s in list(self.worker.rollout_buffer.queue) if version - s.model_version <= limit)
+
+    def _drain(self) -> None:
+        """Let the groups in flight finish and count what they paid into this step, before the checkpoint."""
+        if self.trainer.accelerator.is_main_process:
+            self.worker.drain()
+        late = self._sum(self.environment.take().as_list())
+        calls, cost = late[0], late[4]
+        self.run_total["calls"] += calls
+        self.run_total["cost"] += cost
+        metrics = getattr(self.trainer, "_metrics", None)
+        if metrics is None or not (calls or cost):
+            return
+        totals = self._totals()
+        train = metrics["train"]
+        for key, value in (("env/cost", cost), ("env/calls", calls)):
+            if train[key]:
+                train[key][-1] += value
+        for key, value in (("env/total_cost", totals["cost"]), ("env/total_calls", totals["calls"])):
+            if train[key]:
+                train[key][-1] = value
+
+
+def install(trainer: Any, environment: LedgerEnvironment, config: Any, worker: Any) -> AsyncSpendCap:
+    cap = AsyncSpendCap(
+        trainer,
+        environment,
+        worker,
+        group_calls=config.num_generations * max(config.max_turns, 1),
+        max_cost=config.max_env_cost,
+        max_calls=config.max_env_calls,
+    )
+    if config.max_env_cost is not None or config.max_env_calls is not None:
+        worker.may_start = cap.may_start
+    trainer.add_callback(cap)
+    return cap
+
+
+def resume_cost(environment: LedgerEnvironment, first_group: int) -> str | None:
+    """What a resume at `first_group` plays again, in one line: the groups from it on that the ledger holds calls
+    of, and what those calls cost (paid once, counted once, and paid again as the groups are played again).
+    None without a ledger (then the calls after the checkpoint are not known)."""
+    ledger = environment.ledger
+    if ledger is None:
+        return None
+    again = ledger.totals(from_step=first_group)
+    if not again["calls"]:
+        return f"resuming at group {first_group}: no call paid after it is played again"
+    return (
+        f"resuming at group {first_group}: {again['steps']} group(s) from it on had been played before the stop "
+        f"({again['calls']} environment calls, ${again['cost']:.4f}); the async worker's sampling is not "
+        "reproducible, so they are played and paid again (the spend total keeps both)"
+    )
