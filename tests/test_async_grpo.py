@@ -145,14 +145,15 @@ def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_re
     with pytest.raises(ConfigError, match="learning_rate must be a finite number > 0, got nan"):
         _config(tmp_path, async_grpo=True, learning_rate=float("nan"))
 
-    # The call ledger and reproducible rollouts: the sync trainer's, on by default; the async one has neither.
+    # The call ledger and the spend caps: both trainers'; reproducible rollouts: the sync trainer's only.
     sync = _config(tmp_path)
     assert (sync.call_ledger, sync.reproducible_rollouts) == (True, True)
-    assert not hasattr(_config(tmp_path, async_grpo=True), "call_ledger")
-    with pytest.raises(
-        ConfigError, match=r"call_ledger: True \(the ledger keys.*; reproducible_rollouts: True \("
-    ):
-        _config(tmp_path, async_grpo=True, call_ledger=True, reproducible_rollouts=True)
+    capped = _config(tmp_path, async_grpo=True, max_env_calls=40, max_env_cost=0.5)
+    assert (capped.call_ledger, capped.max_env_calls, capped.max_env_cost) == (True, 40, 0.5)
+    with pytest.raises(ConfigError, match=r"reproducible_rollouts: True \(the worker's episodes finish"):
+        _config(tmp_path, async_grpo=True, reproducible_rollouts=True)
+    with pytest.raises(ConfigError, match=r"^max_env_calls must be a positive number .*got 0$"):
+        _config(tmp_path, async_grpo=True, max_env_calls=0)
 
 
 def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):

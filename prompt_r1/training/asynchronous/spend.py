@@ -38,12 +38,14 @@ __all__ = ["AsyncSpendCap", "install", "resume_cost"]
 class AsyncSpendCap(SpendCap):
     """`SpendCap` with the async worker's gate (`may_start`) and the stop that drains it."""
 
-    def __init__(self, trainer: Any, environment: LedgerEnvironment, worker: Any, *, group_calls: int, **caps):
+    def __init__(
+        self, trainer: Any, environment: LedgerEnvironment, worker: Any, *, group_calls: int, **caps
+    ):
         super().__init__(trainer, environment, **caps)
         self.worker, self.group_calls = worker, group_calls
 
     def _paid(self) -> tuple[float, float]:
-        """(dollars, calls) paid so far by this process, all restarts (read on the worker's thread)."""
+        """(dollars, calls) paid so far by this process, all restarts (read on the worker's thread too)."""
         ledger = self.environment.ledger
         if ledger is not None:
             mine = ledger.totals()
@@ -54,35 +56,55 @@ class AsyncSpendCap(SpendCap):
             self.base["calls"] + self.run_total["calls"] + pending.calls,
         )
 
-    def may_start(self, in_flight: int) -> str | None:
-        """Why the next group must not start while `in_flight` groups run, or None when it may."""
+    def committed(self, running: set[int], more: int = 0) -> tuple[float, float]:
+        """(dollars, calls) paid, plus what the groups in `running` may still spend, plus `more` new groups: a group
+        may make `group_calls` calls, those it made are paid already. Between group starts this only falls."""
         cost, calls = self._paid()
-        groups = in_flight + 1
-        if self.max_calls is not None and calls + groups * self.group_calls > self.max_calls:
+        made = self.environment.by_step
+        left = sum(max(0, self.group_calls - made.get(g, 0)) for g in running) + more * self.group_calls
+        return cost + left * (self.environment.dearest or 0.0), calls + left
+
+    def _why_not(self, running: set[int], more: int) -> str | None:
+        """Why `more` groups cannot be afforded beside those `running` (None: they can)."""
+        cost, calls = self.committed(running, more)
+        spent_cost, spent_calls = self._paid()
+        if self.max_calls is not None and calls > self.max_calls:
             return (
-                f"max_env_calls {self.max_calls:g}: {calls:.0f} calls paid, and a group may make "
-                f"{self.group_calls} more"
+                f"max_env_calls {self.max_calls:g}: {spent_calls:.0f} calls paid, and the groups in flight and "
+                f"{more} more may make {calls - spent_calls:.0f}"
             )
         if self.max_cost is not None:
-            dearest = self.environment.dearest
-            if cost >= self.max_cost:
-                return f"max_env_cost {self.max_cost:g} reached: ${cost:.4f} spent"
-            if dearest is None:  # no price seen yet: one group at a time until one is
-                return None if in_flight == 0 else "no call priced yet"
-            if cost + groups * self.group_calls * dearest > self.max_cost:
+            if spent_cost >= self.max_cost:
+                return f"max_env_cost {self.max_cost:g} reached: ${spent_cost:.4f} spent"
+            if self.environment.dearest is None:  # no price seen yet: one group at a time until one is
+                return None if not running else "no call priced yet"
+            if cost > self.max_cost:
                 return (
-                    f"max_env_cost {self.max_cost:g}: ${cost:.4f} spent, and a group may cost "
-                    f"${self.group_calls * dearest:.4f} more (the dearest call so far)"
+                    f"max_env_cost {self.max_cost:g}: ${spent_cost:.4f} spent, and the groups in flight and {more} "
+                    f"more may cost ${cost - spent_cost:.4f} (at the dearest call so far)"
                 )
         return None
+
+    def may_start(self, running: set[int]) -> str | None:
+        """The worker's gate: why the next group must not start beside those `running`, or None when it may."""
+        return self._why_not(running, 1)
 
     def on_step_end(self, args, state, control, **kwargs):
         super().on_step_end(args, state, control, **kwargs)
         if self.stopped is None and state.global_step < state.max_steps:
-            capped, usable = self._sum([float(self.worker.capped is not None), float(self._usable())])
+            # Whether the next step can be filled within the cap: the groups it still needs (beyond the young
+            # samples queued and the groups in flight) must be affordable, or the run stops here with a
+            # checkpoint rather than wait for groups the worker may not start.
             per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-            if capped and usable < per_step:
-                reason = self.worker.capped or "the worker starts no more groups"
+            why = None
+            if self.trainer.accelerator.is_main_process and (self.max_cost or self.max_calls):
+                running = set(self.worker.running)
+                short = per_step - self._usable() - len(running) * self.worker.num_generations
+                need = max(0, -(-short // self.worker.num_generations))
+                why = self.worker.capped or self._why_not(running, need)
+            (stop,) = self._sum([float(why is not None)])
+            if stop:
+                reason = why or "the spend cap"  # the main process's reason; the others print nothing
                 self.stopped = f"{reason}; stopped after step {state.global_step} of {state.max_steps}"
                 control.should_save = True
                 control.should_training_stop = True

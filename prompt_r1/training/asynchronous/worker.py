@@ -101,7 +101,7 @@ class GraphRolloutWorker:
         price: Callable[[dict[str, Any]], float | None] | None = None,
         group_row: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
         episode_metrics: Callable[[int, dict[str, Any], Episode], dict[str, float]] | None = None,
-        may_start: Callable[[int], str | None] | None = None,
+        may_start: Callable[[set[int]], str | None] | None = None,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -117,7 +117,7 @@ class GraphRolloutWorker:
             price  # an episode's state -> its dollars (the environment's calls), for rollout/cost_usd_total
         )
         self.group_row, self.episode_metrics = group_row, episode_metrics
-        # The spend cap's gate (`prompt_r1.training.asynchronous.spend`): given the groups in flight, why the next
+        # The spend caps' gate (`prompt_r1.training.asynchronous.spend`): given the groups in flight, why the next
         # group must not start (None: it may). `capped` is that reason once no group can start any more.
         self.may_start, self.capped = may_start, None
         self._draining = threading.Event()
@@ -135,7 +135,7 @@ class GraphRolloutWorker:
         self._future: Any = None
         self._heartbeat = time.time()
         self._failed_in_a_row = 0
-        self._in_flight = 0
+        self.running: set[int] = set()  # the groups started and not finished
 
     # ---- RolloutWorkerProtocol -------------------------------------------------------------------------------
 
@@ -163,10 +163,6 @@ class GraphRolloutWorker:
             with contextlib.suppress(BaseException):  # done, or the error check_health reports
                 self._future.result(timeout=timeout)
 
-    def in_flight(self) -> int:
-        """Groups started and not finished (read from the trainer's thread)."""
-        return self._in_flight
-
     def update_model_version(self, model_version: int) -> None:
         self.model_version = model_version
 
@@ -174,7 +170,16 @@ class GraphRolloutWorker:
         """Raise `RolloutFailed` if the worker stopped on an error, died, or produced nothing for `stale_after_s`."""
         if self.error is not None:
             raise RolloutFailed(self.error)
-        if self._future is not None and self._future.done() and not self._stop.is_set():
+        if self.capped is not None and not self.running and self.rollout_buffer.empty():
+            from prompt_r1.training.shared.spend import SpendCapReached
+
+            # The trainer waits for samples no group will bring (some dropped as stale or unscored).
+            raise SpendCapReached(
+                f"the rollout worker can start no more groups ({self.capped}) and the trainer has too few samples "
+                "for its step; the last checkpoint is the run's: resume with a higher cap to go on"
+            )
+        ended = self._stop.is_set() or self._draining.is_set() or self.capped is not None  # on purpose
+        if self._future is not None and self._future.done() and not ended:
             exc = None if self._future.cancelled() else self._future.exception()
             raise RolloutFailed(f"the rollout worker stopped: {exc!r}")
         age = time.time() - self._heartbeat
@@ -212,15 +217,14 @@ class GraphRolloutWorker:
                     row = self.group_row(group_id, row)
                 task = asyncio.get_running_loop().create_task(self._group(runner, group_id, row))
                 tasks.add(task)
-                self._in_flight = len(tasks)
-                task.add_done_callback(lambda t: (tasks.discard(t), slots.release(), self._left(len(tasks))))
+                self.running.add(group_id)
+                task.add_done_callback(
+                    lambda t, g=group_id: (tasks.discard(t), slots.release(), self.running.discard(g))
+                )
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _left(self, in_flight: int) -> None:
-        self._in_flight = in_flight
 
     async def _may_go_on(self, tasks: set[asyncio.Task]) -> bool:
         """Whether the next group may start: not stopped, draining or failed, and within the spend cap. A group the
@@ -229,7 +233,7 @@ class GraphRolloutWorker:
         while True:
             if self._stop.is_set() or self._draining.is_set() or self.error is not None:
                 return False
-            why = self.may_start(len(tasks)) if self.may_start is not None else None
+            why = self.may_start(set(self.running)) if self.may_start is not None else None
             if why is None:
                 return True
             if not tasks:

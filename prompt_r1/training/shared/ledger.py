@@ -213,7 +213,13 @@ class CallLedger:
                 f"COALESCE(SUM(cost), 0.0), COUNT(DISTINCT step) FROM calls {where}",
                 args,
             ).fetchone()
-        return {"calls": calls, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost": cost, "steps": steps}
+        return {
+            "calls": calls,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost": cost,
+            "steps": steps,
+        }
 
     def close(self) -> None:
         self.connection.close()
@@ -299,6 +305,7 @@ class LedgerEnvironment:
         # The async trainer's worker counts on its event loop's thread while the trainer takes on its own.
         self._counting = threading.Lock()
         self.dearest: float | None = None  # the highest price of one call so far (None: none priced yet)
+        self.by_step: dict[int, int] = {}  # calls per scope step (the async worker's: per rollout group)
         self.model = str(
             getattr(inner, "model_name", None) or getattr(getattr(inner, "config", None), "model", "")
         )
@@ -349,6 +356,9 @@ class LedgerEnvironment:
             else:
                 spend.cost += cost
                 self.dearest = max(cost, self.dearest or 0.0)
+            scope = _scope.get()
+            if scope is not None:
+                self.by_step[scope.step] = self.by_step.get(scope.step, 0) + 1
 
     def pending(self) -> StepSpend:
         """A copy of the counters since the last take, left in place."""
