@@ -190,6 +190,48 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
     assert done.returncode == 2 and "does not support max_staleness (a setting of the async" in done.stderr
 
 
+def test_a_launch_the_trainer_cannot_run_on_is_one_line_before_anything_loads(tmp_path, monkeypatch):
+    """FSDP with the synchronous trainer, DeepSpeed with the async one (as `accelerate launch` with such a config
+    sets them), and a vLLM server that serves another model than the trainer's."""
+    from prompt_r1.testing.tiny_models import build_tiny_model
+    from prompt_r1.training.asynchronous.trainer import _same_model, build_async_trainer
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(
+        ConfigError,
+        match=r"^the synchronous trainer does not run on FSDP: .*\(training/accelerate/fsdp2.yaml\)$",
+    ):
+        _config(tmp_path)
+    assert _config(tmp_path, async_grpo=True).async_grpo  # the async trainer's way across processes
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ConfigError, match=r"^the async trainer does not support deepspeed \(.*fsdp2.yaml\)$"):
+        _config(tmp_path, async_grpo=True)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+
+    model = build_tiny_model(tmp_path / "mine")
+    with ScriptedServer(
+        {"agent": lambda body: "hi"}, model_roots={"agent": str(tmp_path / "theirs")}
+    ) as served:
+        config = _config(
+            tmp_path, model_name_or_path=str(model), async_grpo=True, vllm_server_base_url=served.base_url
+        )
+        with pytest.raises(ConfigError) as refused:
+            build_async_trainer(config, train_rows=_rows())
+    assert str(refused.value) == (
+        f"the vLLM server at {served.base_url.removesuffix('/v1')} serves {tmp_path / 'theirs'}, but the trainer "
+        f"trains {model}: start the server on the trainer's model ("
+        + str(refused.value).split("model (", 1)[1]
+    )
+    assert "\n" not in str(refused.value) and not (tmp_path / "out").exists()  # refused before anything ran
+    # The same folder, or a copy of it, is the trainer's model; another model is not.
+    import shutil
+
+    shutil.copytree(model, tmp_path / "copy")
+    assert _same_model(str(tmp_path / "copy"), str(model)) and _same_model(str(model), str(model))
+    assert not _same_model(str(build_tiny_model(tmp_path / "other", hidden_size=64)), str(model))
+
+
 # ---- on vLLM's CPU build -------------------------------------------------------------------------------------------
 
 vllm_only = [pytest.mark.vllm, pytest.mark.timeout(900)]

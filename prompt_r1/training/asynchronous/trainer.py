@@ -142,8 +142,8 @@ def _served_model(base_url: str, model: str | None = None, timeout: float = 30.0
             f"no vLLM server answers at {base_url} ({exc}): the async trainer's agent is served by one; start it "
             f"as {server_start_command()} and set vllm_server_base_url"
         ) from None
-    loaded = entry.get("root") or name
-    if model is not None and not _same_model(str(loaded), str(model)):
+    loaded = entry.get("root")  # where vLLM loaded it from (a server that does not say is taken at its word)
+    if model is not None and loaded and not _same_model(str(loaded), str(model)):
         raise ConfigError(
             f"the vLLM server at {base_url} serves {loaded}, but the trainer trains {model}: start the server on "
             f"the trainer's model ({server_start_command()}, with {model}), or set model_name_or_path to its model"
