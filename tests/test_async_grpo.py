@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES
-from helpers import run_cli_process, tiny_grpo_config
+from helpers import (
+    ROOT,
+    accelerate_launch,
+    failure_lines,
+    run_cli_process,
+    tiny_grpo_config,
+    write_name_dataset,
+)
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.testing.servers import ScriptedServer
@@ -400,6 +408,92 @@ def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_poli
     assert min(groups) == saved["prompt_index"]  # not the first row again
     assert min(s.model_version for s in recorder.samples) == saved["model_version"] + 1  # synced, then on
     assert second.model_version == saved["model_version"] + 3  # the resume's sync and two steps
+
+
+ASYNC_RECIPE = """async: true
+use_cpu: true
+bf16: false
+per_device_train_batch_size: 4
+num_generations: 4
+learning_rate: 1.0e-4
+weight_decay: 1.0
+max_staleness: 2
+max_turns: 2
+max_turn_tokens: 24
+max_total_tokens: 96
+env_model: env
+reward_preset: reference
+logging_steps: 1
+save_strategy: steps
+save_steps: 1
+report_to: none
+seed: 0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_spend_cap(
+    agent_server, agent_model, tmp_path
+):
+    """The docs' command: accelerate launch with training/accelerate/fsdp2.yaml, 2 CPU processes (gloo), the loop
+    as the rollout worker on rank 0 and the weights going to the vLLM server after every step. Then --resume across
+    the two processes with a max_env_calls cap: it stops with a checkpoint (exit 4) before passing it, having
+    counted every call the environment was paid for, and the totals go on from the first run's."""
+    import torch
+    from safetensors.torch import load_file
+
+    root, _ = agent_server
+    (tmp_path / "recipe.yaml").write_text(ASYNC_RECIPE)
+    (tmp_path / "prices.yaml").write_text("env: {input: 1.0, output: 2.0}\n")  # dollars per 1M tokens
+    out = tmp_path / "run"
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.05) as env:
+
+        def launch(*extra: str):
+            return accelerate_launch(
+                ["--config_file", str(ROOT / "training/accelerate/fsdp2.yaml"), "--num_processes", "2",
+                 "-m", "prompt_r1", "train", "--config", str(tmp_path / "recipe.yaml"),
+                 "--model_name_or_path", str(agent_model), "--vllm_server_base_url", root,
+                 "--train_data", str(write_name_dataset(tmp_path / "names.jsonl", 16)),
+                 "--env-base-url", env.base_url, "--prices", str(tmp_path / "prices.yaml"),
+                 "--output_dir", str(out), *extra],
+                tmp_path,
+            )  # fmt: skip
+
+        first = launch("--max_steps", "2")
+        assert first.returncode == 0, f"exit {first.returncode}: {failure_lines(first.stderr)}"
+        paid_first = len(env.requests_for("env"))
+        state = json.loads((out / "checkpoint-2/trainer_state.json").read_text())
+        total_first = [row for row in state["log_history"] if "env/total_calls" in row][-1]["env/total_calls"]
+        cap = int(total_first) + 12  # room for a group or so (a group may make 4 x 2 calls)
+        second = launch("--max_steps", "50", "--resume", "--max_env_calls", str(cap))
+        paid = len(env.requests_for("env"))
+    assert "trained 2 steps" in first.stderr
+    # Sharded: the checkpoint is FSDP's, and the model was saved whole once.
+    assert (out / "checkpoint-2/pytorch_model_fsdp.bin").is_file()
+    # The weights the server last took are the trained ones: the file it reloaded equals the saved model (tied
+    # weights are sent once), the model moved, and the server sampled what the trainer computes (ratio ~ 1).
+    served = load_file(out / "vllm_weights/weights.safetensors")
+    saved = load_file(out / "model.safetensors")
+    start = load_file(agent_model / "model.safetensors")
+    assert served and all(torch.equal(served[k], saved[k]) for k in served)
+    assert any(not torch.equal(saved[k], start[k]) for k in served)
+    ratios = [row["ratio"] for row in state["log_history"] if "ratio" in row]
+    assert ratios and all(abs(r - 1.0) < 0.05 for r in ratios)
+    assert re.search(r"\$0\.\d{4} this step, \$0\.\d{4} total", first.stderr)
+    # Every call the worker paid for is in the total the checkpoint logged, trained or not.
+    assert total_first == paid_first
+
+    assert second.returncode == 4, f"exit {second.returncode}: {failure_lines(second.stderr)}"
+    assert re.search(r"prompt-r1: resuming at group \d+: .* environment calls", second.stderr)
+    assert "prompt-r1: stopped by the spend cap: max_env_calls" in second.stderr
+    last = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    assert int(last.name.split("-")[1]) > 2  # it trained on, then stopped with a checkpoint
+    logged = [row for row in json.loads((last / "trainer_state.json").read_text())["log_history"]
+              if "env/total_calls" in row]  # fmt: skip
+    assert paid <= cap and logged[-1]["env/total_calls"] == paid  # never past the cap, every call counted
+    assert logged[0]["env/total_calls"] == total_first  # the first run's steps came back with their totals
 
 
 @pytest.mark.vllm
