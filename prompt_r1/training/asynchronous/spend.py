@@ -8,15 +8,17 @@ group may end up trained or dropped as stale. Every call it pays for is counted 
 sit in the environment the worker calls (`LedgerEnvironment`), and step lines show `$ this step, $ total` as in
 sync, "this step" being what the worker paid while the step ran.
 
-The cap itself is held at the source. Before the worker starts a group, `AsyncSpendCap.may_start` checks that the
-run's total plus the most the groups in flight and this one could still spend stays within the cap: for calls,
-`num_generations x max_turns` calls a group (a bound, so `max_env_calls` is never passed); for cost, that many
-calls at the dearest price seen so far (an estimate, as the synchronous trainer's; until a first call is priced,
-one group runs at a time). A refused group waits for one in flight to finish; with none in flight the cap is
-reached. After each step the trainer stops, with a checkpoint, once the worker is capped and the queue holds too few
-samples young enough for another step, or once a cap is reached: the worker is drained first (no group starts,
-those in flight finish and are counted), so the checkpoint's total holds every call paid. `prompt-r1 train` then
-exits 4, as with the synchronous trainer.
+The cap itself is held at the source. A group may make `num_generations x max_turns` calls. Before the worker
+starts one, `AsyncSpendCap.may_start` checks that the calls paid, plus what the groups in flight and this one may
+still make, stay within `max_env_calls` (a bound: the cap is never passed), and the same calls priced at the
+dearest call seen so far within `max_env_cost` (an estimate, as the synchronous trainer's; until a first call is
+priced, one group runs at a time). A refused group waits for one in flight to finish; with none in flight the
+worker is capped. After each step the trainer stops, with a checkpoint, when the groups the next step still needs
+(beyond the young samples queued and the groups in flight) cannot be afforded, or a cap is reached: the worker is
+drained first (no group starts, those in flight finish and are counted), so the checkpoint's total holds every
+call paid. `prompt-r1 train` then exits 4, as with the synchronous trainer. Should samples the worker could afford
+be dropped as stale, leaving a step that no group will fill, the worker's health check says so in one line
+(`SpendCapReached`), the last checkpoint being the run's.
 
 The totals survive a resume: with the call ledger (`call_ledger`, on by default) every paid call is on disk before
 its reply is used, keyed by its group, so even a killed run's total is exact; without it, from the checkpoint's log.

@@ -11,7 +11,14 @@ are trained with TRL's clipped importance ratio against the log-probabilities th
 
 The config is the trainer's own, `PromptR1AsyncGRPOConfig` (TRL's `AsyncGRPOConfig` with the Prompt-R1 fields),
 handed to TRL as it is: the settings of the synchronous trainer it does not have (a KL term `beta`, other loss
-types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built.
+types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built. The
+environment is priced, counted and recorded in the call ledger for the spend caps
+(`prompt_r1.training.asynchronous.spend`). A vLLM server that loaded another model than `model_name_or_path` is
+refused before anything loads.
+
+Across processes (`accelerate launch --config_file training/accelerate/fsdp2.yaml`) TRL shards with FSDP2: rank 0
+runs the worker and sends the weights, each parameter gathered once across the ranks; the model is saved whole
+by rank 0 the same way (`save_model`).
 
 On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
 (`prompt_r1.training.asynchronous.on_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
