@@ -46,6 +46,10 @@ class AsyncSpendCap(SpendCap):
         super().__init__(trainer, environment, **caps)
         self.worker, self.group_calls = worker, group_calls
 
+    def _before_training(self) -> None:
+        """Nothing to forget: the worker starts before this callback's train begin, and what it pays from then
+        on is the first step's."""
+
     def _paid(self) -> tuple[float, float]:
         """(dollars, calls) paid so far by this process, all restarts (read on the worker's thread too)."""
         ledger = self.environment.ledger
