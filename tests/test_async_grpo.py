@@ -466,7 +466,7 @@ def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_
         paid_first = len(env.requests_for("env"))
         state = json.loads((out / "checkpoint-2/trainer_state.json").read_text())
         total_first = [row for row in state["log_history"] if "env/total_calls" in row][-1]["env/total_calls"]
-        cap = int(total_first) + 12  # room for a group or so (a group may make 4 x 2 calls)
+        cap = int(total_first) + 20  # room for a step's two groups and little more (a group may make 4 x 2 calls)
         second = launch("--max_steps", "50", "--resume", "--max_env_calls", str(cap))
         paid = len(env.requests_for("env"))
     assert "trained 2 steps" in first.stderr

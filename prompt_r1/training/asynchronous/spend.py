@@ -114,8 +114,8 @@ class AsyncSpendCap(SpendCap):
                 self.stopped = f"{reason}; stopped after step {state.global_step} of {state.max_steps}"
                 control.should_save = True
                 control.should_training_stop = True
-        if self.stopped is not None:
-            self._drain()
+        if self.stopped is not None or state.global_step >= state.max_steps:
+            self._drain()  # the last step's checkpoint and log hold every call paid
 
     def _over(self, totals: dict[str, float], state: Any) -> str | None:
         """Only a cap reached: the gate keeps the worker from starting what would pass it, so there is no next
@@ -136,7 +136,8 @@ class AsyncSpendCap(SpendCap):
         return sum(1 for s in list(self.worker.rollout_buffer.queue) if version - s.model_version <= limit)
 
     def _drain(self) -> None:
-        """Let the groups in flight finish and count what they paid into this step, before the checkpoint."""
+        """Let the groups in flight finish and count what they paid into this step, before the checkpoint (at a
+        stop, and after the last step: calls in flight are paid whether or not their samples are trained)."""
         if self.trainer.accelerator.is_main_process:
             self.worker.drain()
         late = self._sum(self.environment.take().as_list())
