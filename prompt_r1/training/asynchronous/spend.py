@@ -114,8 +114,9 @@ class AsyncSpendCap(SpendCap):
                 self.stopped = f"{reason}; stopped after step {state.global_step} of {state.max_steps}"
                 control.should_save = True
                 control.should_training_stop = True
-        if self.stopped is not None or state.global_step >= state.max_steps:
-            self._drain()  # the last step's checkpoint and log hold every call paid
+        # The last step (max_steps, the epochs TRL counts, or a stop) drains: its checkpoint holds every call paid.
+        if self.stopped is not None or control.should_training_stop or state.global_step >= state.max_steps:
+            self._drain()
 
     def _over(self, totals: dict[str, float], state: Any) -> str | None:
         """Only a cap reached: the gate keeps the worker from starting what would pass it, so there is no next
