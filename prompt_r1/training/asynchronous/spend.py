@@ -23,8 +23,10 @@ be dropped as stale, leaving a step that no group will fill, the worker's health
 The totals survive a resume: with the call ledger (`call_ledger`, on by default) every paid call is on disk before
 its reply is used, keyed by its group, so even a killed run's total is exact; without it, from the checkpoint's log.
 The ledger cannot replay an async run (its sampling is not reproducible), so a resume plays again the groups from
-the checkpoint's first untrained one on, paying their calls again: at most the groups that were queued or in flight
-and those trained after the checkpoint. `resume_cost` says what they cost, and the trainer prints it at resume.
+the checkpoint's first untrained one on: the groups that were queued or in flight and those trained after the
+checkpoint. Only a call that asks exactly what it asked before (same group, episode, turn and messages) is answered
+from the ledger; the others are paid again. `resume_cost` says what those groups had cost, the most the resume can
+pay again, and the trainer prints it at resume.
 """
 
 from __future__ import annotations
@@ -175,8 +177,8 @@ def install(trainer: Any, environment: LedgerEnvironment, config: Any, worker: A
 
 def resume_cost(environment: LedgerEnvironment, first_group: int) -> str | None:
     """What a resume at `first_group` plays again, in one line: the groups from it on that the ledger holds calls
-    of, and what those calls cost (paid once, counted once, and paid again as the groups are played again).
-    None without a ledger (then the calls after the checkpoint are not known)."""
+    of, and what those calls cost: at most that is paid again (a call asking exactly what it asked before is
+    answered from the ledger). None without a ledger (then the calls after the checkpoint are not known)."""
     ledger = environment.ledger
     if ledger is None:
         return None
@@ -185,6 +187,7 @@ def resume_cost(environment: LedgerEnvironment, first_group: int) -> str | None:
         return f"resuming at group {first_group}: no call paid after it is played again"
     return (
         f"resuming at group {first_group}: {again['steps']} group(s) from it on had been played before the stop "
-        f"({again['calls']} environment calls, ${again['cost']:.4f}); the async worker's sampling is not "
-        "reproducible, so they are played and paid again (the spend total keeps both)"
+        f"({again['calls']} environment calls, ${again['cost']:.4f}); they are played again, and as the async "
+        "worker's sampling is not reproducible, only a call that asks exactly what it asked before is answered "
+        "from the ledger: the others are paid again (the spend total counts each payment)"
     )
