@@ -3,7 +3,8 @@
 The fast tests need no vLLM: the CPU tree attention against the plain forward, the advantages, and the config
 switch. The rest run short async trainings of a tiny agent served by `vllm serve` (vLLM's CPU build) against a
 scripted environment with latency on 127.0.0.1: staleness bounded and stale samples dropped and counted, the
-environment's tokens masked, the policy version advancing with every file sync, and a killed environment or vLLM
+environment's tokens masked, the policy version advancing with every file sync, two FSDP2 processes under
+accelerate (the server's weights, --resume, the max_env_calls stop; slow), and a killed environment or vLLM
 server failing the run with one line instead of a hang."""
 
 from __future__ import annotations
