@@ -3,20 +3,29 @@
 The fast tests need no vLLM: the CPU tree attention against the plain forward, the advantages, and the config
 switch. The rest run short async trainings of a tiny agent served by `vllm serve` (vLLM's CPU build) against a
 scripted environment with latency on 127.0.0.1: staleness bounded and stale samples dropped and counted, the
-environment's tokens masked, the policy version advancing with every file sync, and a killed environment or vLLM
+environment's tokens masked, the policy version advancing with every file sync, two FSDP2 processes under
+accelerate (the server's weights, --resume, the max_env_calls stop; slow), and a killed environment or vLLM
 server failing the run with one line instead of a hang."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES
-from helpers import run_cli_process, tiny_grpo_config
+from helpers import (
+    ROOT,
+    accelerate_launch,
+    failure_lines,
+    run_cli_process,
+    tiny_grpo_config,
+    write_name_dataset,
+)
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.testing.servers import ScriptedServer
@@ -145,14 +154,15 @@ def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_re
     with pytest.raises(ConfigError, match="learning_rate must be a finite number > 0, got nan"):
         _config(tmp_path, async_grpo=True, learning_rate=float("nan"))
 
-    # The call ledger and reproducible rollouts: the sync trainer's, on by default; the async one has neither.
+    # The call ledger and the spend caps: both trainers'; reproducible rollouts: the sync trainer's only.
     sync = _config(tmp_path)
     assert (sync.call_ledger, sync.reproducible_rollouts) == (True, True)
-    assert not hasattr(_config(tmp_path, async_grpo=True), "call_ledger")
-    with pytest.raises(
-        ConfigError, match=r"call_ledger: True \(the ledger keys.*; reproducible_rollouts: True \("
-    ):
-        _config(tmp_path, async_grpo=True, call_ledger=True, reproducible_rollouts=True)
+    capped = _config(tmp_path, async_grpo=True, max_env_calls=40, max_env_cost=0.5)
+    assert (capped.call_ledger, capped.max_env_calls, capped.max_env_cost) == (True, 40, 0.5)
+    with pytest.raises(ConfigError, match=r"reproducible_rollouts: True \(the worker's episodes finish"):
+        _config(tmp_path, async_grpo=True, reproducible_rollouts=True)
+    with pytest.raises(ConfigError, match=r"^max_env_calls must be a positive number .*got 0$"):
+        _config(tmp_path, async_grpo=True, max_env_calls=0)
 
 
 def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
@@ -187,6 +197,48 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
     recipe.write_text(recipe.read_text().replace("max_staleness: 1\n", ""))
     done = train("--max_staleness", "1")  # a flag: the same line, without a value to show
     assert done.returncode == 2 and "does not support max_staleness (a setting of the async" in done.stderr
+
+
+def test_a_launch_the_trainer_cannot_run_on_is_one_line_before_anything_loads(tmp_path, monkeypatch):
+    """FSDP with the synchronous trainer, DeepSpeed with the async one (as `accelerate launch` with such a config
+    sets them), and a vLLM server that serves another model than the trainer's."""
+    from prompt_r1.testing.tiny_models import build_tiny_model
+    from prompt_r1.training.asynchronous.trainer import _same_model, build_async_trainer
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(
+        ConfigError,
+        match=r"^the synchronous trainer does not run on FSDP: .*\(training/accelerate/fsdp2.yaml\)$",
+    ):
+        _config(tmp_path)
+    assert _config(tmp_path, async_grpo=True).async_grpo  # the async trainer's way across processes
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ConfigError, match=r"^the async trainer does not support deepspeed \(.*fsdp2.yaml\)$"):
+        _config(tmp_path, async_grpo=True)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+
+    model = build_tiny_model(tmp_path / "mine")
+    with ScriptedServer(
+        {"agent": lambda body: "hi"}, model_roots={"agent": str(tmp_path / "theirs")}
+    ) as served:
+        config = _config(
+            tmp_path, model_name_or_path=str(model), async_grpo=True, vllm_server_base_url=served.base_url
+        )
+        with pytest.raises(ConfigError) as refused:
+            build_async_trainer(config, train_rows=_rows())
+    assert str(refused.value) == (
+        f"the vLLM server at {served.base_url.removesuffix('/v1')} serves {tmp_path / 'theirs'}, but the trainer "
+        f"trains {model}: start the server on the trainer's model ("
+        + str(refused.value).split("model (", 1)[1]
+    )
+    assert "\n" not in str(refused.value) and not (tmp_path / "out").exists()  # refused before anything ran
+    # The same folder, or a copy of it, is the trainer's model; another model is not.
+    import shutil
+
+    shutil.copytree(model, tmp_path / "copy")
+    assert _same_model(str(tmp_path / "copy"), str(model)) and _same_model(str(model), str(model))
+    assert not _same_model(str(build_tiny_model(tmp_path / "other", hidden_size=64)), str(model))
 
 
 # ---- on vLLM's CPU build -------------------------------------------------------------------------------------------
@@ -357,6 +409,96 @@ def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_poli
     assert min(groups) == saved["prompt_index"]  # not the first row again
     assert min(s.model_version for s in recorder.samples) == saved["model_version"] + 1  # synced, then on
     assert second.model_version == saved["model_version"] + 3  # the resume's sync and two steps
+
+
+ASYNC_RECIPE = """async: true
+use_cpu: true
+bf16: false
+per_device_train_batch_size: 4
+num_generations: 4
+learning_rate: 1.0e-4
+weight_decay: 1.0
+max_staleness: 2
+max_turns: 2
+max_turn_tokens: 24
+max_total_tokens: 96
+env_model: env
+reward_preset: reference
+logging_steps: 1
+save_strategy: steps
+save_steps: 1
+report_to: none
+seed: 0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(1200)
+def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_spend_cap(
+    agent_server, agent_model, tmp_path
+):
+    """The docs' command: accelerate launch with training/accelerate/fsdp2.yaml, 2 CPU processes (gloo), the loop
+    as the rollout worker on rank 0 and the weights going to the vLLM server after every step. Then --resume across
+    the two processes with a max_env_calls cap: it stops with a checkpoint (exit 4) before passing it, having
+    counted every call the environment was paid for, and the totals go on from the first run's."""
+    import torch
+    from safetensors.torch import load_file
+
+    root, _ = agent_server
+    (tmp_path / "recipe.yaml").write_text(ASYNC_RECIPE)
+    (tmp_path / "prices.yaml").write_text("env: {input: 1.0, output: 2.0}\n")  # dollars per 1M tokens
+    out = tmp_path / "run"
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.05) as env:
+
+        def launch(*extra: str):
+            return accelerate_launch(
+                ["--config_file", str(ROOT / "training/accelerate/fsdp2.yaml"), "--num_processes", "2",
+                 "-m", "prompt_r1", "train", "--config", str(tmp_path / "recipe.yaml"),
+                 "--model_name_or_path", str(agent_model), "--vllm_server_base_url", root,
+                 "--train_data", str(write_name_dataset(tmp_path / "names.jsonl", 16)),
+                 "--env-base-url", env.base_url, "--prices", str(tmp_path / "prices.yaml"),
+                 "--output_dir", str(out), *extra],
+                tmp_path,
+            )  # fmt: skip
+
+        first = launch("--max_steps", "2")
+        assert first.returncode == 0, f"exit {first.returncode}: {failure_lines(first.stderr)}"
+        paid_first = len(env.requests_for("env"))
+        state = json.loads((out / "checkpoint-2/trainer_state.json").read_text())
+        total_first = [row for row in state["log_history"] if "env/total_calls" in row][-1]["env/total_calls"]
+        # Room for a step's two groups and little more (a group may make 4 x 2 calls).
+        cap = int(total_first) + 20
+        second = launch("--max_steps", "50", "--resume", "--max_env_calls", str(cap))
+        paid = len(env.requests_for("env"))
+    assert "trained 2 steps" in first.stderr
+    # Sharded: the checkpoint is FSDP's, and the model was saved whole once.
+    assert (out / "checkpoint-2/pytorch_model_fsdp.bin").is_file()
+    # The weights the server last took are the trained ones: the file it reloaded equals the saved model (tied
+    # weights are sent once), the model moved, and the server sampled what the trainer computes (ratio ~ 1).
+    served = load_file(out / "vllm_weights/weights.safetensors")
+    saved = load_file(out / "model.safetensors")
+    start = load_file(agent_model / "model.safetensors")
+    assert served and all(torch.equal(served[k], saved[k]) for k in served)
+    assert any(not torch.equal(saved[k], start[k]) for k in served)
+    ratios = [row["ratio"] for row in state["log_history"] if "ratio" in row]
+    assert ratios and all(abs(r - 1.0) < 0.05 for r in ratios)
+    assert re.search(r"\$0\.\d{4} this step, \$0\.\d{4} total", first.stderr)
+    # Every call the worker paid for is in the total the checkpoint logged, trained or not.
+    assert total_first == paid_first
+
+    # Each rank exits 4; the launcher, as for any rank's non-zero exit, exits 1 and names it as the root cause.
+    assert second.returncode == 1, failure_lines(second.stderr)
+    assert re.search(r"exitcode\s*: 4 ", second.stderr), failure_lines(second.stderr)
+    assert re.search(r"prompt-r1: resuming at group \d+: .* environment calls", second.stderr)
+    assert "prompt-r1: stopped by the spend cap: max_env_calls" in second.stderr
+    last = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    assert int(last.name.split("-")[1]) > 2  # it trained on, then stopped with a checkpoint
+    logged = [row for row in json.loads((last / "trainer_state.json").read_text())["log_history"]
+              if "env/total_calls" in row]  # fmt: skip
+    assert paid <= cap and logged[-1]["env/total_calls"] == paid  # never past the cap, every call counted
+    back = next(row for row in logged if row["step"] == 2)
+    assert back["env/total_calls"] == total_first  # the first run's steps came back with their totals
 
 
 @pytest.mark.vllm

@@ -16,6 +16,7 @@ import re
 import time
 
 import pytest
+from helpers import wait_for
 
 from prompt_r1.agents.batching import derive_seed
 from prompt_r1.tasks.door_codes import (
@@ -294,3 +295,64 @@ def test_a_short_async_door_run_trains_on_each_groups_table_and_stops_its_server
     for figures in (run["before"], run["after"]):
         assert set(figures) == {"honest", "withheld", "lying", "asked_right", "from_reply"}
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_the_spend_cap_is_held_by_the_worker_and_every_call_it_paid_for_is_counted(tmp_path):
+    """max_env_calls under --async: the real worker, gated by the cap (`AsyncSpendCap.may_start`), starts no group
+    whose calls could take the run past it, and every call it paid for is counted and on disk in the call ledger,
+    keyed by its group, whether or not its samples are ever trained."""
+    from prompt_r1.agents.served import ServedAgent
+    from prompt_r1.clients.costs import PriceTable
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import AgentConfig
+    from prompt_r1.tasks.door_async import GroupKeyedEnvironment, door_worker_options
+    from prompt_r1.tasks.door_training import grpo_config
+    from prompt_r1.training.asynchronous.spend import AsyncSpendCap
+    from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
+    from prompt_r1.training.shared.ledger import CallLedger, LedgerEnvironment, ledger_path
+    from prompt_r1.training.shared.rewards import reward_functions
+    from prompt_r1.training.sync.rollout import GraphRollout
+
+    path, tokenizer = _door_tokenizer(tmp_path)
+    table = DoorTable(3)
+    served = ScriptedServer(
+        {"agent": _door_agent(tokenizer, copy=True)}, tokenizer=tokenizer, vllm_version="0.31.0",
+        model_roots={"agent": str(path)},
+    )  # fmt: skip
+    with served, ScriptedServer({"env": door_environment(table)}, latency=0.05) as env:
+        config = grpo_config(tmp_path / "out", path, env.base_url, num_generations=4)
+        ledger = CallLedger.open(ledger_path(config.output_dir, 0), {"seed": 3})
+        environment = LedgerEnvironment(
+            GroupKeyedEnvironment(EnvironmentClient(config.environment_config())),
+            ledger,
+            PriceTable.load(None),
+        )
+        agent = ServedAgent(
+            AgentConfig(model="agent", base_url=served.base_url, token_exact="on", tokenizer=str(path),
+                        max_new_tokens=32),
+            api_key="unused-key",
+        )  # fmt: skip
+        worker = GraphRolloutWorker(
+            training_rows(40, seed=3), agent=agent, environment=environment,
+            rollout=GraphRollout(environment, loop=config.loop_config()), rewards=reward_functions(config),
+            num_generations=4, max_inflight=16, **door_worker_options(table),
+        )  # fmt: skip
+        # A group may make 4 episodes x 2 turns = 8 calls; each of these episodes makes one.
+        cap = AsyncSpendCap(None, environment, worker, group_calls=8, max_calls=22)
+        worker.may_start = cap.may_start
+        worker.start()
+        try:
+            wait_for(lambda: worker.capped is not None and not worker.running, "the worker to be capped", 120)
+            worker.check_health(60)
+        finally:
+            worker.stop()
+        paid = len(env.requests)
+    assert "max_env_calls 22" in worker.capped
+    assert (
+        14 < paid <= 22
+    )  # up to the cap, never past it: the last group's 8 possible calls would have passed it
+    assert ledger.totals()["calls"] == environment.take().calls == paid  # every paid call counted and on disk
+    groups = worker.groups_done
+    assert (
+        ledger.totals()["steps"] == groups and groups * 4 == paid
+    )  # keyed by group: one call an episode here

@@ -149,6 +149,20 @@ def test_train_refuses_an_empty_ledger_before_any_call(tiny_model_path, tmp_path
     assert path.read_bytes() == b""
 
 
+def test_train_refuses_fewer_rows_than_one_step_takes_before_any_call(tiny_model_path, tmp_path, capsys):
+    """The sampler deals a step's prompts across the processes and drops a short batch: with fewer rows there is
+    no step to run: 8 rows, and 36 episodes in groups of 4 take 9 prompts a step (N processes: 9N)."""
+    out = tmp_path / "run"
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        code = cli_main(_train(tiny_model_path, tmp_path, server, out, "--per_device_train_batch_size", "36"))
+        assert server.requests_for("env") == []
+    last = _refused(capsys)
+    assert code == 2 and last == (
+        "prompt-r1: error: the training data has 8 rows, but one step takes 9 (per_device_train_batch_size 36 x 1 "
+        "process x 1 / num_generations 4): add rows, or lower per_device_train_batch_size or the processes"
+    )
+
+
 def test_train_resume_refuses_a_garbage_checkpoint_in_one_line(tiny_model_path, tmp_path, capsys):
     out = tmp_path / "run"
     checkpoint = out / "checkpoint-1"

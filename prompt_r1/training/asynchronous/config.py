@@ -5,7 +5,7 @@ both trainers share (`prompt_r1.training.shared.config.PromptR1Fields`).
                                      vllm_server_base_url="http://127.0.0.1:8000", env_model="gpt-4o-mini")
 
 It has only the keys this trainer honours. A key of the synchronous trainer it does not have (`beta`, `loss_type`,
-`use_vllm`, the spend cap, ...) is refused when the config is built, in one line naming it and what to do instead;
+`use_vllm`, reproducible rollouts, ...) is refused when the config is built, in one line naming it and what to do instead;
 so is a key TRL's async config has but the Prompt-R1 rollout worker does not use (`top_k`, ...), when set.
 `agent_dtype` is the model's dtype (TRL's `dtype` follows it), and `max_total_tokens` the trajectory's length.
 """
@@ -17,7 +17,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.shared.config import PromptR1Fields, field_help, refuse_unknown_keys
+from prompt_r1.training.shared.config import (
+    PromptR1Fields,
+    check_spend_caps,
+    field_help,
+    refuse_unknown_keys,
+)
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the documented way in; no banner
 from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: E402
@@ -37,13 +42,8 @@ ASYNC_UNSUPPORTED: dict[str, str] = {
     "vllm_importance_sampling_correction": "it always corrects with its clipped ratio: drop it",
     "top_entropy_quantile": "it has no entropy masking: drop top_entropy_quantile",
     "vllm_sync_check": "its sync is checked by its importance ratio (logged as `ratio`): drop it",
-    # The spend cap counts by step, and the async worker's episodes run across policy versions, outside any step.
-    "max_env_cost": "it has no spend cap yet: use the synchronous trainer, or the provider's limit",
-    "max_env_calls": "it has no spend cap yet: use the synchronous trainer, or the provider's limit",
     "reproducible_rollouts": "the worker's episodes finish in whatever order the servers answer, across policy "
     "versions: drop it",
-    "call_ledger": "the ledger keys each call by its step and episode, and the worker's episodes belong to no "
-    "step: drop it",
 }
 # Keys of TRL's async config that the Prompt-R1 rollout worker does not read (TRL's own worker does): refused
 # when set, with why.
@@ -75,6 +75,26 @@ class PromptR1AsyncGRPOConfig(AsyncGRPOConfig, PromptR1Fields):
         default=0,
     )
 
+    # Spending on the environment (prompt_r1/training/asynchronous/spend.py; docs: asynchronous GRPO).
+    call_ledger: bool = field_help(
+        "Record every environment call the rollout worker pays for in OUTPUT_DIR/call_ledger/ (SQLite, one file "
+        "per process), keyed by group, episode and turn: the spend total survives a crash exactly, and a resumed "
+        "run says what the groups it plays again had cost. Its sampling is not reproducible, so a replayed "
+        "group's calls are mostly paid again.",
+        default=True,
+    )
+    max_env_cost: float | None = field_help(
+        "Stop, with a checkpoint, before the environment's cost (dollars, every call the rollout worker paid for, "
+        "trained or dropped as stale, all processes, all restarts) passes this; the worker starts no group that "
+        "could pass it at the dearest call seen so far.",
+        default=None,
+    )
+    max_env_calls: int | None = field_help(
+        "Stop, with a checkpoint, before the environment calls pass this: the worker starts no group whose "
+        "episodes could take the calls past it (num_generations x max_turns calls each).",
+        default=None,
+    )
+
     # Which trainer a config is for (`prompt_r1.training.run.train` picks the builder by it).
     async_grpo = True
 
@@ -85,11 +105,15 @@ class PromptR1AsyncGRPOConfig(AsyncGRPOConfig, PromptR1Fields):
             if getattr(self, name) != _default(name)
             and not (name == "dtype" and self.dtype == self.agent_dtype)
         ]
-        if self.deepspeed:
-            refused.append("deepspeed (it runs on FSDP2 or one device, not DeepSpeed)")
+        if self.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+            refused.append(
+                "deepspeed (it runs on FSDP2 or one device, not DeepSpeed: accelerate launch --config_file "
+                "training/accelerate/fsdp2.yaml)"
+            )
         if refused:
             raise ConfigError("the async trainer does not support " + "; ".join(refused))
         self.check_prompt_r1()
+        check_spend_caps(self)
         self.dtype = self.agent_dtype
         if isinstance(self.model_init_kwargs, dict):  # the dtype is agent_dtype's
             self.model_init_kwargs = {k: v for k, v in self.model_init_kwargs.items() if k != "dtype"} or None

@@ -32,7 +32,8 @@ __all__ = ["cpu_trainer", "install", "tree_attention", "varlen_attention"]
 
 @contextlib.contextmanager
 def cpu_trainer(device: Any) -> Iterator[None]:
-    """While an `AsyncGRPOTrainer` is built for a `device` that is not CUDA: no peak-FLOPs lookup (no MFU)."""
+    """While an `AsyncGRPOTrainer` is built for a `device` that is not CUDA: no peak-FLOPs lookup (no MFU), and
+    FSDP2 across CPU processes when `accelerate launch` asks for it (`fsdp_on_cpu`)."""
     import torch
     import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
 
@@ -41,10 +42,44 @@ def cpu_trainer(device: Any) -> Iterator[None]:
         return
     original = trainer_module.get_peak_flops_per_device
     trainer_module.get_peak_flops_per_device = lambda accelerator, dtype: None
+    fsdp_on_cpu()
     try:
         yield
     finally:
         trainer_module.get_peak_flops_per_device = original
+
+
+def fsdp_on_cpu() -> bool:
+    """Let accelerate shard with FSDP across CPU processes (gloo). Returns whether it was asked for.
+
+    `accelerate launch` with an FSDP config sets ACCELERATE_USE_FSDP, but accelerate enables FSDP only for GPU-like
+    devices: on CPU it builds plain data parallelism (DDP) and ignores the config. torch's `fully_shard` runs on CPU
+    with gloo all the same, so an accelerate state of CPU processes that holds the FSDP plugin accelerate made from
+    the launch's settings becomes FSDP. Every `AcceleratorState()` copies the process state's type again (CPU), so
+    the hook stays for the process's life (a training process). Nothing changes outside `accelerate launch` with an
+    FSDP config."""
+    import os
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return False
+    from accelerate import state as accelerate_state
+    from accelerate.utils import DistributedType
+
+    original = accelerate_state.AcceleratorState.__init__
+    if getattr(original, "fsdp_on_cpu", False):
+        return True
+
+    def init(self: Any, *args: Any, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        plugin = getattr(self, "fsdp_plugin", None) or fsdp_plugin
+        if self.distributed_type == DistributedType.MULTI_CPU and plugin is not None:
+            if getattr(self, "fsdp_plugin", None) is None and self._mixed_precision != "no":
+                plugin.set_mixed_precision(self._mixed_precision)  # as accelerate does on GPUs
+            self.distributed_type, self.fsdp_plugin = DistributedType.FSDP, plugin
+
+    init.fsdp_on_cpu = True
+    accelerate_state.AcceleratorState.__init__ = init
+    return True
 
 
 def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, scale: float | None = None):

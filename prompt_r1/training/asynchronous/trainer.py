@@ -11,7 +11,14 @@ are trained with TRL's clipped importance ratio against the log-probabilities th
 
 The config is the trainer's own, `PromptR1AsyncGRPOConfig` (TRL's `AsyncGRPOConfig` with the Prompt-R1 fields),
 handed to TRL as it is: the settings of the synchronous trainer it does not have (a KL term `beta`, other loss
-types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built.
+types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built. The
+environment is priced, counted and recorded in the call ledger for the spend caps
+(`prompt_r1.training.asynchronous.spend`). A vLLM server that loaded another model than `model_name_or_path` is
+refused before anything loads.
+
+Across processes (`accelerate launch --config_file training/accelerate/fsdp2.yaml`) TRL shards with FSDP2: rank 0
+runs the worker and sends the weights, each parameter gathered once across the ranks; the model is saved whole
+by rank 0 the same way (`save_model`).
 
 On CPU two of TRL's GPU assumptions are replaced: the tree attention's flash-attention kernel
 (`prompt_r1.training.asynchronous.on_cpu`) and the NCCL weight transfer (`FileWeightTransfer`); mixed precision is
@@ -82,6 +89,7 @@ def trainer_class() -> type:
                     worker.start_group = self._groups_before_resume = int(saved["prompt_index"])
                     self.model_version = int(saved.get("model_version", 0))
                     worker.update_model_version(self.model_version)
+                    self._say_resume_cost(worker.start_group)
                 elif state is not None:
                     raise ConfigError(
                         f"{checkpoint} has no {ROLLOUT_STATE}, which the async trainer saves with every checkpoint "
@@ -89,21 +97,83 @@ def trainer_class() -> type:
                     )
             return super()._inner_training_loop(*args, **kwargs)
 
+        def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+            """Under FSDP2, the model saved whole by the main process, each parameter gathered once across the
+            ranks (every rank takes part in each gather, in the same order). transformers' own FSDP2 save hands
+            `save_pretrained` a state dict in which tied weights are still sharded, and the main process alone then
+            gathers them: a collective the other ranks never join."""
+            if not self.accelerator.is_fsdp2:
+                return super().save_model(output_dir, _internal_call)
+            from torch.distributed.tensor import DTensor
+
+            full: dict[str, Any] = {}
+            gathered: dict[int, Any] = {}  # tied weights: one gather, one tensor
+            for name, tensor in self.accelerator.unwrap_model(self.model).state_dict().items():
+                if id(tensor) not in gathered:
+                    value = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                    gathered[id(tensor)] = value.detach().to("cpu") if self.args.should_save else None
+                full[name] = gathered[id(tensor)]
+            if self.args.should_save:
+                self._save(output_dir or self.args.output_dir, state_dict=full)
+
+        def _say_resume_cost(self, first_group: int) -> None:
+            """Print, on the main process, what the resume plays (and pays) again (`spend.resume_cost`)."""
+            import sys
+
+            from prompt_r1.training.asynchronous.spend import AsyncSpendCap, resume_cost
+
+            cap = next((c for c in self.callback_handler.callbacks if isinstance(c, AsyncSpendCap)), None)
+            if cap is None or not self.accelerator.is_main_process:
+                return
+            line = resume_cost(cap.environment, first_group) or (
+                f"resuming at group {first_group} without a call ledger: the calls paid after the checkpoint are "
+                "not in the spend total, and the groups they belonged to are played and paid again"
+            )
+            print(f"prompt-r1: {line}", file=sys.stderr)
+
     return PromptR1AsyncTrainer
 
 
-def _served_model(base_url: str, timeout: float = 30.0) -> str:
-    """The name the vLLM server at `base_url` serves its model under (its first `/v1/models` entry)."""
+def _served_model(base_url: str, model: str | None = None, timeout: float = 30.0) -> str:
+    """The name the vLLM server at `base_url` serves its model under (its first `/v1/models` entry). With `model`
+    (the trainer's `model_name_or_path`), refuse a server that loaded another model: the trainer's weights would
+    go to a model of another shape, or train a policy the server does not sample from."""
+    from prompt_r1.training.shared.vllm_reload import server_start_command
+
     try:
         with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout) as response:
-            return json.loads(response.read())["data"][0]["id"]
+            entry = json.loads(response.read())["data"][0]
+            name = entry["id"]
     except (OSError, ValueError, KeyError, IndexError) as exc:
-        from prompt_r1.training.shared.vllm_reload import server_start_command
-
         raise ConfigError(
             f"no vLLM server answers at {base_url} ({exc}): the async trainer's agent is served by one; start it "
             f"as {server_start_command()} and set vllm_server_base_url"
         ) from None
+    loaded = entry.get("root")  # where vLLM loaded it from (a server that does not say is taken at its word)
+    if model is not None and loaded and not _same_model(str(loaded), str(model)):
+        raise ConfigError(
+            f"the vLLM server at {base_url} serves {loaded}, but the trainer trains {model}: start the server on "
+            f"the trainer's model ({server_start_command()}, with {model}), or set model_name_or_path to its model"
+        )
+    return name
+
+
+def _same_model(served: str, trained: str) -> bool:
+    """Whether the server's model is the trainer's: the same folder or hub id, or a copy of the same folder (its
+    config.json the same)."""
+    from pathlib import Path
+
+    if served == trained:
+        return True
+    a, b = Path(served), Path(trained)
+    if not (a.is_dir() and b.is_dir()):
+        return False
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return json.loads((a / "config.json").read_text()) == json.loads((b / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def build_async_trainer(
@@ -128,13 +198,14 @@ def build_async_trainer(
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
     from prompt_r1.runs.metering import environment_cost
-    from prompt_r1.training.asynchronous import on_cpu
+    from prompt_r1.training.asynchronous import on_cpu, spend
     from prompt_r1.training.asynchronous.weight_transfer import weight_transfer_for
     from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
     from prompt_r1.training.shared import progress
     from prompt_r1.training.shared.lora import peft_config
     from prompt_r1.training.shared.rewards import reward_functions
     from prompt_r1.training.shared.rows import load_training_rows
+    from prompt_r1.training.shared.spend import paid_environment
     from prompt_r1.training.shared.trajectories import Trajectories
 
     if not getattr(config, "async_grpo", False):
@@ -143,18 +214,21 @@ def build_async_trainer(
             "trainer_config(async_grpo=True, ...)) for the async trainer"
         )
     args = config
+    check_model_source(config.model_name_or_path, "model_name_or_path")
+    root = config.vllm_server_base_url.rstrip("/").removesuffix("/v1")
+    served = _served_model(root, config.model_name_or_path)  # before anything loads
     if environment is None:
         environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
+    # Priced and counted for the spend caps, every call the worker pays for; recorded in this process's ledger.
+    environment = paid_environment(config, environment)
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
-    check_model_source(config.model_name_or_path, "model_name_or_path")
     tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if tokenizer.chat_template is None:
         raise ConfigError(f"the agent tokenizer of {config.model_name_or_path!r} has no chat template")
-    root = config.vllm_server_base_url.rstrip("/").removesuffix("/v1")
     agent = ServedAgent(
         AgentConfig(
-            model=_served_model(root),
+            model=served,
             base_url=f"{root}/v1",
             tokenizer=config.model_name_or_path,
             token_exact="on",
@@ -202,4 +276,5 @@ def build_async_trainer(
         )
     on_cpu.install(trainer.accelerator.device)
     progress.install(trainer)
+    spend.install(trainer, environment, config, worker)  # env/cost per step; max_env_cost and max_env_calls
     return trainer

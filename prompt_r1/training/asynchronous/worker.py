@@ -50,6 +50,7 @@ from prompt_r1.core.aio import background_loop
 from prompt_r1.core.errors import PromptR1Error
 from prompt_r1.loop.graph import build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
+from prompt_r1.training.shared.ledger import call_scope
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
 
 __all__ = ["GraphRolloutWorker", "RolloutFailed", "group_advantages"]
@@ -100,6 +101,7 @@ class GraphRolloutWorker:
         price: Callable[[dict[str, Any]], float | None] | None = None,
         group_row: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
         episode_metrics: Callable[[int, dict[str, Any], Episode], dict[str, float]] | None = None,
+        may_start: Callable[[set[int]], str | None] | None = None,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -115,6 +117,10 @@ class GraphRolloutWorker:
             price  # an episode's state -> its dollars (the environment's calls), for rollout/cost_usd_total
         )
         self.group_row, self.episode_metrics = group_row, episode_metrics
+        # The spend caps' gate (`prompt_r1.training.asynchronous.spend`): given the groups in flight, why the next
+        # group must not start (None: it may). `capped` is that reason once no group can start any more.
+        self.may_start, self.capped = may_start, None
+        self._draining = threading.Event()
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue()
         self.model_version = 0
@@ -129,6 +135,7 @@ class GraphRolloutWorker:
         self._future: Any = None
         self._heartbeat = time.time()
         self._failed_in_a_row = 0
+        self.running: set[int] = set()  # the groups started and not finished
 
     # ---- RolloutWorkerProtocol -------------------------------------------------------------------------------
 
@@ -148,6 +155,14 @@ class GraphRolloutWorker:
             with contextlib.suppress(BaseException):
                 self._future.result(timeout=30)
 
+    def drain(self, timeout: float = 600.0) -> None:
+        """Start no more groups and wait, up to `timeout` s, for those in flight to finish (their calls are paid
+        and counted, their samples queued): what a stop at the spend cap does before its checkpoint."""
+        self._draining.set()
+        if self._future is not None:
+            with contextlib.suppress(BaseException):  # done, or the error check_health reports
+                self._future.result(timeout=timeout)
+
     def update_model_version(self, model_version: int) -> None:
         self.model_version = model_version
 
@@ -155,7 +170,16 @@ class GraphRolloutWorker:
         """Raise `RolloutFailed` if the worker stopped on an error, died, or produced nothing for `stale_after_s`."""
         if self.error is not None:
             raise RolloutFailed(self.error)
-        if self._future is not None and self._future.done() and not self._stop.is_set():
+        if self.capped is not None and not self.running and self.rollout_buffer.empty():
+            from prompt_r1.training.shared.spend import SpendCapReached
+
+            # The trainer waits for samples no group will bring (some dropped as stale or unscored).
+            raise SpendCapReached(
+                f"the rollout worker can start no more groups ({self.capped}) and the trainer has too few samples "
+                "for its step; the last checkpoint is the run's: resume with a higher cap to go on"
+            )
+        ended = self._stop.is_set() or self._draining.is_set() or self.capped is not None  # on purpose
+        if self._future is not None and self._future.done() and not ended:
             exc = None if self._future.cancelled() else self._future.exception()
             raise RolloutFailed(f"the rollout worker stopped: {exc!r}")
         age = time.time() - self._heartbeat
@@ -183,18 +207,39 @@ class GraphRolloutWorker:
         try:
             for group_id in itertools.count(self.start_group):
                 await slots.acquire()
-                if self._stop.is_set() or self.error is not None:
+                if not await self._may_go_on(tasks):
+                    slots.release()
+                    # Drained or capped: the groups in flight finish (their calls are paid), none starts.
+                    await asyncio.gather(*tasks, return_exceptions=True)
                     break
                 row = self.rows[group_id % len(self.rows)]
                 if self.group_row is not None:
                     row = self.group_row(group_id, row)
                 task = asyncio.get_running_loop().create_task(self._group(runner, group_id, row))
                 tasks.add(task)
-                task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
+                self.running.add(group_id)
+                task.add_done_callback(
+                    lambda t, g=group_id: (tasks.discard(t), slots.release(), self.running.discard(g))
+                )
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _may_go_on(self, tasks: set[asyncio.Task]) -> bool:
+        """Whether the next group may start: not stopped, draining or failed, and within the spend cap. A group the
+        cap refuses waits for one in flight to finish (freeing its share); with none in flight the cap is
+        reached for good (`capped`)."""
+        while True:
+            if self._stop.is_set() or self._draining.is_set() or self.error is not None:
+                return False
+            why = self.may_start(set(self.running)) if self.may_start is not None else None
+            if why is None:
+                return True
+            if not tasks:
+                self.capped = why
+                return False
+            await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
 
     async def _group(self, runner: EpisodeRunner, group_id: int, row: dict[str, Any]) -> None:
         try:
@@ -202,9 +247,13 @@ class GraphRolloutWorker:
             started = time.monotonic()
             question = question_of(row["prompt"])
             tag = {"rollout_group": group_id}
-            episodes = await asyncio.gather(
-                *(runner.run(question, metadata=tag) for _ in range(self.num_generations))
-            )
+
+            async def episode(index: int) -> Episode:
+                # The call ledger keys each call by its group (as the step), episode and turn.
+                with call_scope(step=group_id, training=True, call=0, episode=index):
+                    return await runner.run(question, metadata=tag)
+
+            episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
             await self._deliver(group_id, row, version, episodes, time.monotonic() - started)
         except asyncio.CancelledError:
             raise
@@ -235,7 +284,7 @@ class GraphRolloutWorker:
         for sample in samples:
             sample.enqueued_at = time.time()
             while True:  # backpressure: a full queue waits for the trainer, without blocking the event loop
-                if self._stop.is_set():
+                if self._stop.is_set() or self._draining.is_set():  # the run ends: its calls are counted already
                     return
                 try:
                     self.rollout_buffer.put_nowait(sample)

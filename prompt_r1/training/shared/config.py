@@ -217,6 +217,14 @@ class PromptR1Fields(EnvironmentFields):
         return str(project) if project.exists() else self.train_data
 
 
+def check_spend_caps(config: Any) -> None:
+    """`max_env_cost` and `max_env_calls`, of either trainer: unset, or a positive finite number."""
+    for name in ("max_env_cost", "max_env_calls"):
+        value = getattr(config, name)
+        if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
+            raise ConfigError(f"{name} must be a positive number (or unset for no cap), got {value!r}")
+
+
 def refuse_unknown_keys(cls: type, trainer: str, reasons: Callable[[str], str]) -> type:
     """Wrap the dataclass `cls`'s constructor so that a key it does not have is one `ConfigError` line naming the
     key and, from `reasons(key)`, what to do instead, rather than Python's TypeError. `trainer` names the trainer

@@ -202,14 +202,23 @@ class CallLedger:
                 ),
             )
 
-    def totals(self) -> dict[str, float]:
-        """Every call this process has paid for in the run, over all its restarts."""
+    def totals(self, *, from_step: int | None = None) -> dict[str, float]:
+        """Every call this process has paid for in the run, over all its restarts; `from_step`: those of that
+        step and later only (under the async trainer a call's step is its rollout group)."""
+        where, args = ("WHERE step >= ?", (from_step,)) if from_step is not None else ("", ())
         with self._lock:
-            calls, tokens_in, tokens_out, cost = self.connection.execute(
+            calls, tokens_in, tokens_out, cost, steps = self.connection.execute(
                 "SELECT COUNT(*), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), "
-                "COALESCE(SUM(cost), 0.0) FROM calls"
+                f"COALESCE(SUM(cost), 0.0), COUNT(DISTINCT step) FROM calls {where}",
+                args,
             ).fetchone()
-        return {"calls": calls, "tokens_in": tokens_in, "tokens_out": tokens_out, "cost": cost}
+        return {
+            "calls": calls,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost": cost,
+            "steps": steps,
+        }
 
     def close(self) -> None:
         self.connection.close()
@@ -280,13 +289,18 @@ class LedgerEnvironment:
     def __init__(self, inner: Any, ledger: CallLedger | None, prices: PriceTable) -> None:
         self.inner, self.ledger, self.prices = inner, ledger, prices
         self.spend = StepSpend()
+        # The async trainer's worker counts on its event loop's thread while the trainer takes on its own.
+        self._counting = threading.Lock()
+        self.dearest: float | None = None  # the highest price of one call so far (None: none priced yet)
+        self.by_step: dict[int, int] = {}  # calls per scope step (the async worker's: per rollout group)
         self.model = str(
             getattr(inner, "model_name", None) or getattr(getattr(inner, "config", None), "model", "")
         )
 
     def take(self) -> StepSpend:
         """The counters since the last take, reset."""
-        spend, self.spend = self.spend, StepSpend()
+        with self._counting:
+            spend, self.spend = self.spend, StepSpend()
         return spend
 
     async def respond(
@@ -318,15 +332,25 @@ class LedgerEnvironment:
                        request_hash(self.model, messages))  # fmt: skip
 
     def _count(self, reply: EnvironmentReply, cost: float | None, *, replayed: bool) -> None:
-        spend = self.spend
-        spend.calls += 1
-        spend.replayed += int(replayed)
-        spend.tokens_in += reply.input_tokens
-        spend.tokens_out += reply.output_tokens
-        if cost is None:
-            spend.unpriced += 1
-        else:
-            spend.cost += cost
+        with self._counting:
+            spend = self.spend
+            spend.calls += 1
+            spend.replayed += int(replayed)
+            spend.tokens_in += reply.input_tokens
+            spend.tokens_out += reply.output_tokens
+            if cost is None:
+                spend.unpriced += 1
+            else:
+                spend.cost += cost
+                self.dearest = max(cost, self.dearest or 0.0)
+            scope = _scope.get()
+            if scope is not None:
+                self.by_step[scope.step] = self.by_step.get(scope.step, 0) + 1
+
+    def pending(self) -> StepSpend:
+        """A copy of the counters since the last take, left in place."""
+        with self._counting:
+            return StepSpend(**vars(self.spend))
 
     def __getattr__(self, name: str) -> Any:  # retries, members, config, name ...: the wrapped environment's
         return getattr(self.inner, name)

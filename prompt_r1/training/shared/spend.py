@@ -93,7 +93,7 @@ class SpendCap(TrainerCallback):
             last = logged[-1]
             self.base = {"cost": last.get("env/total_cost", 0.0), "calls": last.get("env/total_calls", 0.0)}
             self._check_ledger(last.get("env/total_calls", 0.0), state.global_step, args.output_dir)
-        self.environment.take()  # calls made before training (none in a normal run) belong to no step
+        self._before_training()
         if state.global_step >= state.max_steps:
             return
         reason = self._over(self._totals(), state)
@@ -103,6 +103,9 @@ class SpendCap(TrainerCallback):
                 f"nothing run: {reason} at step {state.global_step} (the run's last checkpoint); "
                 "resume with a higher cap to go on"
             )
+
+    def _before_training(self) -> None:
+        self.environment.take()  # calls made before training (none in a normal run) belong to no step
 
     def _check_ledger(self, logged_calls: float, step: int, output_dir: str) -> None:
         """A ledger only grows, so one holding fewer calls than the checkpoint logged as paid lost some (deleted

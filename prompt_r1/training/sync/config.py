@@ -16,7 +16,12 @@ from dataclasses import dataclass, fields
 from trl import GRPOConfig
 
 from prompt_r1.core.errors import ConfigError
-from prompt_r1.training.shared.config import PromptR1Fields, field_help, refuse_unknown_keys
+from prompt_r1.training.shared.config import (
+    PromptR1Fields,
+    check_spend_caps,
+    field_help,
+    refuse_unknown_keys,
+)
 
 __all__ = ["PromptR1GRPOConfig"]
 
@@ -60,10 +65,14 @@ class PromptR1GRPOConfig(GRPOConfig, PromptR1Fields):
     async_grpo = False
 
     def __post_init__(self) -> None:
+        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+            raise ConfigError(
+                "the synchronous trainer does not run on FSDP: launch it with training/accelerate/"
+                "deepspeed_zero2.yaml (or deepspeed_zero3.yaml), or train with --async, whose trainer shards with "
+                "FSDP2 (training/accelerate/fsdp2.yaml)"
+            )
         self.check_prompt_r1()
-        for name, value in (("max_env_cost", self.max_env_cost), ("max_env_calls", self.max_env_calls)):
-            if value is not None and not (isinstance(value, int | float) and 0 < value < float("inf")):
-                raise ConfigError(f"{name} must be a positive number (or unset for no cap), got {value!r}")
+        check_spend_caps(self)
         super().__post_init__()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.shared.lora import peft_config
 from prompt_r1.training.shared.rewards import reward_functions
-from prompt_r1.training.shared.rows import load_training_rows
+from prompt_r1.training.shared.rows import check_rows_per_step, load_training_rows
 from prompt_r1.training.sync.config import PromptR1GRPOConfig
 from prompt_r1.training.sync.rollout import GraphRollout
 
@@ -59,6 +59,7 @@ def build_trainer(
     environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
+    check_rows_per_step(config, len(train_rows))
     check_model_source(config.model_name_or_path, "model_name_or_path")
     if config.model_init_kwargs is None:
         config.model_init_kwargs = {}
