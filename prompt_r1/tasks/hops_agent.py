@@ -56,6 +56,7 @@ __all__ = [
     "mixture_episodes",
     "reading_episodes",
     "skill_shares",
+    "whole_chain_stage",
 ]
 
 
@@ -212,6 +213,37 @@ def skill_shares(path: str | Path, *, samples: int = 0, seed: int = 0) -> dict[s
     return shares
 
 
+def whole_chain_stage(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = 300,
+    episodes: int = 256,
+    batch_size: int = 64,
+    **shape: Any,
+) -> Path:
+    """The build's first round: a new tiny model fine-tuned `steps` steps on `episodes` whole chains
+    (`reading_episodes`), with the task's words in its tokenizer. No check: `build_hops_model` checks it and goes on;
+    a test that needs a model that plays the protocol, not a skilled one, uses it alone."""
+    from prompt_r1.core.prompts import INSTRUCTION_TEMPLATE
+    from prompt_r1.testing.tiny_models import build_protocol_model
+
+    table = Table(seed)
+    corpus = [
+        *(question_for(n) for n in KIND),
+        *(f"{ask_about(n)} {render(n, table.step(n))}" for n in KIND),
+        *(f"The {r} room code is {c}." for r in ROOMS for c in CODES),
+        f"{NAME_SOME} {NAME_ONE} {ASK_NOTHING} {WITHHELD} {ASKED}",
+        *(ANSWER.format(thought=t, code=c) for c in CODES for t in ("ok", "guess")),
+    ]
+    tags = [f"<{t}>" for t in ("think", "interaction_prompt", "answer", "interaction_response")]
+    tags += [t.replace("<", "</") for t in tags]
+    return build_protocol_model(
+        path, reading_episodes(episodes, seed=seed), corpus=corpus, added_tokens=[INSTRUCTION_TEMPLATE, *tags],
+        seed=seed, batch_size=batch_size, steps=steps, **shape,
+    )  # fmt: skip
+
+
 def build_hops_model(
     path: str | Path,
     *,
@@ -230,26 +262,12 @@ def build_hops_model(
     still fails. The figures go to PATH/hops_build.json, written last."""
     import json
 
-    from prompt_r1.core.prompts import INSTRUCTION_TEMPLATE
     from prompt_r1.testing.tiny_models import build_protocol_model
 
-    table = Table(seed)
-    corpus = [
-        *(question_for(n) for n in KIND),
-        *(f"{ask_about(n)} {render(n, table.step(n))}" for n in KIND),
-        *(f"The {r} room code is {c}." for r in ROOMS for c in CODES),
-        f"{NAME_SOME} {NAME_ONE} {ASK_NOTHING} {WITHHELD} {ASKED}",
-        *(ANSWER.format(thought=t, code=c) for c in CODES for t in ("ok", "guess")),
-    ]
-    tags = [f"<{t}>" for t in ("think", "interaction_prompt", "answer", "interaction_response")]
-    tags += [t.replace("<", "</") for t in tags]
     path = Path(path)
     reading = reading_episodes(episodes // 2, seed=seed)
     _say(f"seed {seed}: fine-tuning a tiny model on whole chains, {steps} steps a round")
-    build_protocol_model(
-        path, reading, corpus=corpus, added_tokens=[INSTRUCTION_TEMPLATE, *tags], seed=seed,
-        batch_size=batch_size, steps=steps, **shape,
-    )  # fmt: skip
+    whole_chain_stage(path, seed=seed, steps=steps, episodes=episodes // 2, batch_size=batch_size, **shape)
     reading_steps, greedy = steps, skill_shares(path, seed=seed)
     _say(f"seed {seed}: {reading_steps} whole-chain steps, greedy {_shares(greedy)}")
     while (
