@@ -264,13 +264,33 @@ async def run_batch(
     # run on it is refused here, before it reads a row or calls anything.
     with hold_output(settings.out, "--out" if settings.flags else "the output"):
         return await _run_batch(
-            settings, agent, environment, loop, prices, log, redact, path, agent_model, environment_config,
-            cache, manifest,
+            settings,
+            agent,
+            environment,
+            loop,
+            prices,
+            log,
+            redact,
+            path,
+            agent_model,
+            environment_config,
+            cache,
+            manifest,
         )
 
 
 async def _run_batch(
-    settings, agent, environment, loop, prices, log, redact, path, agent_model, environment_config, cache=None,
+    settings,
+    agent,
+    environment,
+    loop,
+    prices,
+    log,
+    redact,
+    path,
+    agent_model,
+    environment_config,
+    cache=None,
     manifest=None,
 ) -> BatchSummary:
     """`run_batch`'s run, with the results file held."""

@@ -284,7 +284,9 @@ class GraphRolloutWorker:
         for sample in samples:
             sample.enqueued_at = time.time()
             while True:  # backpressure: a full queue waits for the trainer, without blocking the event loop
-                if self._stop.is_set() or self._draining.is_set():  # the run ends: its calls are counted already
+                if (
+                    self._stop.is_set() or self._draining.is_set()
+                ):  # the run ends: its calls are counted already
                     return
                 try:
                     self.rollout_buffer.put_nowait(sample)
