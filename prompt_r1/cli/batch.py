@@ -27,7 +27,8 @@ from prompt_r1.cli.records import (
     open_run_cache,
 )
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
+from prompt_r1.clients.environment import OPENAI_BASE_URL
+from prompt_r1.clients.environment_pool import EnvironmentPool
 from prompt_r1.clients.response_cache import use_cache
 from prompt_r1.core import redaction, signals
 from prompt_r1.core.checks import flag_number
@@ -263,10 +264,11 @@ def _manifest(args, settings: BatchSettings, agent_cfg, env_cfg, loop_cfg, envir
     from prompt_r1.data.datasets import resolve_source
 
     source = resolve_source(settings.source)[0].resolve()  # one file however it is named
-    runs_on = {"input": str(source), "limit": settings.limit, "shard": args.shard,
+    # --limit only says how many rows to run, not what a row measures: a run on the first N rows may go on to all.
+    runs_on = {"input": str(source), "shard": args.shard,
                "agent": measured(agent_cfg), "environment": env_measured, "loop": dataclasses.asdict(loop_cfg)}  # fmt: skip
     operational = {
-        "concurrency": settings.concurrency, "max_failures": settings.max_failures, "budget": settings.budget,
+        "limit": settings.limit, "concurrency": settings.concurrency, "max_failures": settings.max_failures, "budget": settings.budget,
         "out": settings.out, "checkpoint": settings.checkpoint, "summary": settings.summary,
         "env_pool": args.env_pool, "env_cache": args.env_cache, "env_cache_always": args.env_cache_always,
         "agent": dataclasses.asdict(agent_cfg), "environment": dataclasses.asdict(env_cfg),
