@@ -16,6 +16,7 @@ from typing import Any
 from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.runs.estimate import EpisodeShape, Estimate, TokenCounter
+from prompt_r1.runs.estimate_report import render_estimate
 
 __all__ = [
     "add_dry_run_flags",
@@ -109,7 +110,7 @@ def print_estimate(estimate: Estimate, style: str) -> int:
     if style == "json":
         print(json.dumps(estimate.to_dict(), indent=2))
     else:
-        print(estimate.render())
+        print(render_estimate(estimate))
     return 0
 
 
