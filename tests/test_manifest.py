@@ -103,12 +103,17 @@ def test_a_manifest_that_does_not_parse_is_one_line_and_left_as_it_is(tmp_path, 
     assert broken.read_text() == '{"format": "prompt-r1 manifest", "settings": '
     folder = tmp_path / "eval"
     folder.mkdir()
-    (folder / "manifest.json").write_text("[1, 2]")
-    code, _, err = run_cli(["eval", "--dataset", str(inp), "--method", "env-only", "--out", str(folder),
-                            "--env-model", "env", "--env-base-url", server.base_url,
-                            "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress"])  # fmt: skip
-    assert code == 2 and "is not a prompt-r1 manifest" in err and server.requests == []
-    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
+    args = ["eval", "--dataset", str(inp), "--method", "env-only", "--out", str(folder), "--env-model", "env",
+            "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress"]  # fmt: skip
+    for text, says in (
+        ("[1, 2]", "is not a prompt-r1 manifest"),
+        ('{"format": ', "does not parse as a manifest"),
+    ):
+        (folder / "manifest.json").write_text(text)
+        code, _, err = run_cli(args)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+        assert server.requests == [] and (folder / "manifest.json").read_text() == text
+        assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
 
 
 def test_eval_writes_its_manifest_and_allows_changed_settings_only_when_asked(tmp_path, server):

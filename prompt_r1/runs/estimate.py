@@ -407,6 +407,7 @@ class Estimate:
         totals = self.total()
         return {
             "title": self.title,
+            "header": dict(self.header),  # what the report's first lines say (episodes, schedule, cache)
             "source": self.shape.source if self.shape else None,
             "parts": [p.to_dict() for p in self.parts],
             "total": {name: totals[name].to_dict() for name in SCENARIOS},
