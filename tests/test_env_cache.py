@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
 
 import pytest
 from batch_setup import KEY_ENV, SECRET, cli_args
-from helpers import run_cli, write_questions
+from helpers import ROOT, cli_command, run_cli, write_questions
 
 from prompt_r1.evaluation.harness import read_predictions
 from prompt_r1.testing.scripted import echo_environment, relay_agent
@@ -131,21 +133,43 @@ def test_bad_caches_are_one_line_exit_2_nothing_sent_nothing_changed(tmp_path, s
         assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before, where
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_cache_is_refused(tmp_path, server):
+def run_bound_by_permissions(args: list) -> subprocess.CompletedProcess:
+    """`prompt-r1 ARGS` in a process of its own that file permissions bind: run by root (as the tests may be),
+    without the capabilities that let root read any file (`setpriv` drops them before the interpreter starts)."""
+    command = cli_command(args)
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root reads any file, and there is no setpriv to drop that")
+        command = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--", *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def test_an_unreadable_cache_is_refused_by_batch_and_eval(tmp_path, server):
     inp = write_questions(tmp_path / "q.jsonl", 1)
     cache = tmp_path / "env.sqlite"
     assert (
         run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC))[0]
         == 0
     )
+    sent, held = len(server.requests), cache.read_bytes()
     cache.chmod(0)
+    eval_flags = ["eval", "--dataset", inp, "--method", "env-only", "--out", tmp_path / "ev", "--env-model", "env",
+                  "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress",
+                  *DETERMINISTIC]  # fmt: skip
     try:
-        code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "b.jsonl", "--env-cache", cache,
-                                        *DETERMINISTIC))  # fmt: skip
+        for args in (cli_args(server.base_url, inp, tmp_path / "b.jsonl"), eval_flags):
+            done = run_bound_by_permissions([*args, "--env-cache", cache])
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1 and "cannot be read and written" in lines[0], (
+                done.stderr
+            )
     finally:
         cache.chmod(0o644)
-    assert code == 2 and "cannot be read and written" in err
+    assert len(server.requests) == sent and cache.read_bytes() == held
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.manifest.json", "a.summary.json",
+                                                          "env.sqlite", "q.jsonl"]  # fmt: skip
 
 
 def test_a_damaged_reply_is_never_replayed(tmp_path, server):

@@ -147,3 +147,18 @@ def test_train_resume_names_a_changed_setting(tmp_path):
     assert read_manifest(tmp_path / "run/manifest.json")["runs"][-1]["changed"] == [
         "learning_rate: 0.001 → 0.01"
     ]
+
+
+def test_a_built_in_tasks_manifest_names_the_task_not_train_data(tmp_path):
+    """`prompt-r1 train --task` trains through `train(config, task=...)` (prompt_r1/tasks/door_run.py): its
+    manifest says which task made the rows, and a resume on another task's table is named."""
+    from prompt_r1.training.shared.run_manifest import train_manifest
+
+    task = {"name": "door-codes", "rows": 64, "environment": "scripted door table", "table_seed": 0}
+    train_manifest(tiny_grpo_config(tmp_path / "run"), resume=False, task=task)
+    written = read_manifest(tmp_path / "run/manifest.json")
+    measured = written["settings"]["measured"]
+    assert measured["task"] == task and "train_data" not in measured and written["command"] == "train"
+    assert "train_data" not in written["settings"]["operational"]
+    with pytest.raises(ManifestError, match=r"task.table_seed: 0 → 1\)"):
+        train_manifest(tiny_grpo_config(tmp_path / "run"), resume=True, task={**task, "table_seed": 1})
