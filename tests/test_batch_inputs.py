@@ -19,7 +19,8 @@ from helpers import ROOT, rows_of, write_questions
 
 from prompt_r1.cli.main import main
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.clients.environment import EnvironmentClient, EnvironmentPool
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.clients.environment_pool import EnvironmentPool
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.runs.batch import BatchSettings, run_batch
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, relay_agent

@@ -91,6 +91,31 @@ def test_train_dry_run_of_the_paper_recipe_loads_nothing(tmp_path):
     assert "max_env_cost 50" in out and not (tmp_path / "paper").exists()
 
 
+def test_train_dry_run_finds_a_recipes_relative_data_from_another_folder(tmp_path, monkeypatch):
+    """The shipped recipe's project-relative train_data, and a recipe's file beside it, from any working folder."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run_cli(["train", "--config", ROOT / "training/configs/paper.yaml", "--output_dir",
+                              tmp_path / "paper", "--dry_run"])  # fmt: skip
+    assert code == 0, err
+    assert "2,048 questions" in out
+    own = tmp_path / "mine"
+    (own / "data").mkdir(parents=True)
+    write_name_dataset(own / "data" / "names.jsonl", 8)
+    recipe = own / "recipe.yaml"
+    tiny = (ROOT / "training/configs/tiny-cpu.yaml").read_text()
+    recipe.write_text(tiny.replace("training/data/mixed_2048.parquet", "data/names.jsonl"))
+    code, out, err = run_cli(["train", "--config", recipe, "--output_dir", tmp_path / "run", "--dry_run"])
+    assert code == 0, err
+    assert "8 questions" in out
+    # A flag's relative path is the working folder's: there is no data/names.jsonl here.
+    code, _, err = run_cli(["train", "--config", recipe, "--train_data", "data/names.jsonl", "--output_dir",
+                            tmp_path / "run", "--dry_run"])  # fmt: skip
+    assert code == 2 and "train_data data/names.jsonl: no such file" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "paper").exists()
+
+
 def test_train_dry_run_counts_the_calls_a_short_run_makes(protocol_model_path, tmp_path):
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
         args = ["train", "--config", ROOT / "training/configs/tiny-cpu.yaml", "--model_name_or_path",

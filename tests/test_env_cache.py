@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
 
 import pytest
 from batch_setup import KEY_ENV, SECRET, cli_args
-from helpers import run_cli, write_questions
+from helpers import ROOT, cli_command, run_cli, write_questions
 
 from prompt_r1.evaluation.harness import read_predictions
 from prompt_r1.testing.scripted import echo_environment, relay_agent
@@ -131,21 +133,43 @@ def test_bad_caches_are_one_line_exit_2_nothing_sent_nothing_changed(tmp_path, s
         assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before, where
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_cache_is_refused(tmp_path, server):
+def run_bound_by_permissions(args: list) -> subprocess.CompletedProcess:
+    """`prompt-r1 ARGS` in a process of its own that file permissions bind: run by root (as the tests may be),
+    without the capabilities that let root read any file (`setpriv` drops them before the interpreter starts)."""
+    command = cli_command(args)
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root reads any file, and there is no setpriv to drop that")
+        command = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--", *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def test_an_unreadable_cache_is_refused_by_batch_and_eval(tmp_path, server):
     inp = write_questions(tmp_path / "q.jsonl", 1)
     cache = tmp_path / "env.sqlite"
     assert (
         run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC))[0]
         == 0
     )
+    sent, held = len(server.requests), cache.read_bytes()
     cache.chmod(0)
+    eval_flags = ["eval", "--dataset", inp, "--method", "env-only", "--out", tmp_path / "ev", "--env-model", "env",
+                  "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress",
+                  *DETERMINISTIC]  # fmt: skip
     try:
-        code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "b.jsonl", "--env-cache", cache,
-                                        *DETERMINISTIC))  # fmt: skip
+        for args in (cli_args(server.base_url, inp, tmp_path / "b.jsonl"), eval_flags):
+            done = run_bound_by_permissions([*args, "--env-cache", cache])
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1 and "cannot be read and written" in lines[0], (
+                done.stderr
+            )
     finally:
         cache.chmod(0o644)
-    assert code == 2 and "cannot be read and written" in err
+    assert len(server.requests) == sent and cache.read_bytes() == held
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.manifest.json", "a.summary.json",
+                                                          "env.sqlite", "q.jsonl"]  # fmt: skip
 
 
 def test_a_damaged_reply_is_never_replayed(tmp_path, server):
@@ -184,3 +208,107 @@ def test_the_cache_in_the_stores_redis(tmp_path, server):
         paid = len(server.requests_for("env"))
         code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "b.jsonl", *flags))
         assert code == 0 and len(server.requests_for("env")) == paid == 6 and "6 hits" in err
+
+
+def bad_caches(tmp_path, other_endpoint_cache) -> dict:
+    """A cache path of each kind a run refuses, and the words of its one line."""
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not a database at all" * 100)
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    return {
+        tmp_path: "is a folder",
+        garbage: "not a readable response cache",
+        other_endpoint_cache: "holds replies of http://127.0.0.1:",
+        tmp_path / "empty.sqlite": "is empty",
+    }
+
+
+def test_bad_caches_are_one_line_for_eval_and_its_dry_run_too(tmp_path):
+    """The Bad-input list through `eval` (and both commands' --dry-run, which reads the cache it would use):
+    one line, exit 2, nothing sent, no file made or changed, in the folder or beside it."""
+    inp = write_questions(tmp_path / "q.jsonl", 2)
+    other = tmp_path / "other.sqlite"
+    with ScriptedServer({"gpt-4o-mini": env_answer, "agent": relay_agent()}) as elsewhere:
+        assert run_cli(eval_args(elsewhere, inp, tmp_path / "first", "--env-cache", other))[0] == 0
+    out = tmp_path / "ev"
+    with ScriptedServer({"gpt-4o-mini": env_answer, "agent": relay_agent()}) as server:
+        for where, why in bad_caches(tmp_path, other).items():
+            before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+            for dry in ([], ["--dry-run"]):
+                code, _, err = run_cli(eval_args(server, inp, out, "--env-cache", where, *dry))
+                lines = [line for line in err.splitlines() if line.strip()]
+                assert code == 2 and len(lines) == 1 and why in lines[0], (where, dry, err)
+            code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "r.jsonl", "--env-cache", where,
+                                            *DETERMINISTIC, "--dry-run"))  # fmt: skip
+            assert code == 2 and len(err.strip().splitlines()) == 1 and why in err, (where, err)
+            assert server.requests == [], where
+            assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before, where
+            assert not out.exists(), where
+
+
+def test_the_dry_run_says_what_the_cache_holds_and_writes_nothing(tmp_path):
+    inp = write_questions(tmp_path / "q.jsonl", 3)
+    cache = tmp_path / "env.sqlite"
+    with ScriptedServer({"gpt-4o-mini": env_answer, "agent": relay_agent()}) as server:
+        code, out, err = run_cli(eval_args(server, inp, tmp_path / "a", "--env-cache", cache, "--dry-run"))
+        assert code == 0 and f"--env-cache {cache} does not exist yet" in out and not cache.exists(), err
+        assert run_cli(eval_args(server, inp, tmp_path / "a", "--env-cache", cache))[0] == 0
+        sent, held = len(server.requests), cache.read_bytes()
+        code, out, err = run_cli(eval_args(server, inp, tmp_path / "b", "--env-cache", cache, "--dry-run"))
+        assert code == 0, err
+        assert "holds 9 replies: 3 of the 3 env-only/env-cot calls to run are in it (3 calls, $0.0" in out, (
+            out
+        )
+        assert "are not looked up" in out
+        code, out, err = run_cli(cli_args(server.base_url, inp, tmp_path / "r.jsonl", "--env-cache", cache,
+                                          *DETERMINISTIC, "--dry-run"))  # fmt: skip
+        assert code == 0 and "holds 9 replies; the loop's calls follow the agent's turns" in out, err
+        assert len(server.requests) == sent and cache.read_bytes() == held
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "env.sqlite", "q.jsonl"]
+
+
+def search_environment(body: dict) -> str:
+    """Proposes one instruction to the optimiser, answers every task request."""
+    text = body["messages"][-1]["content"]
+    return (
+        "<INS>Think, then answer.</INS>"
+        if text.startswith("Your task is to generate")
+        else "<answer>x</answer>"
+    )
+
+
+def test_a_search_replayed_from_the_cache_costs_nothing_and_spends_no_budget(tmp_path):
+    """An OPRO search's task calls go through the run's environment, so through its cache: the second search (a new
+    folder) sends none of them, its record and summary say $0, and --budget is not spent by them."""
+    import csv
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("env: {input: 1000, output: 1000}\nrefl: {input: 0, output: 0}\n")
+    cache = tmp_path / "env.sqlite"
+    with ScriptedServer({"env": search_environment, "refl": search_environment}) as server:
+
+        def args(out, *extra):
+            return ["eval", "--dataset", "hotpot", "--method", "opro", "--limit", "2", "--optimizer-train-rows", "2",
+                    "--optimizer-budget", "8", "--opro-candidates", "1", "--out", tmp_path / out, "--no-progress",
+                    "--no-chart", "--env-model", "env", "--env-base-url", server.base_url, "--env-api-key-env",
+                    "BATCH_TEST_KEY", "--reflection-model", "refl", "--prices", prices, "--env-cache", cache,
+                    *DETERMINISTIC, *extra]  # fmt: skip
+
+        code, _, err = run_cli(args("a"))
+        assert code == 0, err
+        paid = len(server.requests_for("env"))
+        first = json.loads((tmp_path / "a/optimized/opro/hotpot.json").read_text())
+        assert paid > 0 and first["cost_usd"] > 0 and first["calls"]["cached"] == 0
+        # Far less than one task call costs: a search whose replayed calls counted would stop at once.
+        code, _, err = run_cli(args("b", "--budget", "0.001"))
+        assert code == 0, err
+        assert len(server.requests_for("env")) == paid  # every task call and row replayed
+        assert (
+            len(server.requests_for("refl")) > 0
+        )  # the optimiser model samples: never replayed, priced $0 here
+    second = json.loads((tmp_path / "b/optimized/opro/hotpot.json").read_text())
+    assert second["cost_usd"] == 0 and second["calls"]["cached"] == second["metric_calls"] > 0
+    assert second["instruction"] == first["instruction"]
+    with open(tmp_path / "b/summary.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert float(row["search_usd"]) == 0 and float(row["cost_usd"]) == 0 and int(row["search_calls"]) > 0

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from prompt_r1.clients.environment import EnvironmentClient, EnvironmentPool
+from prompt_r1.clients.environment import EnvironmentClient
+from prompt_r1.clients.environment_pool import EnvironmentPool
 from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
 from prompt_r1.core.errors import (
     ConfigError,

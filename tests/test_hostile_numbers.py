@@ -18,7 +18,7 @@ import pytest
 
 from prompt_r1.cli.main import build_parser, main
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.clients.environment import EnvironmentPool
+from prompt_r1.clients.environment_pool import EnvironmentPool
 from prompt_r1.core.checks import flag_number, number, parse_number
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig, configs_from_env
 from prompt_r1.core.errors import ConfigError

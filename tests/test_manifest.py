@@ -103,12 +103,17 @@ def test_a_manifest_that_does_not_parse_is_one_line_and_left_as_it_is(tmp_path, 
     assert broken.read_text() == '{"format": "prompt-r1 manifest", "settings": '
     folder = tmp_path / "eval"
     folder.mkdir()
-    (folder / "manifest.json").write_text("[1, 2]")
-    code, _, err = run_cli(["eval", "--dataset", str(inp), "--method", "env-only", "--out", str(folder),
-                            "--env-model", "env", "--env-base-url", server.base_url,
-                            "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress"])  # fmt: skip
-    assert code == 2 and "is not a prompt-r1 manifest" in err and server.requests == []
-    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
+    args = ["eval", "--dataset", str(inp), "--method", "env-only", "--out", str(folder), "--env-model", "env",
+            "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress"]  # fmt: skip
+    for text, says in (
+        ("[1, 2]", "is not a prompt-r1 manifest"),
+        ('{"format": ', "does not parse as a manifest"),
+    ):
+        (folder / "manifest.json").write_text(text)
+        code, _, err = run_cli(args)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+        assert server.requests == [] and (folder / "manifest.json").read_text() == text
+        assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
 
 
 def test_eval_writes_its_manifest_and_allows_changed_settings_only_when_asked(tmp_path, server):
@@ -142,3 +147,18 @@ def test_train_resume_names_a_changed_setting(tmp_path):
     assert read_manifest(tmp_path / "run/manifest.json")["runs"][-1]["changed"] == [
         "learning_rate: 0.001 → 0.01"
     ]
+
+
+def test_a_built_in_tasks_manifest_names_the_task_not_train_data(tmp_path):
+    """`prompt-r1 train --task` trains through `train(config, task=...)` (prompt_r1/tasks/door_run.py): its
+    manifest says which task made the rows, and a resume on another task's table is named."""
+    from prompt_r1.training.shared.run_manifest import train_manifest
+
+    task = {"name": "door-codes", "rows": 64, "environment": "scripted door table", "table_seed": 0}
+    train_manifest(tiny_grpo_config(tmp_path / "run"), resume=False, task=task)
+    written = read_manifest(tmp_path / "run/manifest.json")
+    measured = written["settings"]["measured"]
+    assert measured["task"] == task and "train_data" not in measured and written["command"] == "train"
+    assert "train_data" not in written["settings"]["operational"]
+    with pytest.raises(ManifestError, match=r"task.table_seed: 0 → 1\)"):
+        train_manifest(tiny_grpo_config(tmp_path / "run"), resume=True, task={**task, "table_seed": 1})

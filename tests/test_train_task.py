@@ -94,6 +94,8 @@ def test_the_demo_builds_trains_and_says_what_it_learned(tmp_path):
     assert figures["steps"] == 20 and figures["seed"] == 0
     assert (out / "curves.png").is_file() and (out / "model.safetensors").is_file()
     assert json.loads((out / "agent" / "door_build.json").read_text())["seed"] == 0
+    manifest = json.loads((out / "manifest.json").read_text())  # as train's, naming the task
+    assert manifest["command"] == "train" and manifest["settings"]["measured"]["task"]["name"] == "door-codes"
     assert f"curves: {out / 'curves.png'}" in done.stderr
 
 

@@ -31,7 +31,8 @@ from prompt_r1.cli.records import (
     open_run_cache,
 )
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentPool
+from prompt_r1.clients.environment import OPENAI_BASE_URL
+from prompt_r1.clients.environment_pool import EnvironmentPool
 from prompt_r1.clients.response_cache import use_cache
 from prompt_r1.core import redaction, signals
 from prompt_r1.core.checks import flag_number

@@ -13,9 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.cli.records import peek_run_cache
 from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.runs.estimate import EpisodeShape, Estimate, TokenCounter
+from prompt_r1.runs.estimate_report import render_estimate
 
 __all__ = [
     "add_dry_run_flags",
@@ -105,11 +107,36 @@ def _counter(agent_cfg: Any, shape: EpisodeShape) -> TokenCounter:
     return TokenCounter(chars_per_token=shape.chars_per_token, tokenizer=tokenizer)
 
 
+def _holding(cache: Any) -> str:
+    size = cache.size()
+    return f"holds {size:,} replies" if size is not None else "is a Redis store"
+
+
+def _baseline_hits(cache: Any, config: Any, requests: list[str], prices: Any) -> tuple[int, float | None]:
+    """How many of these single-call requests (env-only's, env-cot's) `cache` holds, and the dollars their
+    stored usage would cost (None: a model without a price)."""
+    from prompt_r1.clients.environment import OPENAI_BASE_URL, environment_messages
+    from prompt_r1.clients.response_cache import request_key
+
+    sampling = {"temperature": config.temperature, "max_tokens": config.max_tokens}
+    endpoint = config.base_url or OPENAI_BASE_URL
+    hits, saved = 0, 0.0
+    for request in requests:
+        reply = cache.holds(request_key(endpoint, config.model, environment_messages(request), sampling))
+        if reply is None:
+            continue
+        hits += 1
+        cost = prices.cost(str(reply.get("model") or ""), int(reply.get("input_tokens") or 0),
+                           int(reply.get("output_tokens") or 0))  # fmt: skip
+        saved = None if cost is None or saved is None else saved + cost
+    return hits, saved
+
+
 def print_estimate(estimate: Estimate, style: str) -> int:
     if style == "json":
         print(json.dumps(estimate.to_dict(), indent=2))
     else:
-        print(estimate.render())
+        print(render_estimate(estimate))
     return 0
 
 
@@ -147,6 +174,7 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
         agent_paid=agent_cfg.resolved_backend == "served", counter=counter,
         system_prompt=protocol.environment_system_prompt,
     )  # fmt: skip
+    cache = peek_run_cache(args, [env_cfg])
     estimate = Estimate(
         [part],
         environment=env_cfg,
@@ -157,16 +185,27 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
             ("episodes", f"{len(pending):,} to run · {len(finished):,} already finished in {settings.out}")
         ],
     )
+    if args.env_cache is not None:
+        # A loop call's messages are the agent's turns, unknown before it runs: no key to look up.
+        held = "does not exist yet (nothing to replay)" if cache is None else _holding(cache)
+        estimate.header.append(("cache", f"--env-cache {args.env_cache} {held}; the loop's calls follow the "
+                                "agent's turns, so the dry run does not look up which it would replay: the "
+                                "figures are what the run pays without it"))  # fmt: skip
+        if cache is not None:
+            cache.close()
     return print_estimate(estimate, args.dry_run)
 
 
 def eval_dry_run(args, methods, samples, sources, search, prices, agent_cfg, loop_cfg, folders) -> int:
     """`eval --dry-run`: every folder's (one per swept environment) rows still to run and searches not done."""
-    from prompt_r1.evaluation.dry_run import eval_parts
+    from prompt_r1.evaluation.dry_run import baseline_request, eval_parts
     from prompt_r1.evaluation.harness import PREDICTIONS
     from prompt_r1.evaluation.plan import METHODS
+    from prompt_r1.runs.estimate_report import format_usd
 
     parts, shape, environment = [], None, None
+    cache = peek_run_cache(args, [cfg for _, cfg in folders if cfg is not None])
+    baseline, hits, saved = 0, 0, 0.0
     for folder, env_cfg in folders:
         earlier = _rows(Path(folder) / PREDICTIONS)
         done = {
@@ -186,6 +225,13 @@ def eval_dry_run(args, methods, samples, sources, search, prices, agent_cfg, loo
             agent_paid=getattr(agent_cfg, "resolved_backend", None) == "served",
             agent_max_tokens=getattr(agent_cfg, "max_new_tokens", 1024), search=search, counter=counter,
         )  # fmt: skip
+        if cache is not None and env_cfg is not None:  # a baseline's one call is known: its key is looked up
+            requests = [
+                baseline_request(m, s) for m in methods if m in ("env-only", "env-cot") for s in pending[m]
+            ]
+            found_hits, found_saved = _baseline_hits(cache, env_cfg, requests, prices)
+            baseline, hits = baseline + len(requests), hits + found_hits
+            saved = None if found_saved is None or saved is None else saved + found_saved
         if len(folders) > 1:
             for part in found:
                 part.label = f"{Path(folder).name}: {part.label}"
@@ -206,6 +252,17 @@ def eval_dry_run(args, methods, samples, sources, search, prices, agent_cfg, loo
             ("rows", f"{rows:,} to run ({', '.join(methods)}) in {', '.join(str(f) for f, _ in folders)}")
         ],
     )
+    if args.env_cache is not None:
+        if cache is None:
+            line = f"--env-cache {args.env_cache} does not exist yet (nothing to replay)"
+        else:
+            line = (
+                f"--env-cache {args.env_cache} {_holding(cache)}: {hits:,} of the {baseline:,} env-only/env-cot "
+                f"calls to run are in it ({hits:,} calls, {format_usd(saved)} saved)"
+            )
+            cache.close()
+        estimate.header.append(("cache", line + "; the loop's and the searches' calls follow the agent's and "
+                                "the optimiser's turns and are not looked up: the figures are without the cache"))  # fmt: skip
     if args.budget is not None and any(p.kind == "search" for p in parts):
         estimate.notes.append("--budget counts the searches' calls too: a search stops at it like the rows")
     return print_estimate(estimate, args.dry_run)

@@ -28,6 +28,7 @@ from prompt_r1.cli.records import (
     add_allow_changed_flag,
     add_cache_flags,
     cache_verdict,
+    check_run_cache,
     closing_caches,
     open_run_cache,
 )
@@ -267,6 +268,8 @@ def _eval_folders(
             "--env-cache is not supported with --ray yet: run without --ray to replay from a cache"
         )
     earlier = [read_manifest(manifest_path(folder=folder)) for folder, _ in folders]
+    protected = [(f"{folder}", folder) for folder, _ in folders]
+    check_run_cache(args, [cfg for _, cfg in folders if cfg is not None], protected=protected)
     recorded = [
         record_settings(
             folder,
@@ -283,7 +286,6 @@ def _eval_folders(
     # agent is loaded once, whatever the environments.
     environments = [build_players(None, cfg)[1] for _, cfg in folders]
     called = [environment for environment in environments if environment is not None]
-    protected = [(f"{folder}", folder) for folder, _ in folders]
     cache = open_run_cache(args, called, protected=protected)
     for environment in called:
         use_cache(environment, cache, always=args.env_cache_always)

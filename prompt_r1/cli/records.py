@@ -2,6 +2,7 @@
 
     add_cache_flags(parser)                   # --env-cache PATH|redis://…, --env-cache-always
     add_allow_changed_flag(parser, "rows")    # --allow-changed-settings
+    check_run_cache(args, configs, protected=[("--out file", out)])   # before anything is written
     cache = open_run_cache(args, environments, protected=[("--out file", out)])
     manifest_of(args, command, measured, operational, seeds=…, prices=…)   # prompt_r1.runs.manifest
 
@@ -25,8 +26,10 @@ __all__ = [
     "add_allow_changed_flag",
     "add_cache_flags",
     "cache_verdict",
+    "check_run_cache",
     "closing_caches",
     "open_run_cache",
+    "peek_run_cache",
 ]
 
 ALLOW_CHANGED = "--allow-changed-settings"
@@ -80,14 +83,48 @@ def open_run_cache(
         if getattr(args, "env_cache_always", False):
             raise CacheError("--env-cache-always goes with --env-cache FILE|URL")
         return None
-    if not names_store(where):
-        for what, path in protected:
-            if path is not None and Path(path).resolve() == Path(where).resolve():
-                raise CacheError(f"--env-cache {where} is the {what}; name a file of its own")
+    _refuse_own_files(where, protected)
     endpoints = sorted({e for environment in environments for e in cache_endpoints(environment)})
     cache = open_cache(where, endpoints)
     _opened.append(cache)
     return cache
+
+
+def check_run_cache(
+    args: argparse.Namespace, configs: Sequence[Any], protected: Iterable[tuple[str, Path | None]] = ()
+) -> None:
+    """Refuse, before a command writes anything, the --env-cache it would refuse once its clients are built (a
+    folder, unreadable, damaged, another endpoint's, one of its own files, sampling above temperature 0), from the
+    environments' `configs`; a missing file is made later, by `open_run_cache`. Nothing is written here."""
+    _refuse_own_files(getattr(args, "env_cache", None), protected)
+    cache = peek_run_cache(args, configs)
+    if cache is not None:
+        cache.close()
+
+
+def peek_run_cache(args: argparse.Namespace, configs: Sequence[Any]) -> ResponseCache | None:
+    """The --env-cache opened to look only (`response_cache.peek_cache`; None without one, or with no file yet),
+    refused as the run would refuse it. A dry run's look, and `check_run_cache`'s."""
+    from prompt_r1.clients.environment import OPENAI_BASE_URL
+    from prompt_r1.clients.response_cache import check_replayable, peek_cache
+    from prompt_r1.core.urls import printable_url
+
+    where = getattr(args, "env_cache", None)
+    if where is None:
+        if getattr(args, "env_cache_always", False):
+            raise CacheError("--env-cache-always goes with --env-cache FILE|URL")
+        return None
+    for config in configs:
+        check_replayable(config.temperature, always=args.env_cache_always)
+    return peek_cache(where, {printable_url(c.base_url or OPENAI_BASE_URL, 10_000) for c in configs})
+
+
+def _refuse_own_files(where: str | None, protected: Iterable[tuple[str, Path | None]]) -> None:
+    if where is None or names_store(where):
+        return
+    for what, path in protected:
+        if path is not None and Path(path).resolve() == Path(where).resolve():
+            raise CacheError(f"--env-cache {where} is the {what}; name a file of its own")
 
 
 def cache_verdict(cache: ResponseCache | None) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from prompt_r1.agents.model_source import check_model_source
 from prompt_r1.cli.flags import (
@@ -108,6 +109,7 @@ def train_parser(argv: list[str] | None = None):
         )
 
     known = {f.name for f in fields(config_class)} | {f.name for f in fields(TrainFlags)}
+    recipe = _recipe_path(argv or [])
 
     class Parser(TrlParser):
         def set_defaults_with_config(self, **kwargs):
@@ -118,6 +120,8 @@ def train_parser(argv: list[str] | None = None):
                 raise ConfigError(
                     unknown_keys_message(config_class.trainer_name, unknown, kwargs, config_class.why_not)
                 )
+            if recipe is not None and isinstance(kwargs.get("train_data"), str):
+                kwargs["train_data"] = _from_recipe(kwargs["train_data"], recipe)
             return super().set_defaults_with_config(**kwargs)
 
         def parse_known_args(self, args=None, namespace=None):
@@ -144,6 +148,27 @@ def train_parser(argv: list[str] | None = None):
 
 
 _ASYNC_FLAGS = ("--async", "--async_grpo", "--async-grpo")
+
+
+def _recipe_path(argv: list[str]) -> Path | None:
+    """The recipe `argv` names (`--config FILE` or `--config=FILE`), or None."""
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            return Path(argv[index + 1])
+        if arg.startswith("--config="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def _from_recipe(train_data: str, recipe: Path) -> str:
+    """A recipe's relative `train_data` as a path from the recipe's folder when a file is there; else as written,
+    which `resolved_train_data` finds from the working folder or in the project (the shipped recipes write
+    `training/data/...`, from the project folder). A flag's path stays relative to the working folder."""
+    path = Path(train_data)
+    beside = recipe.parent / path
+    if path.is_absolute() or path.suffix == "" or not beside.is_file():
+        return train_data
+    return str(beside.resolve())
 
 
 def _config_class(argv: list[str]) -> type:

@@ -51,7 +51,9 @@ __all__ = [
     "CacheError",
     "ResponseCache",
     "cache_endpoints",
+    "check_replayable",
     "open_cache",
+    "peek_cache",
     "render_summary",
     "request_key",
     "use_cache",
@@ -118,6 +120,10 @@ class ResponseCache:
     def close(self) -> None:
         pass
 
+    def size(self) -> int | None:
+        """How many replies the store holds, where it can say cheaply (a file), else None."""
+        return None
+
     # --- what the client calls --------------------------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:
         """The reply stored under `key` (as `EnvironmentReply` fields), or None. A damaged row is a `CacheError`."""
@@ -142,6 +148,17 @@ class ResponseCache:
             tokens[0] += int(reply.get("input_tokens") or 0)
             tokens[1] += int(reply.get("output_tokens") or 0)
         return reply
+
+    def holds(self, key: str) -> dict[str, Any] | None:
+        """The reply stored under `key` as `get` returns it, without counting a hit (a dry run's look)."""
+        found = self._get(key)
+        if found is None:
+            return None
+        try:
+            reply = json.loads(found[0]) if _checksum(key, found[0]) == found[1] else None
+        except ValueError:
+            reply = None
+        return reply if isinstance(reply, dict) and isinstance(reply.get("text"), str) else None
 
     def put(self, key: str, reply: dict[str, Any]) -> None:
         """Keep one paid reply (its fields, `cached` left out) under `key`."""
@@ -206,6 +223,9 @@ class FileCache(ResponseCache):
     def close(self) -> None:
         self.connection.close()
 
+    def size(self) -> int | None:
+        return int(self.connection.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+
 
 class RedisCache(ResponseCache):
     """The cache in a Redis database (see the module); a plain, synchronous client: one GET or SET a call."""
@@ -250,7 +270,38 @@ def open_cache(where: str | Path, endpoints: Iterable[str]) -> ResponseCache:
     return _open_file(Path(where), sorted(set(endpoints)))
 
 
-def _open_file(path: Path, endpoints: list[str]) -> FileCache:
+def peek_cache(where: str | Path, endpoints: Iterable[str]) -> ResponseCache | None:
+    """The cache at `where` opened only to look up replies (a dry run's look): None when there is no file yet.
+    Refused as `open_cache` refuses (one `CacheError` line); nothing is written: the file is opened read-only and
+    immutable (no lock, no -wal or -shm file), so a reply a crashed run left in its write-ahead log is not seen."""
+    where = str(where)
+    if names_store(where):
+        return _open_redis(where)  # a GET writes nothing
+    path = Path(where)
+    _check_path(path)
+    if not path.exists():
+        return None
+    try:
+        connection = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise CacheError(f"{FLAG} {path} cannot be opened ({exc})") from None
+    try:
+        _check(connection, path, sorted(set(endpoints)))
+    except sqlite3.DatabaseError as exc:
+        connection.close()
+        raise CacheError(
+            f"{FLAG} {path} is not a readable response cache ({exc}); it was left untouched"
+        ) from None
+    except BaseException:
+        connection.close()
+        raise
+    return FileCache(connection, path)
+
+
+def _check_path(path: Path) -> None:
+    """A cache path that is a folder, unreadable or empty: one line."""
     if path.is_dir():
         raise CacheError(f"{FLAG} {path} is a folder; give a file (such as {path / 'cache.sqlite'})")
     if path.exists():
@@ -260,7 +311,11 @@ def _open_file(path: Path, endpoints: list[str]) -> FileCache:
             raise CacheError(
                 f"{FLAG} {path} is empty (0 bytes), so it was damaged; restore it or use another"
             )
-    else:
+
+
+def _open_file(path: Path, endpoints: list[str]) -> FileCache:
+    _check_path(path)
+    if not path.exists():
         if path.parent.exists() and not path.parent.is_dir():
             raise CacheError(f"{FLAG} {path}: {path.parent} is not a folder")
         try:
@@ -350,15 +405,19 @@ def use_cache(environment: Any, cache: ResponseCache | None, *, always: bool = F
             raise CacheError(
                 f"{FLAG} works with the environment client and pool; got {type(member).__name__}"
             )
-        temperature = sampling_of(member).get("temperature")
-        if not always and temperature != 0:
-            shown = "the endpoint's default" if temperature is None else f"{temperature:g}"
-            raise CacheError(
-                f"{FLAG} replays answers, right only for a deterministic environment: its temperature is "
-                f"{shown}; give --env-temperature 0, or --env-cache-always to replay sampled answers as they were"
-            )
+        check_replayable(sampling_of(member).get("temperature"), always=always)
     for member in members:
         member.cache = cache
+
+
+def check_replayable(temperature: float | None, *, always: bool) -> None:
+    """A `CacheError` for an environment sampled above temperature 0, unless `always` (`--env-cache-always`)."""
+    if not always and temperature != 0:
+        shown = "the endpoint's default" if temperature is None else f"{temperature:g}"
+        raise CacheError(
+            f"{FLAG} replays answers, right only for a deterministic environment: its temperature is "
+            f"{shown}; give --env-temperature 0, or --env-cache-always to replay sampled answers as they were"
+        )
 
 
 def sampling_of(client: Any) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from prompt_r1.runs.estimate import (
     single_call_part,
 )
 
-__all__ = ["ASSUMED_INSTRUCTION", "eval_parts", "search_part"]
+__all__ = ["ASSUMED_INSTRUCTION", "baseline_request", "eval_parts", "search_part"]
 
 # An optimiser's instruction as the dry run assumes it: a few sentences.
 ASSUMED_INSTRUCTION = "Read the question carefully, reason about what it asks, and answer it concisely. " * 2
@@ -195,7 +195,7 @@ def eval_parts(
                 continue
             if method == "agent-only":
                 requests = [
-                    counter.messages([{"role": "user", "content": _request(method, s)}]) for s in rows
+                    counter.messages([{"role": "user", "content": baseline_request(method, s)}]) for s in rows
                 ]
                 parts.append(
                     single_call_part(
@@ -210,12 +210,16 @@ def eval_parts(
                     )  # fmt: skip
                 )
                 continue
-            requests = [counter.messages([{"role": "user", "content": _request(method, s)}]) for s in rows]
+            requests = [
+                counter.messages([{"role": "user", "content": baseline_request(method, s)}]) for s in rows
+            ]
             parts.append(single_call_part(label, requests, shape, prices=prices, model=str(env_model)))
     return parts
 
 
-def _request(method: str, sample: Sample) -> str:
+def baseline_request(method: str, sample: Sample) -> str:
+    """The environment's request of a single-call method's row, as the run sends it (an optimiser's under the
+    assumed instruction)."""
     if method in OPTIMIZERS:
         return instruction_request(ASSUMED_INSTRUCTION, sample.question)
     template = CHAIN_OF_THOUGHT_TEMPLATE if method == "env-cot" else DIRECT_ANSWER_TEMPLATE

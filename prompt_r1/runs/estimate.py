@@ -5,7 +5,7 @@ Nothing is sent and no model is loaded; `batch`, `eval` and `train` print it wit
     shape = EpisodeShape.from_rows(rows, loop=loop) or EpisodeShape.assumed(loop)
     part = episode_part("batch", questions, shape, loop=loop, env_model="gpt-4o-mini", counter=TokenCounter())
     estimate = Estimate([part], prices=PriceTable.load(), environment=env_config, budget=5.0)
-    print(estimate.render())
+    print(render_estimate(estimate))           # prompt_r1.runs.estimate_report
 
 The model of an episode (its numbers are the `EpisodeShape`):
 - **Calls.** An episode makes `n` environment calls, at most `max_turns` (exact: the loop never makes more), and
@@ -45,7 +45,6 @@ __all__ = [
     "Spend",
     "TokenCounter",
     "episode_part",
-    "format_usd",
     "single_call_part",
 ]
 
@@ -408,6 +407,7 @@ class Estimate:
         totals = self.total()
         return {
             "title": self.title,
+            "header": dict(self.header),  # what the report's first lines say (episodes, schedule, cache)
             "source": self.shape.source if self.shape else None,
             "parts": [p.to_dict() for p in self.parts],
             "total": {name: totals[name].to_dict() for name in SCENARIOS},
@@ -416,101 +416,3 @@ class Estimate:
             **({"step": self.step.to_dict()} if self.step is not None else {}),
             "notes": [*self.notes, *(self.shape.notes if self.shape else ())],
         }
-
-    def render(self) -> str:
-        """The report `--dry-run` prints."""
-        totals = self.total()
-        lines: list[tuple[str, str]] = [(self.title, "nothing sent, no model loaded"), *self.header]
-        if self.shape is not None:
-            lines.append(("model", self.shape.source))
-        for part in self.parts if len(self.parts) > 1 else ():
-            s = part.spend
-            lines.append(
-                (
-                    part.label,
-                    f"{part.episodes:,} {'episodes' if part.kind != 'search' else 'requests'} · "
-                    f"{_n(s['expected'].env_calls)} environment calls expected, at most {_n(s['high'].env_calls)} · "
-                    f"{format_usd(s['expected'].usd)}" + (f" ({part.note})" if part.note else ""),
-                )
-            )
-        exp, high, low = totals["expected"], totals["high"], totals["low"]
-        lines += [
-            ("environment calls", f"{_n(exp.env_calls)} expected · at most {_n(high.env_calls)}"),
-            ("agent calls", f"{_n(exp.agent_calls)} expected · at most {_n(high.agent_calls)}"),
-            (
-                "environment tokens",
-                f"{_n(exp.env_in)} in / {_n(exp.env_out)} out expected · up to {_n(high.env_in)} / {_n(high.env_out)}",
-            ),
-            (
-                "agent tokens",
-                f"{_n(exp.agent_in)} in / {_n(exp.agent_out)} out expected · up to {_n(high.agent_in)} / "
-                f"{_n(high.agent_out)}",
-            ),
-            (
-                "dollars",
-                f"low {format_usd(low.usd)} · expected {format_usd(exp.usd)} · high {format_usd(high.usd)}",
-            ),
-        ]
-        if (
-            exp.agent_usd != 0 or exp.usd is None
-        ):  # who is paid what, where an agent is paid or a price is missing
-            lines.append(
-                (
-                    "of which",
-                    f"environment {format_usd(low.env_usd)} · {format_usd(exp.env_usd)} · {format_usd(high.env_usd)}; "
-                    f"agent {format_usd(low.agent_usd)} · {format_usd(exp.agent_usd)} · {format_usd(high.agent_usd)}",
-                )
-            )
-        searches = self.total("search")
-        if any(p.kind == "search" for p in self.parts):
-            share = (
-                f"{searches['expected'].usd / exp.usd:.0%}"
-                if exp.usd and searches["expected"].usd is not None
-                else "-"
-            )
-            lines.append(
-                (
-                    "searches' share",
-                    f"{format_usd(searches['expected'].usd)} of {format_usd(exp.usd)} expected ({share}) · high "
-                    f"{format_usd(searches['high'].usd)}",
-                )
-            )
-        if self.environment is not None:
-            env = self.environment
-            limit = f"{env.rate_limit:,} requests per {env.rate_period:g} s"
-            if env.tokens_per_minute:
-                limit += f", {env.tokens_per_minute:,} tokens per minute"
-            if env.token_limit:
-                limit += f", {env.token_limit:,} tokens per {env.rate_period:g} s"
-            lines.append(
-                (
-                    "time (limits alone)",
-                    f"expected {_hours(self.limit_seconds(exp))} · high {_hours(self.limit_seconds(high))} "
-                    f"at {limit}",
-                )
-            )
-        stops = self.stops()
-        for line in stops:
-            lines.append(("cap", line))
-        for note in [*self.notes, *(self.shape.notes if self.shape else ())]:
-            lines.append(("note", note))
-        width = max(len(k) for k, _ in lines)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
-
-
-def _n(value: float) -> str:
-    return f"{value:,.0f}"
-
-
-def format_usd(value: float | None) -> str:
-    if value is None:
-        return "unpriced"
-    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
-
-
-def _hours(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -7,7 +7,8 @@
 agent (`build_door_model`, a line per stage) into OUTPUT_DIR/agent, or reuses the one built there for the same
 seed; starts the scripted environment (`door_environment` on a `DoorTable` redrawn every step) on 127.0.0.1;
 trains with the learning benchmark's GRPO settings (`door_training.grpo_config`: only the steps and the seed are
-the command's) on the synchronous trainer, a line per step; and ends with what was learned, where the curves are,
+the command's) on the synchronous trainer, a line per step, with the run's manifest in OUTPUT_DIR/manifest.json
+naming the task; and ends with what was learned, where the curves are,
 and, last, one line:
 
     reward: first 10 steps +0.22 -> last 10 steps +0.61
@@ -109,7 +110,15 @@ def _run(out: Path, max_steps: int, seed: int, say: Callable[[str], None]) -> di
             f"the scripted environment at {server.base_url}; a line per step"
         )
         trained = time.monotonic()
-        trainer = train(config, build=lambda c: door_trainer(c, table, rows))
+        # The manifest (output_dir/manifest.json, as `train` writes) names the task: its rows and its scripted
+        # environment, not the config's train_data, are what the agent learned from.
+        task = {
+            "name": "door-codes",
+            "rows": len(rows),
+            "environment": "scripted door table",
+            "table_seed": seed,
+        }
+        trainer = train(config, build=lambda c: door_trainer(c, table, rows), task=task)
         seconds = time.monotonic() - trained
     series = step_series(trainer.state.log_history, extra=DOOR_METRICS)
     curves = draw_curves(

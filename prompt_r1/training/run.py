@@ -40,6 +40,7 @@ def train(
     resume: bool = False,
     allow_changed_settings: bool = False,
     build: Callable[..., Any] | None = None,
+    task: dict[str, Any] | None = None,
     **build_kwargs: Any,
 ) -> Any:
     """Train and save the agent (or its adapter) to `config.output_dir`; `resume` continues from the last checkpoint.
@@ -47,8 +48,9 @@ def train(
     SIGTERM stops after the step in flight with a checkpoint of it (`prompt_r1.training.shared.graceful_stop`); the model
     is then not saved to output_dir, and `graceful_stop_of(trainer)` says which signal, step and checkpoint.
     A second run on the same output_dir while this one runs is refused (`OutputError`). The run's manifest is
-    written to output_dir (`training.shared.run_manifest`); a resumed run whose settings differ from it is refused
-    naming them, unless `allow_changed_settings`."""
+    written to output_dir (`training.shared.run_manifest`; `task`: a built-in task's settings, which it records in
+    place of train_data); a resumed run whose settings differ from it is refused naming them, unless
+    `allow_changed_settings`."""
     from prompt_r1.runs.output_lock import hold_output
 
     # One run per output folder, held to the end: a second is refused before a model loads or a call is paid. The
@@ -59,7 +61,7 @@ def train(
         if config.process_index == 0
         else nullcontext()
     ):
-        return _train(config, resume, build, build_kwargs, allow_changed_settings)
+        return _train(config, resume, build, build_kwargs, allow_changed_settings, task)
 
 
 def _train(
@@ -68,6 +70,7 @@ def _train(
     build: Callable[..., Any] | None,
     build_kwargs: dict,
     allow_changed: bool = False,
+    task: dict[str, Any] | None = None,
 ) -> Any:
     """`train`, with the output folder held."""
     from transformers.trainer_utils import get_last_checkpoint
@@ -90,7 +93,7 @@ def _train(
     from prompt_r1.training.shared.run_manifest import train_manifest
 
     # Before the model loads: a resumed run under other settings is one line, and nothing is written.
-    train_manifest(config, resume=checkpoint is not None, allow_changed=allow_changed)
+    train_manifest(config, resume=checkpoint is not None, allow_changed=allow_changed, task=task)
     trainer = (build or _builder(config))(config, **build_kwargs)
     if checkpoint is not None:
         from prompt_r1.training.shared.spend import check_resumed_ledger

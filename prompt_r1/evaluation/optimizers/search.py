@@ -11,6 +11,8 @@ rows as `env-only` does, with the best instruction found placed before the quest
   ("reflection") model a client of the same endpoint, so rate limits, retries, key redaction and token counts
   apply to the search as to every other call. A call that fails after its retries scores its row 0 and is
   counted.
+- **Replayed, not paid.** With the run's response cache (`--env-cache`), a task call answered before is replayed
+  from it: counted as a call (`calls.cached`), never as spending, in the record's dollars or against `--budget`.
 - **Resumable.** The search's record (the best instruction, its score, every instruction tried, calls, tokens and
   dollars) is written to `OUT/optimized/<method>/<dataset>.json`; a rerun with the same settings reads it instead
   of paying for the search again. Nothing is written outside `OUT`.
@@ -147,7 +149,9 @@ async def find_instruction(
     if method not in OPTIMIZERS:
         raise ConfigError(f"unknown optimiser {method!r}; choose from {', '.join(OPTIMIZERS)}")
     log = log if log is not None else sys.stderr
-    meter, failed = UsageMeter(prices), [0]
+    # `meter`: every call and its tokens; `paid`: the calls sent, what the search cost. A reply replayed from the
+    # response cache (`--env-cache`) was not paid for: it counts as a call, never as spending (nor in `spend`).
+    meter, paid, failed, replayed = UsageMeter(prices), UsageMeter(prices), [0], [0]
 
     async def ask(client: Any, role: str, prompt: str) -> str:
         """One call of the search, metered under `role`; "" when it failed after its retries."""
@@ -159,7 +163,9 @@ async def find_instruction(
         except (EnvironmentCallError, ContextOverflow):
             failed[0] += 1
             return ""
-        for each in (meter, spend):
+        cached = bool(getattr(reply, "cached", False))
+        replayed[0] += cached
+        for each in (meter,) if cached else (meter, paid, spend):
             if each is not None:
                 each.add(role, reply.model or "", reply.input_tokens, reply.output_tokens)
         return reply.text
@@ -224,19 +230,25 @@ async def find_instruction(
         "score": score,
         "train_ids": [s.id for s in train],
         "metric_calls": metric_calls,
-        "calls": {"task": calls["task"], "reflection": calls["reflection"], "failed": failed[0]},
+        "calls": {
+            "task": calls["task"],
+            "reflection": calls["reflection"],
+            "failed": failed[0],
+            "cached": replayed[0],  # of those, replayed from the response cache: not sent, not paid
+        },
         "tokens": {
             "input": sum(u.input_tokens for u in meter.by_model.values()),
             "output": sum(u.output_tokens for u in meter.by_model.values()),
         },
-        "cost_usd": None if meter.unpriced else meter.cost,
+        "cost_usd": None if paid.unpriced else paid.cost,  # the calls sent only
         "history": [{"instruction": i, "score": s} for i, s in history],
         "settings": settings.to_dict(),
     }
 
 
 def search_spend(record: dict[str, Any]) -> dict[str, Any]:
-    """A search's calls (metric and optimiser model), tokens and dollars, as a summary row's spend columns."""
+    """A search's calls (metric and optimiser model, replayed ones included, as a row's `env_calls`), tokens and
+    dollars (the calls sent only, as a row's `cost_usd`), as a summary row's spend columns."""
     return {
         "search_calls": record["metric_calls"] + record["calls"]["reflection"],
         "search_input_tokens": record["tokens"]["input"],

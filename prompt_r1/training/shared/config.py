@@ -23,10 +23,20 @@ from prompt_r1.core.urls import is_shared_store
 from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.scoring.rewards import PRESET_ALIASES, PRESETS
 
-__all__ = ["DEFAULT_TRAIN_DATA", "ROLLOUT_LOOP", "PromptR1Fields", "field_help", "refuse_unknown_keys"]
+__all__ = [
+    "DEFAULT_TRAIN_DATA",
+    "PROJECT_ROOT",
+    "ROLLOUT_LOOP",
+    "PromptR1Fields",
+    "field_help",
+    "refuse_unknown_keys",
+]
 
 # The paper release's 2,048-row training sample, shipped with the project.
 DEFAULT_TRAIN_DATA = "training/data/mixed_2048.parquet"
+# The project folder this package runs from (prompt_r1/training/shared/config.py, three folders up): where a
+# project-relative path such as DEFAULT_TRAIN_DATA, as the shipped recipes write it, is found from any folder.
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 # The loop settings training fixes rather than takes as fields (see `PromptR1Fields.loop_config`).
@@ -209,11 +219,14 @@ class PromptR1Fields(EnvironmentFields):
         return LoopConfig(**values, **ROLLOUT_LOOP)
 
     def resolved_train_data(self) -> str:
-        """`train_data` as given, or, for a relative path missing from the working folder, the project's copy."""
+        """`train_data` as given (a bundled set's name, an absolute path, a path found from the working folder),
+        else, for a relative path, the project's copy (`PROJECT_ROOT / path`), so that the shipped recipes'
+        `training/data/...` is found from any folder. A recipe's own relative path was made relative to the
+        recipe's folder when `prompt-r1 train --config` read it (cli/train.py)."""
         path = Path(self.train_data)
         if path.is_absolute() or path.exists() or path.suffix == "":
             return self.train_data
-        project = Path(__file__).resolve().parents[2] / path
+        project = PROJECT_ROOT / path
         return str(project) if project.exists() else self.train_data
 
 

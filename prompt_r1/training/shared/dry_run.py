@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.runs.estimate import EpisodeShape, Estimate, TokenCounter, episode_part, format_usd
+from prompt_r1.runs.estimate import EpisodeShape, Estimate, TokenCounter, episode_part
+from prompt_r1.runs.estimate_report import format_usd
 
 __all__ = ["TrainSchedule", "train_estimate", "train_schedule"]
 

@@ -1,6 +1,7 @@
 """A training run's manifest (`OUTPUT_DIR/manifest.json`, prompt_r1.runs.manifest), and `--resume`'s check of it.
 
     train_manifest(config, resume=True, allow_changed=False)   # refuses, naming each setting that differs
+    train_manifest(config, resume=False, task={"name": "door-codes", ...})   # prompt-r1 train --task
 
 `measured`: the settings that decide what is learned (the model, data, reward, loop, environment model and
 sampling, optimiser and GRPO settings, seeds). The rest (output folders, logging, saving, endpoints, limits, the
@@ -10,6 +11,7 @@ Only the first process writes the file; every process checks it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
@@ -37,11 +39,18 @@ MEASURED = (
 )  # fmt: skip
 
 
-def train_manifest(config: Any, *, resume: bool, allow_changed: bool = False) -> None:
+def train_manifest(
+    config: Any, *, resume: bool, allow_changed: bool = False, task: Mapping[str, Any] | None = None
+) -> None:
     """Check, when resuming, that `config` measures what the output's manifest says (`ManifestError` naming each
-    setting that differs, unless `allow_changed`); then (first process only) write this run's manifest."""
+    setting that differs, unless `allow_changed`); then (first process only) write this run's manifest. `task`: a
+    built-in task's own settings (`prompt-r1 train --task`), whose rows and environment stand in for train_data."""
     values = config.to_dict()
     measured = {name: values[name] for name in MEASURED if name in values}
+    if task is not None:  # the task makes its rows: the config's train_data was never read
+        measured.pop("train_data", None)
+        measured.pop("max_train_samples", None)
+        measured["task"] = dict(task)
     path = manifest_path(folder=config.output_dir)
     earlier, changes = None, []
     if resume:
@@ -53,5 +62,7 @@ def train_manifest(config: Any, *, resume: bool, allow_changed: bool = False) ->
     operational = {name: value for name, value in values.items() if name not in measured}
     seeds = {"seed": values.get("seed"), "data_seed": values.get("data_seed")}
     prices = PriceTable.load(getattr(config, "prices", None))
+    if task is not None:
+        operational = {k: v for k, v in operational.items() if k not in ("train_data", "max_train_samples")}
     manifest = build_manifest("train", measured, operational, seeds=seeds, prices=prices)
     write_manifest(path, manifest, earlier, changes)
