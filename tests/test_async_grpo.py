@@ -203,7 +203,7 @@ def test_a_launch_the_trainer_cannot_run_on_is_one_line_before_anything_loads(tm
     """FSDP with the synchronous trainer, DeepSpeed with the async one (as `accelerate launch` with such a config
     sets them), and a vLLM server that serves another model than the trainer's."""
     from prompt_r1.testing.tiny_models import build_tiny_model
-    from prompt_r1.training.asynchronous.trainer import _same_model, build_async_trainer
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer, same_model
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.raises(
@@ -237,8 +237,8 @@ def test_a_launch_the_trainer_cannot_run_on_is_one_line_before_anything_loads(tm
     import shutil
 
     shutil.copytree(model, tmp_path / "copy")
-    assert _same_model(str(tmp_path / "copy"), str(model)) and _same_model(str(model), str(model))
-    assert not _same_model(str(build_tiny_model(tmp_path / "other", hidden_size=64)), str(model))
+    assert same_model(str(tmp_path / "copy"), str(model)) and same_model(str(model), str(model))
+    assert not same_model(str(build_tiny_model(tmp_path / "other", hidden_size=64)), str(model))
 
 
 # ---- on vLLM's CPU build -------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
 
-__all__ = ["build_async_trainer"]
+__all__ = ["build_async_trainer", "same_model"]
 
 
 ROLLOUT_STATE = "rollout_state.json"
@@ -150,7 +150,7 @@ def _served_model(base_url: str, model: str | None = None, timeout: float = 30.0
             f"as {server_start_command()} and set vllm_server_base_url"
         ) from None
     loaded = entry.get("root")  # where vLLM loaded it from (a server that does not say is taken at its word)
-    if model is not None and loaded and not _same_model(str(loaded), str(model)):
+    if model is not None and loaded and not same_model(str(loaded), str(model)):
         raise ConfigError(
             f"the vLLM server at {base_url} serves {loaded}, but the trainer trains {model}: start the server on "
             f"the trainer's model ({server_start_command()}, with {model}), or set model_name_or_path to its model"
@@ -158,7 +158,7 @@ def _served_model(base_url: str, model: str | None = None, timeout: float = 30.0
     return name
 
 
-def _same_model(served: str, trained: str) -> bool:
+def same_model(served: str, trained: str) -> bool:
     """Whether the server's model is the trainer's: the same folder or hub id, or a copy of the same folder (its
     config.json the same)."""
     from pathlib import Path
