@@ -162,7 +162,9 @@ def test_train_resume_names_a_changed_setting(tmp_path):
 
     config = tiny_grpo_config(tmp_path / "run")
     train_manifest(config, resume=False)
+    train_manifest(config, resume=False)  # a run afresh into the same folder: the history is kept
     written = read_manifest(tmp_path / "run/manifest.json")
+    assert len(written["runs"]) == 2
     assert written["command"] == "train" and written["seeds"]["seed"] == 0
     assert written["settings"]["measured"]["learning_rate"] == config.learning_rate
     # A higher step count or spend cap is how a run is resumed; a new learning rate is another run.
