@@ -164,3 +164,28 @@ def test_the_budget_covers_a_search_and_stops_it_like_a_row(tmp_path):
     assert 0 < sent < 40  # stopped at the cap: the whole search sends 40 metric calls and its proposals
     assert not (out / "optimized" / "opro" / "hotpot.json").exists()  # unfinished: done again by the next run
     assert not (out / "predictions.jsonl").exists() or (out / "predictions.jsonl").read_text() == ""
+
+
+def test_the_dry_run_refuses_what_the_run_refuses(relay_server, tmp_path):
+    """--ray with --env-cache, and a --budget over a model without a price: one line, exit 2, as the real run."""
+    questions = write_questions(tmp_path / "q.jsonl", 2)
+    batch = cli_args(relay_server.base_url, questions, tmp_path / "r.jsonl")
+    evaluate = ["eval", "--dataset", "hotpot", "--method", "env-only", "--limit", "2", "--out", tmp_path / "ev",
+                "--env-model", "env", "--env-base-url", relay_server.base_url]  # fmt: skip
+    for args in (batch, evaluate):
+        code, out, err = run_cli([*args, "--ray", "--env-cache", tmp_path / "c.sqlite", "--dry-run"])
+        assert code == 2 and out == "" and "--env-cache is not supported with --ray yet" in err
+        assert len(err.strip().splitlines()) == 1
+        code, out, err = run_cli([*args, "--budget", "1", "--dry-run"])  # the default table prices no 'env'
+        assert code == 2 and out == "" and "there is none for environment model 'env'" in err
+        assert len(err.strip().splitlines()) == 1
+    opro = [*evaluate, "--method", "opro", "--optimizer-train-rows", "2", "--reflection-model", "unpriced"]
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("env: {input: 1, output: 1}\n")
+    code, _, err = run_cli([*opro, "--prices", prices, "--budget", "1", "--dry-run"])
+    assert code == 2 and "optimiser model 'unpriced'" in err
+    assert (
+        relay_server.requests == []
+        and not (tmp_path / "ev").exists()
+        and not (tmp_path / "c.sqlite").exists()
+    )

@@ -131,12 +131,40 @@ def test_eval_writes_its_manifest_and_allows_changed_settings_only_when_asked(tm
     assert runs[-1]["changed"] == ["env-only environment.max_tokens: None → 50"]
 
 
+def test_eval_goes_on_to_more_rows_and_names_a_dataset_loaded_from_elsewhere(tmp_path, server):
+    """--limit and the scorer are operational (a run on the first rows goes on to more; a scorer rescores the same
+    rows); a dataset label now loaded from another file is a changed setting, in the folder's one check."""
+    inp = write_questions(tmp_path / "q.jsonl", 3)
+    args = ["eval", "--method", "env-only", "--out", str(tmp_path / "out"), "--env-model", "env",
+            "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress",
+            "--no-chart"]  # fmt: skip
+    assert run_cli([*args, "--dataset", str(inp), "--limit", "1"])[0] == 0
+    code, _, err = run_cli([*args, "--dataset", str(inp), "--limit", "3", "--scorer", "release"])
+    assert code == 0, err
+    assert len((tmp_path / "out/predictions.jsonl").read_text().splitlines()) == 3
+    manifest = read_manifest(tmp_path / "out/manifest.json")
+    assert manifest["settings"]["measured"]["datasets"] == {"q": str(inp)} and len(manifest["runs"]) == 2
+    assert manifest["settings"]["operational"]["limit"] == 3 and "changed" not in manifest["runs"][-1]
+    (tmp_path / "other").mkdir()
+    elsewhere = write_questions(tmp_path / "other" / "q.jsonl", 3)
+    code, out, err = run_cli([*args, "--dataset", str(elsewhere)])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"dataset q: {str(inp)!r} → {str(elsewhere)!r}" in err and "--allow-changed-settings" in err
+    assert len(read_manifest(tmp_path / "out/manifest.json")["runs"]) == 2  # nothing written
+    assert run_cli([*args, "--dataset", str(elsewhere), "--allow-changed-settings"])[0] == 0
+    assert read_manifest(tmp_path / "out/manifest.json")["runs"][-1]["changed"] == [
+        f"dataset q: {str(inp)!r} → {str(elsewhere)!r}"
+    ]
+
+
 def test_train_resume_names_a_changed_setting(tmp_path):
     from prompt_r1.training.shared.run_manifest import train_manifest
 
     config = tiny_grpo_config(tmp_path / "run")
     train_manifest(config, resume=False)
+    train_manifest(config, resume=False)  # a run afresh into the same folder: the history is kept
     written = read_manifest(tmp_path / "run/manifest.json")
+    assert len(written["runs"]) == 2
     assert written["command"] == "train" and written["seeds"]["seed"] == 0
     assert written["settings"]["measured"]["learning_rate"] == config.learning_rate
     # A higher step count or spend cap is how a run is resumed; a new learning rate is another run.

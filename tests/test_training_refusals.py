@@ -240,3 +240,42 @@ def test_a_resumed_run_whose_ledger_lost_calls_is_refused_before_paying_again(
             last
         )
         assert len(server.requests_for("env")) == paid  # nothing paid twice
+
+
+def test_train_resume_names_a_changed_setting_in_one_line(tiny_model_path, tmp_path, capsys):
+    """Through `prompt-r1 train`: a resume with another learning rate than the manifest's is refused before the
+    model loads, naming it; nothing is written."""
+    from prompt_r1.cli.train import train_parser
+    from prompt_r1.training.shared.run_manifest import train_manifest
+
+    out = tmp_path / "run"
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        args = _train(tiny_model_path, tmp_path, server, out)
+        train_manifest(
+            train_parser(args[1:]).parse_args_and_config(args[1:])[0], resume=False
+        )  # the first run's
+        (out / "checkpoint-1").mkdir()
+        (out / "checkpoint-1" / "trainer_state.json").write_text(
+            json.dumps({"global_step": 1, "log_history": []})
+        )
+        before = _snapshot(out)
+        assert cli_main([*args, "--resume", "--learning_rate", "0.5"]) == 2
+        assert server.requests_for("env") == []
+    last = _refused(capsys)
+    assert "learning_rate: 0.0001 → 0.5" in last and "--allow_changed_settings" in last, last
+    assert _snapshot(out) == before
+
+
+@pytest.mark.slow  # a real training step and its resume; the refusal above runs by default
+@pytest.mark.timeout(900)
+def test_train_resume_with_a_changed_setting_runs_when_allowed(tiny_model_path, tmp_path, capsys):
+    out = tmp_path / "run"
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        args = _train(tiny_model_path, tmp_path, server, out)
+        assert cli_main(args) == 0
+        resume = [*args, "--resume", "--max_steps", "2", "--learning_rate", "0.5"]
+        assert cli_main(resume) == 2 and "learning_rate: 0.0001 → 0.5" in _refused(capsys)
+        assert cli_main([*resume, "--allow_changed_settings"]) == 0
+    runs = json.loads((out / "manifest.json").read_text())["runs"]
+    assert len(runs) == 2 and runs[-1]["changed"] == ["learning_rate: 0.0001 → 0.5"]
+    assert (out / "checkpoint-2").is_dir()

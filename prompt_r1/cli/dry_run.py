@@ -116,9 +116,10 @@ def _baseline_hits(cache: Any, config: Any, requests: list[str], prices: Any) ->
     """How many of these single-call requests (env-only's, env-cot's) `cache` holds, and the dollars their
     stored usage would cost (None: a model without a price)."""
     from prompt_r1.clients.environment import OPENAI_BASE_URL, environment_messages
-    from prompt_r1.clients.response_cache import request_key
+    from prompt_r1.clients.response_cache import request_key, sampling_of
 
-    sampling = {"temperature": config.temperature, "max_tokens": config.max_tokens}
+    # The key the client makes (EnvironmentClient.ainvoke): its endpoint and model, its config's sampling.
+    sampling = sampling_of(config)
     endpoint = config.base_url or OPENAI_BASE_URL
     hits, saved = 0, 0.0
     for request in requests:
@@ -130,6 +131,22 @@ def _baseline_hits(cache: Any, config: Any, requests: list[str], prices: Any) ->
                            int(reply.get("output_tokens") or 0))  # fmt: skip
         saved = None if cost is None or saved is None else saved + cost
     return hits, saved
+
+
+def _refuse_as_the_run_does(
+    args: argparse.Namespace, prices: Any, env_configs: list[Any], agent_cfg: Any
+) -> None:
+    """What the real run refuses before it sends anything, refused here too: an estimate of a run that would not
+    start is no estimate (docs/cost.md: flags and files are checked as for the real run)."""
+    from prompt_r1.runs.metering import check_budget_prices
+
+    if args.ray is not None and args.env_cache:  # as cli/batch.py's and cli/eval.py's --ray checks
+        raise ConfigError(
+            "--env-cache is not supported with --ray yet: run without --ray to replay from a cache"
+        )
+    if args.budget is not None:  # an unpriced paid model: the run exits 2 rather than spend without a cap
+        for env_cfg in env_configs or [None]:
+            check_budget_prices(prices, env_cfg, agent_cfg)
 
 
 def print_estimate(estimate: Estimate, style: str) -> int:
@@ -154,6 +171,7 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
         )
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
+    _refuse_as_the_run_does(args, prices, [env_cfg], agent_cfg)
     earlier = _rows(settings.out)
     finished = {str(r.get("id")) for r in earlier if r.get("status") not in FAILED}
     samples = iter_samples(settings.source, limit=settings.limit, require_answers=False)
@@ -200,11 +218,17 @@ def eval_dry_run(args, methods, samples, sources, search, prices, agent_cfg, loo
     """`eval --dry-run`: every folder's (one per swept environment) rows still to run and searches not done."""
     from prompt_r1.evaluation.dry_run import baseline_request, eval_parts
     from prompt_r1.evaluation.harness import PREDICTIONS
+    from prompt_r1.evaluation.optimizers.search import check_search_prices
     from prompt_r1.evaluation.plan import METHODS
     from prompt_r1.runs.estimate_report import format_usd
 
+    env_configs = [cfg for _, cfg in folders if cfg is not None]
+    _refuse_as_the_run_does(args, prices, env_configs, agent_cfg)
+    if args.budget is not None:  # the optimiser model too, as the real run checks it
+        for cfg in env_configs:
+            check_search_prices(prices, methods, search, cfg)
     parts, shape, environment = [], None, None
-    cache = peek_run_cache(args, [cfg for _, cfg in folders if cfg is not None])
+    cache = peek_run_cache(args, env_configs)
     baseline, hits, saved = 0, 0, 0.0
     for folder, env_cfg in folders:
         earlier = _rows(Path(folder) / PREDICTIONS)

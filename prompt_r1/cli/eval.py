@@ -278,6 +278,7 @@ def _eval_folders(
             environment_config=cfg,
             loop=loop_cfg,
             search=search.to_dict(),
+            datasets=sources,
             allow_changed=args.allow_changed_settings,
         )
         for folder, cfg in folders
@@ -337,18 +338,14 @@ def _eval_folders(
 
 def _write_manifest(args, folder, settings, env_cfg, sources, prices, agent_cfg, search, earlier) -> None:
     """The folder's manifest (prompt_r1.runs.manifest): what changes its rows is `settings` (run.json's, every
-    method's), with the datasets; the rest is operational."""
+    method's and dataset's, checked by `record_settings`); the rest is operational, --limit and the scorer with it."""
     import dataclasses
 
     from prompt_r1.runs.manifest import build_manifest, manifest_path, write_manifest
 
-    runs_on = {
-        "methods": settings["methods"],
-        "datasets": sources,
-        "limit": args.limit,
-        "scorer": args.scorer,
-    }
+    runs_on = {"methods": settings["methods"], "datasets": settings["datasets"]}
     operational = {
+        "limit": args.limit, "scorer": args.scorer, "run_datasets": sources,
         "concurrency": args.concurrency, "max_failures": args.max_failures, "budget": args.budget,
         "env_cache": args.env_cache, "env_cache_always": args.env_cache_always,
         "agent": None if agent_cfg is None else dataclasses.asdict(agent_cfg),

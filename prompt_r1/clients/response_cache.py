@@ -421,8 +421,9 @@ def check_replayable(temperature: float | None, *, always: bool) -> None:
 
 
 def sampling_of(client: Any) -> dict[str, Any]:
-    """The sampling settings that go into a call's key: the client's config, or its chat model's."""
+    """The sampling settings that go into a call's key: the client's config, or its chat model's; or, given an
+    environment config itself (a dry run's, which builds no client), that config's."""
     model = getattr(client, "chat_model", None)
-    config = getattr(client, "config", None)
+    config = getattr(client, "config", client)
     source = model if model is not None else config
     return {name: getattr(source, name, None) for name in ("temperature", "max_tokens")}

@@ -151,13 +151,17 @@ def record_settings(
     environment_config: Any = None,
     loop: LoopConfig | None = None,
     search: dict | None = None,
+    datasets: dict[str, str] | None = None,
     allow_changed: bool = False,
 ) -> dict[str, Any]:
     """Refuse to mix rows produced under different settings in one folder; record the settings otherwise, and
-    return them (every method's, this run's and earlier runs'), with the changes allowed under "changed".
+    return them (every method's and every dataset's, this run's and earlier runs'), with the changes allowed under
+    "changed". The folder's one settings check: its manifest's `measured` part is what this returns.
 
-    Only what changes results is compared (models, sampling, loop); endpoints, limits and retries may change.
-    `allow_changed` (`eval --allow-changed-settings`) records the new settings instead of refusing them.
+    Only what changes results is compared (models, sampling, loop, and the file or set each dataset label was
+    loaded from); endpoints, limits, retries, `--limit` and the scorer may change (a run on the first N rows may go
+    on to more; a scorer rescores the same rows). A method or dataset new to the folder adds rows beside the
+    others. `allow_changed` (`eval --allow-changed-settings`) records the new settings instead of refusing them.
     """
     loop = loop or LoopConfig()
     settings = {m: _method_settings(m, agent_config, environment_config, loop, search) for m in methods}
@@ -188,6 +192,16 @@ def record_settings(
             f"{out_dir} holds {method} rows made with other settings ({'; '.join(changes)}); "
             "use another --out folder, the same settings to resume, or --allow-changed-settings to mix them"
         )
+    known = recorded.setdefault("datasets", {})
+    moved = [f"dataset {label}: {known[label]!r} → {source!r}" for label, source in (datasets or {}).items()
+             if known.get(label, source) != source]  # fmt: skip
+    if moved and not allow_changed:
+        raise ConfigError(
+            f"{out_dir} holds rows made with other settings ({'; '.join(moved)}); use another --out folder, the "
+            "same settings to resume, or --allow-changed-settings to mix them"
+        )
+    allowed += moved
+    known.update(datasets or {})
     recorded["methods"].update(settings)
     path.write_text(json.dumps(recorded, indent=2, ensure_ascii=False) + "\n")
-    return {"methods": recorded["methods"], "changed": allowed}
+    return {"methods": recorded["methods"], "datasets": known, "changed": allowed}

@@ -125,17 +125,18 @@ def row_cost(row: dict[str, Any], prices: PriceTable, agent_model: str, *, agent
     return total
 
 
-def priced_models(environment: Any, agent: AgentBackend | None) -> dict[str, str]:
+def priced_models(environment: Any, agent: Any) -> dict[str, str]:
     """What a budget is spent on: label → model name, for every environment model (each pool member's) and for a
-    served agent (an in-process agent makes no paid calls)."""
+    served agent (an in-process agent makes no paid calls). The clients, or their configs (a dry run's, which
+    builds no client)."""
     members = [] if environment is None else getattr(environment, "members", None) or [environment]
     models = {}
     for member in members:
-        model = str(getattr(member, "model_name", None) or "environment")
+        model = str(getattr(member, "model_name", None) or getattr(member, "model", None) or "environment")
         name = getattr(member, "name", None)
         label = f"environment model {model!r}" + (f" (pool member {name})" if len(members) > 1 else "")
         models[label] = model
-    config = getattr(agent, "config", None)
+    config = getattr(agent, "config", agent)  # a backend, or an agent config
     if getattr(config, "resolved_backend", None) == "served":
         models[f"agent model {config.model!r}"] = str(config.model)
     return models
@@ -153,7 +154,7 @@ def budget_rule(meter: UsageMeter, budget: float | None) -> Callable[[], str | N
     return over_budget
 
 
-def check_budget_prices(prices: PriceTable, environment: Any, agent: AgentBackend | None) -> None:
+def check_budget_prices(prices: PriceTable, environment: Any, agent: Any) -> None:
     """A `ConfigError` unless every model a budget pays for has a price: an unpriced model's spending would count
     as nothing, and the budget would never stop the run."""
     missing = prices.unpriced(priced_models(environment, agent))

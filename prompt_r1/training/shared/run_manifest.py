@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.runs.manifest import build_manifest, check_manifest, manifest_path, write_manifest
+from prompt_r1.runs.manifest import (
+    build_manifest,
+    check_manifest,
+    manifest_path,
+    read_manifest,
+    write_manifest,
+)
 
 __all__ = ["MEASURED", "train_manifest"]
 
@@ -52,11 +58,12 @@ def train_manifest(
         measured.pop("max_train_samples", None)
         measured["task"] = dict(task)
     path = manifest_path(folder=config.output_dir)
-    earlier, changes = None, []
     if resume:
         earlier, changes = check_manifest(
             path, measured, allow_changed=allow_changed, flag=ALLOW_FLAG, what="output_dir"
         )
+    else:  # a new run into a folder made before: its settings replace the old, its runs stay in the history
+        earlier, changes = read_manifest(path), []
     if getattr(config, "process_index", 0) != 0:
         return
     operational = {name: value for name, value in values.items() if name not in measured}
