@@ -161,35 +161,49 @@ def _ledger_calls(path: Path) -> int:
         ledger.close()
 
 
+BAD_INPUT = [
+    (["--ray", "not an address"], 2, "is not a Ray address"),
+    (["--ray", "host:99999"], 2, "is not a Ray address"),
+    (["--ray", "--ray-actors", "0"], 2, "--ray-actors"),
+    (["--ray", "--ray-actors", "nan"], 2, "--ray-actors"),
+    (["--ray", "--ray-actor-gpus", "-1"], 2, "--ray-actor-gpus"),
+    (["--ray", "--shard", "1/2"], 2, "--ray and --shard"),
+    (["--ray", "127.0.0.1:9"], 2, "--env-rate-store redis://"),  # a cluster without a shared store
+]
+EVAL_BAD_INPUT = [BAD_INPUT[0], BAD_INPUT[-1]]
+
+
+def command_line(command: str, tmp_path: Path) -> list:
+    """`batch` or `eval` of three questions, its output in tmp_path."""
+    questions = write_questions(tmp_path / "q.jsonl", 3)
+    if command == "batch":
+        return ["batch", questions, "--out", tmp_path / "out.jsonl"]
+    return ["eval", "--dataset", questions, "--method", "prompt-r1", "--out", tmp_path / "eval", "--no-chart"]
+
+
 @pytest.mark.parametrize(
-    ("extra", "code", "says"),
-    [
-        (["--ray", "not an address"], 2, "is not a Ray address"),
-        (["--ray", "host:99999"], 2, "is not a Ray address"),
-        (["--ray", "--ray-actors", "0"], 2, "--ray-actors"),
-        (["--ray", "--ray-actors", "nan"], 2, "--ray-actors"),
-        (["--ray", "--ray-actor-gpus", "-1"], 2, "--ray-actor-gpus"),
-        (["--ray", "--shard", "1/2"], 2, "--ray and --shard"),
-        (["--ray", "127.0.0.1:9"], 2, "--env-rate-store redis://"),  # a cluster without a shared store
-    ],
+    ("command", "extra", "code", "says"),
+    [("batch", *case) for case in BAD_INPUT] + [("eval", *case) for case in EVAL_BAD_INPUT],
 )
-def test_bad_input_is_one_line_and_sends_nothing(tmp_path, provider, extra, code, says):
-    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+def test_bad_input_is_one_line_and_sends_nothing(tmp_path, provider, command, extra, code, says):
+    args = command_line(command, tmp_path)
     before = sorted(tmp_path.iterdir())
-    got, _, err = run_cli(["batch", questions, "--out", out, *extra, *flags(provider)])
+    got, _, err = run_cli([*args, *extra, *flags(provider)])
     assert got == code and says in err, err
     assert len([line for line in err.splitlines() if line.strip()]) <= 2  # argparse adds its usage line
-    assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
+    assert (
+        provider.requests == [] and sorted(tmp_path.iterdir()) == before
+    )  # no file written (eval: no run.json)
 
 
-def test_unreachable_cluster_is_exit_3(tmp_path, provider):
-    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+@pytest.mark.parametrize("command", ["batch", "eval"])
+def test_unreachable_cluster_is_exit_3(tmp_path, provider, command):
+    args = command_line(command, tmp_path)
+    before = sorted(tmp_path.iterdir())
     with RedisServer() as redis:
-        code, _, err = run_cli(
-            ["batch", questions, "--out", out, "--ray", "127.0.0.1:9", *flags(provider, redis)]
-        )
+        code, _, err = run_cli([*args, "--ray", "127.0.0.1:9", *flags(provider, redis)])
     assert code == 3 and "cannot reach the Ray cluster at 127.0.0.1:9" in err, err
-    assert provider.requests == [] and not out.exists()
+    assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
 
 
 @pytest.mark.slow

@@ -76,7 +76,7 @@ def import_ray():
     return ray
 
 
-def _reachable(address: str) -> str | None:
+def why_unreachable(address: str) -> str | None:
     """None when something listens at HOST:PORT (or the address is `auto`), else why not."""
     if address == "auto":
         return None
@@ -86,6 +86,10 @@ def _reachable(address: str) -> str | None:
             return None
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+
+
+def unreachable_line(address: str, reason: str) -> str:
+    return f"cannot reach the Ray cluster at {address} ({reason}); start it or fix --ray"
 
 
 def meter_row(meter: UsageMeter, row: dict[str, Any], agent_model: str) -> None:
@@ -204,11 +208,9 @@ class RayEpisodes:
     def _connect(self, ray) -> None:
         rs = self.ray_settings
         if rs.address is not None:
-            reason = _reachable(rs.address)
+            reason = why_unreachable(rs.address)
             if reason is not None:
-                raise ClusterUnreachable(
-                    f"cannot reach the Ray cluster at {rs.address} ({reason}); start it or fix --ray"
-                )
+                raise ClusterUnreachable(unreachable_line(rs.address, reason))
         options: dict[str, Any] = dict(address=rs.address, log_to_driver=False, configure_logging=False)
         if rs.local:
             options.update(
