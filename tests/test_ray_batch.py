@@ -259,3 +259,35 @@ def test_resume_after_the_driver_is_killed(tmp_path, provider):
         assert repeats <= 4
     finally:
         cluster.shutdown()
+
+
+def test_eval_budget_counts_a_paid_agent_alone(tmp_path, cluster, provider):
+    # agent-only calls no environment: the budget is kept on the agent's tokens the rows report.
+    questions, out = write_questions(tmp_path / "q.jsonl", 12), tmp_path / "eval"
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("agent: {input: 1000, output: 1000}\nenv: {input: 0, output: 0}\n")
+    code, _, err = run_cli(["eval", "--dataset", questions, "--method", "agent-only", "--out", out, "--no-chart",
+                            "--ray", cluster.address, "--concurrency", 1, "--budget", 0.05, "--prices", prices,
+                            *flags(provider)])  # fmt: skip
+    assert code == 1 and "budget of $0.05 reached" in err, err
+    assert 0 < len(rows_of(out / "predictions.jsonl")) < 12
+
+
+def test_the_rows_get_what_the_searches_left():
+    # eval's prompt-optimiser searches spend on the run's meter before the rows: the Ray rows get the rest.
+    from prompt_r1.clients.costs import PriceTable, UsageMeter
+    from prompt_r1.core.config import LoopConfig
+    from prompt_r1.evaluation.rows import eval_work
+    from prompt_r1.runs.ray_batch import RayEpisodes
+    from prompt_r1.runs.ray_settings import RaySettings
+
+    prices = PriceTable.parse({"env": {"input": 1000, "output": 0}}, "test")
+    meter = UsageMeter(prices)
+    meter.add("environment", "env", 400, 0)  # $0.40 of searching
+    episodes = RayEpisodes(RaySettings(), eval_work, out=Path("p.jsonl"), concurrency=2, budget=1.0,
+                           agent_config=None, environment_config=None, loop=LoopConfig(), prices=prices,
+                           meter=meter)  # fmt: skip
+    stop = episodes.stop_rule()
+    assert episodes.left() == pytest.approx(0.6) and stop() is None
+    episodes.spent = 0.6  # the rows' spending in the store
+    assert "budget of $1 reached ($1.0000 spent)" in stop()

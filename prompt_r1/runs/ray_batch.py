@@ -127,7 +127,10 @@ class RayEpisodes:
         self.loop, self.prices = loop, prices
         self.meter = meter if meter is not None else UsageMeter(prices)
         self.agent_model = str(getattr(agent_config, "model", None) or "agent")
-        self.spent = 0.0
+        # What the run spent before its rows (eval's prompt-optimiser searches, on this meter): the rows may spend
+        # only the rest of the budget.
+        self.before = self.meter.cost
+        self.spent = 0.0  # the rows' spending in the store, as the actors last saw it
         self.actors: list[Any] = []
         self.load: dict[int, int] = {}
         self.lost: set[int] = set()
@@ -200,7 +203,7 @@ class RayEpisodes:
             (self.make_work, self.options, self.agent_config, self.environment_config, self.loop, self.prices)
         )
         self.actors = [
-            actor_class.remote(shared, self.keeper, spend_key, self.budget) for _ in range(rs.actors)
+            actor_class.remote(shared, self.keeper, spend_key, self.left()) for _ in range(rs.actors)
         ]
         self.load = dict.fromkeys(range(len(self.actors)), 0)
         self._check_versions(ray)
@@ -263,17 +266,22 @@ class RayEpisodes:
                     )
 
     # ---- the run ----------------------------------------------------------------------------------------------
+    def left(self) -> float | None:
+        """The budget the rows may spend: what the searches before them left."""
+        return None if self.budget is None else self.budget - self.before
+
     def stop_rule(self):
-        """The driver's budget rule: stop starting rows once the run's spending (as the actors last saw it in the
-        store) reaches the budget."""
+        """The driver's budget rule: stop starting rows once the run's spending reaches the budget: what was spent
+        before the rows, plus the rows' spending in the store (as the actors last saw it, paid calls of rows not
+        yet written included), or the driver's meter (the rows it was handed, and the searches: the only count
+        when no environment is called, an agent-only eval whose served agent is paid)."""
         budget = self.budget
         if budget is None:
             return None
 
         def over_budget() -> str | None:
-            return (
-                f"budget of ${budget:g} reached (${self.spent:.4f} spent)" if self.spent >= budget else None
-            )
+            spent = max(self.before + self.spent, self.meter.cost)
+            return f"budget of ${budget:g} reached (${spent:.4f} spent)" if spent >= budget else None
 
         return over_budget
 
