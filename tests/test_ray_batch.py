@@ -168,6 +168,7 @@ BAD_INPUT = [
     (["--ray", "--ray-actors", "nan"], 2, "--ray-actors"),
     (["--ray", "--ray-actor-gpus", "-1"], 2, "--ray-actor-gpus"),
     (["--ray", "--shard", "1/2"], 2, "--ray and --shard"),
+    (["--ray", "--checkpoint", "cp.sqlite"], 2, "--checkpoint is not supported with --ray"),
     (["--ray", "127.0.0.1:9"], 2, "--env-rate-store redis://"),  # a cluster without a shared store
 ]
 EVAL_BAD_INPUT = [BAD_INPUT[0], BAD_INPUT[-1]]
