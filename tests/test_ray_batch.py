@@ -292,3 +292,14 @@ def test_the_rows_get_what_the_searches_left():
     assert episodes.left() == pytest.approx(0.6) and stop() is None
     episodes.spent = 0.6  # the rows' spending in the store
     assert "budget of $1 reached ($1.0000 spent)" in stop()
+
+
+def test_ray_without_address_starts_its_own(tmp_path, cluster, provider, monkeypatch):
+    # --ray alone starts a local Ray (and a redis-server as the store) for the run, even with RAY_ADDRESS naming a
+    # running cluster: joining it would take --ray-actors' CPUs from someone else's cluster.
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "out.jsonl"
+    code, _, err = run_cli(["batch", questions, "--out", out, "--ray", "--ray-actors", 1, *flags(provider)])
+    assert code == 0, err
+    check_rows(out, 4)
+    assert provider.rejected_by_rate_limit == 0 and max(env_requests(provider).values()) == 1

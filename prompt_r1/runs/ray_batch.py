@@ -215,16 +215,19 @@ class RayEpisodes:
             if reason is not None:
                 raise ClusterUnreachable(unreachable_line(rs.address, reason))
         options: dict[str, Any] = dict(address=rs.address, log_to_driver=False, configure_logging=False)
-        if rs.local:
+        if rs.local:  # "local": a Ray of our own, never RAY_ADDRESS's or a cluster already running here
             options.update(
-                include_dashboard=False, num_cpus=max(os.cpu_count() or 1, int(rs.actors * rs.actor_cpus))
-            )
+                address="local", include_dashboard=False,
+                num_cpus=max(os.cpu_count() or 1, int(rs.actors * rs.actor_cpus)),
+            )  # fmt: skip
         try:
             ray.init(**options)
         except ConnectionError as exc:
             raise ClusterUnreachable(
                 f"cannot reach the Ray cluster at {rs.address} ({str(exc).splitlines()[0]})"
             ) from None
+        except ValueError as exc:  # Ray refusing the options it was given (settings of a cluster it joined)
+            raise ConfigError(f"Ray refused to start for --ray: {' '.join(str(exc).split())[:300]}") from None
         except RuntimeError as exc:
             text = str(exc)
             if "ersion mismatch" in text:
