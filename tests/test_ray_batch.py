@@ -258,6 +258,8 @@ def test_resume_after_the_driver_is_killed(tmp_path, provider):
         # Only a call in flight at the kill (at most --concurrency of them) was sent twice; paid ones replayed.
         repeats = sum(n - 1 for n in env_requests(provider).values())
         assert repeats <= 4
+        figures = json.loads(out.with_name("out.summary.json").read_text())["ray"]
+        assert figures["replayed_calls"] >= 1, figures  # the killed run's in-flight episodes had paid calls
     finally:
         cluster.shutdown()
 
@@ -303,3 +305,28 @@ def test_ray_without_address_starts_its_own(tmp_path, cluster, provider, monkeyp
     assert code == 0, err
     check_rows(out, 4)
     assert provider.rejected_by_rate_limit == 0 and max(env_requests(provider).values()) == 1
+
+
+def test_a_node_of_other_versions_is_one_line():
+    from prompt_r1.core.errors import ConfigError
+    from prompt_r1.runs.ray_batch import check_versions
+
+    mine = {"python": "3.12.1", "prompt-r1": "0.4.0", "node": "driver"}
+    check_versions([dict(mine, node="a"), dict(mine, node="b")], mine)
+    with pytest.raises(ConfigError) as refused:
+        check_versions([dict(mine, node="a"), dict(mine, node="b", **{"prompt-r1": "0.3.9"})], mine)
+    assert str(refused.value) == (
+        "Ray node b runs prompt-r1 0.3.9, this driver 0.4.0: install the same versions on every node"
+    )
+
+
+def test_ray_not_installed_names_the_extra(tmp_path, provider, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where the extra is not installed
+    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+    code, _, err = run_cli(["batch", questions, "--out", out, "--ray", *flags(provider)])
+    assert code == 2 and err.strip() == (
+        "prompt-r1: error: --ray needs Ray, which is not installed: pip install 'prompt-r1[ray]'"
+    ), err
+    assert provider.requests == [] and not out.exists()

@@ -259,14 +259,7 @@ class RayEpisodes:
                 f"{len(pending)} of {len(refs)} Ray actors did not start within {READY_SECONDS:g} s (no room on the "
                 "cluster for --ray-actors of --ray-actor-cpus/-gpus each?)"
             )
-        mine = versions()
-        for found in ray.get(ready):
-            for what in ("python", "prompt-r1"):
-                if found[what] != mine[what]:
-                    raise ConfigError(
-                        f"Ray node {found['node']} runs {what} {found[what]}, this driver {mine[what]}: install "
-                        "the same versions on every node"
-                    )
+        check_versions(ray.get(ready), versions())
 
     # ---- the run ----------------------------------------------------------------------------------------------
     def left(self) -> float | None:
@@ -320,6 +313,18 @@ class RayEpisodes:
         """A finished row's calls leave the ledger (a rerun skips it); a failed row's stay, to be replayed."""
         if row["status"] not in FAILED_STATUSES:
             await self.keeper.forget.remote(self.key(item))
+
+
+def check_versions(found: list[dict[str, str]], mine: dict[str, str]) -> None:
+    """A `ConfigError` naming the first node whose Python or prompt-r1 differs from the driver's (`versions()` of
+    each actor, and of the driver)."""
+    for node in found:
+        for what in ("python", "prompt-r1"):
+            if node[what] != mine[what]:
+                raise ConfigError(
+                    f"Ray node {node['node']} runs {what} {node[what]}, this driver {mine[what]}: install "
+                    "the same versions on every node"
+                )
 
 
 def check_store_for(rs: RaySettings) -> str:
