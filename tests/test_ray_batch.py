@@ -70,6 +70,11 @@ def env_requests(server) -> collections.Counter:
     )
 
 
+def env_calls(summary: dict) -> int:
+    """The environment calls a run's summary says it paid for."""
+    return sum(m["calls"] for m in summary["usage"]["models"] if m["role"] == "environment")
+
+
 def check_rows(out: Path, n: int) -> list[dict]:
     rows = rows_of(out)
     assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(n))  # every id once
@@ -252,14 +257,20 @@ def test_resume_after_the_driver_is_killed(tmp_path, provider):
             driver.send_signal(signal.SIGKILL)
             driver.wait(30)
             time.sleep(1.0)  # Ray ends the killed driver's actors
+            sent_before = sum(r.model == "env" for r in provider.requests)
             code, _, err = run_cli(args)
         assert code == 0, err
         check_rows(out, 20)
         # Only a call in flight at the kill (at most --concurrency of them) was sent twice; paid ones replayed.
         repeats = sum(n - 1 for n in env_requests(provider).values())
         assert repeats <= 4
-        figures = json.loads(out.with_name("out.summary.json").read_text())["ray"]
-        assert figures["replayed_calls"] >= 1, figures  # the killed run's in-flight episodes had paid calls
+        summary = json.loads(out.with_name("out.summary.json").read_text())
+        assert summary["ray"]["replayed_calls"] >= 1, (
+            summary
+        )  # the killed run's in-flight episodes had paid calls
+        # The rerun's meter counts the calls it sent, not those the ledger answered (paid by the killed run).
+        sent = sum(r.model == "env" for r in provider.requests) - sent_before
+        assert env_calls(summary) == sent, (summary, sent)
     finally:
         cluster.shutdown()
 
@@ -330,3 +341,30 @@ def test_ray_not_installed_names_the_extra(tmp_path, provider, monkeypatch):
         "prompt-r1: error: --ray needs Ray, which is not installed: pip install 'prompt-r1[ray]'"
     ), err
     assert provider.requests == [] and not out.exists()
+
+
+def test_retries_are_the_actors(tmp_path, cluster, provider):
+    # The actors' clients retry (a 500 once per question's first call): the summary counts their retries.
+    from prompt_r1.testing.servers import Fault
+
+    first = set()
+
+    def once(model, body):
+        key = json.dumps(body["messages"], sort_keys=True)
+        if model == "env" and key not in first:
+            first.add(key)
+            return Fault("500", retry_after=0.0)
+        return None
+
+    provider.fault_rule = once
+    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+    with RedisServer() as redis:
+        code, _, err = run_cli(
+            ["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)]
+        )
+    assert code == 0, err
+    check_rows(out, 3)
+    summary = json.loads(out.with_name("out.summary.json").read_text())
+    assert summary["retries"] == 6 and env_calls(summary) == 6, (
+        summary
+    )  # two calls per question, each retried

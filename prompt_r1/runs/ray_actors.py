@@ -81,7 +81,8 @@ class LedgeredEnvironment:
         recorded = await self.keeper.lookup.remote(episode.key, turn, key)
         if recorded is not None:
             episode.replayed += 1
-            return EnvironmentReply(**recorded)
+            # `cached`: not sent and not paid for now (the try that sent it paid, and the store counted it then).
+            return EnvironmentReply(**{**recorded, "cached": True})
         reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
         await self.keeper.record.remote(episode.key, turn, key, reply.to_dict())  # on disk before it is seen
         return reply

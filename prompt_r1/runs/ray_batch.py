@@ -92,11 +92,19 @@ def unreachable_line(address: str, reason: str) -> str:
     return f"cannot reach the Ray cluster at {address} ({reason}); start it or fix --ray"
 
 
-def meter_row(meter: UsageMeter, row: dict[str, Any], agent_model: str) -> None:
-    """Add what a row used to the driver's meter (for the summary, the progress line and the budget): an episode's
-    turns' environment calls or a baseline's `environment_calls`, and the agent's tokens."""
+def row_calls(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's environment calls: an episode's turns' or a baseline's `environment_calls`."""
     calls = [t["environment_call"] for t in row.get("turns") or () if t.get("environment_call")]
-    for call in [*calls, *(row.get("environment_calls") or ())]:
+    return [*calls, *(row.get("environment_calls") or ())]
+
+
+def meter_row(meter: UsageMeter, row: dict[str, Any], agent_model: str) -> None:
+    """Add what a row used to the driver's meter (for the summary, the progress line and the budget): its
+    environment calls, less those answered from the ledger (`cached`: paid by the try or the run that sent them),
+    and the agent's tokens."""
+    for call in row_calls(row):
+        if call.get("cached"):
+            continue
         meter.add(
             "environment", call.get("model") or "environment", call["input_tokens"], call["output_tokens"]
         )
@@ -136,6 +144,7 @@ class RayEpisodes:
         self.lost: set[int] = set()
         self.retried = 0  # tries of an item lost with its actor (its node died), run again on another
         self.replayed = 0  # environment calls answered from the ledger instead of being sent again
+        self.retries = 0  # the actors' environment clients' retries, as the rows' calls report their attempts
         self.start_seconds = 0.0  # joining or starting Ray, the store and the actors (their agents loaded)
         self._stack = contextlib.ExitStack()
 
@@ -306,6 +315,8 @@ class RayEpisodes:
                 raise asyncio.CancelledError  # no row: the pool counts it cancelled, the next run replays its calls
             row = result["row"]
             meter_row(self.meter, row, self.agent_model)
+            sent = [call for call in row_calls(row) if not call.get("cached")]
+            self.retries += sum(max(0, int(call.get("attempts") or 1) - 1) for call in sent)
             return row
         raise RuntimeError(f"every try of this row lost its Ray actor ({type(last).__name__})")
 
