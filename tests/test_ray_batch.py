@@ -112,11 +112,16 @@ def test_one_budget_across_actors(tmp_path, cluster, provider):
     prices = tmp_path / "prices.yaml"
     prices.write_text("env: {input: 1000, output: 1000}\nagent: {input: 0, output: 0}\n")
     budget = 0.5
+    args = ["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 2, "--budget", budget,
+            "--prices", prices]  # fmt: skip
     with RedisServer() as redis:
-        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 2,
-                                "--budget", budget, "--prices", prices, *flags(provider, redis)])  # fmt: skip
-    assert code == 1 and "budget of $0.5 reached" in err, err
-    calls = [r for r in provider.requests if r.model == "env"]
+        code, _, err = run_cli([*args, *flags(provider, redis)])
+        assert code == 1 and "budget of $0.5 reached" in err, err
+        calls = [r for r in provider.requests if r.model == "env"]
+        # A rerun on the same store finds the run's budget spent, as a --shard rerun does: it sends nothing.
+        code, _, err = run_cli([*args, *flags(provider, redis)])
+        assert code == 1 and "budget of $0.5 reached" in err, err
+        assert sum(r.model == "env" for r in provider.requests) == len(calls)
     rows = rows_of(out)
     sizes = [t["environment_call"]["input_tokens"] + t["environment_call"]["output_tokens"]
              for r in rows for t in r["turns"] if t.get("environment_call")]  # fmt: skip

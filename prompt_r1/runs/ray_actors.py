@@ -125,6 +125,10 @@ class EpisodeActor:
     def ready(self) -> dict[str, str]:
         return versions()
 
+    async def spent(self) -> float:
+        """The run's spending in the store so far."""
+        return await self.spend.total() if self.spend is not None else 0.0
+
     async def run(self, key: str, item: Any) -> dict[str, Any]:
         """The item's row, or {"budget": True} when the budget stopped it; with the run's spending so far and the
         calls answered from the ledger."""

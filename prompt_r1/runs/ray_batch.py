@@ -41,13 +41,13 @@ import contextlib
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.clients.shared_spend import run_key
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import BackendUnavailable, ConfigError, PromptR1Error
 from prompt_r1.core.urls import is_shared_store
@@ -185,9 +185,11 @@ class RayEpisodes:
                 self.environment_config = replace(self.environment_config, rate_store=server.url)
         self._connect(ray)
         self._check_room(ray)
-        # One driver, one run: its spending counts under a key of its own, from zero.
+        # The run's spending lives in its store, under the results file's resolved path: with a store the user
+        # gave, a rerun adds to what earlier runs spent (as `--shard` runs do; prompt_r1.runs.shared_budget); with
+        # the store started here, it counts from zero.
         with_spend = self.budget is not None and self.environment_config is not None
-        spend_key = f"prompt-r1:spend:ray:{uuid.uuid4().hex}" if with_spend else None
+        spend_key = run_key("ray", str(self.out.resolve())) if with_spend else None
         keeper_path = (
             ":memory:"
             if (rs.address or "").startswith("ray://")
@@ -216,6 +218,8 @@ class RayEpisodes:
         ]
         self.load = dict.fromkeys(range(len(self.actors)), 0)
         self._check_versions(ray)
+        if spend_key is not None:  # what earlier runs spent: a spent budget starts no row
+            self.spent = ray.get(self.actors[0].spent.remote())
 
     def _connect(self, ray) -> None:
         rs = self.ray_settings
