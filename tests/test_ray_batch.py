@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, rows_of, run_cli, spawn_cli, wait_for, write_questions
+from helpers import ROOT, rows_of, run_cli, run_cli_process, spawn_cli, wait_for, write_questions
 
 from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window, relay_agent
@@ -312,13 +312,14 @@ def test_the_rows_get_what_the_searches_left():
     assert "budget of $1 reached ($1.0000 spent)" in stop()
 
 
-def test_ray_without_address_starts_its_own(tmp_path, cluster, provider, monkeypatch):
+def test_ray_without_address_starts_its_own(tmp_path, cluster, provider):
     # --ray alone starts a local Ray (and a redis-server as the store) for the run, even with RAY_ADDRESS naming a
-    # running cluster: joining it would take --ray-actors' CPUs from someone else's cluster.
-    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    # running cluster: joining it would take --ray-actors' CPUs from someone else's cluster. In a process of its
+    # own, as a user runs it (a local Ray started in this one would outlive its run here).
     questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "out.jsonl"
-    code, _, err = run_cli(["batch", questions, "--out", out, "--ray", "--ray-actors", 1, *flags(provider)])
-    assert code == 0, err
+    done = run_cli_process(["batch", questions, "--out", out, "--ray", "--ray-actors", 1, *flags(provider)],
+                           timeout=240, env={"RAY_ADDRESS": cluster.address})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     check_rows(out, 4)
     assert provider.rejected_by_rate_limit == 0 and max(env_requests(provider).values()) == 1
 
@@ -370,6 +371,5 @@ def test_retries_are_the_actors(tmp_path, cluster, provider):
     assert code == 0, err
     check_rows(out, 3)
     summary = json.loads(out.with_name("out.summary.json").read_text())
-    assert summary["retries"] == 6 and env_calls(summary) == 6, (
-        summary
-    )  # two calls per question, each retried
+    # Two calls per question, each retried once (more where a loaded machine timed one out), each paid once.
+    assert summary["retries"] >= 6 and env_calls(summary) == 6, (summary["retries"], summary["usage"])
