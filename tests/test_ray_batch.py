@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, rows_of, run_cli, spawn_cli, wait_for, write_questions
+from helpers import ROOT, rows_of, run_cli, run_cli_process, spawn_cli, wait_for, write_questions
 
 from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 from prompt_r1.testing.servers import ScriptedServer, echo_environment, max_in_window, relay_agent
@@ -70,6 +70,11 @@ def env_requests(server) -> collections.Counter:
     )
 
 
+def env_calls(summary: dict) -> int:
+    """The environment calls a run's summary says it paid for."""
+    return sum(m["calls"] for m in summary["usage"]["models"] if m["role"] == "environment")
+
+
 def check_rows(out: Path, n: int) -> list[dict]:
     rows = rows_of(out)
     assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(n))  # every id once
@@ -107,11 +112,16 @@ def test_one_budget_across_actors(tmp_path, cluster, provider):
     prices = tmp_path / "prices.yaml"
     prices.write_text("env: {input: 1000, output: 1000}\nagent: {input: 0, output: 0}\n")
     budget = 0.5
+    args = ["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 2, "--budget", budget,
+            "--prices", prices]  # fmt: skip
     with RedisServer() as redis:
-        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--concurrency", 2,
-                                "--budget", budget, "--prices", prices, *flags(provider, redis)])  # fmt: skip
-    assert code == 1 and "budget of $0.5 reached" in err, err
-    calls = [r for r in provider.requests if r.model == "env"]
+        code, _, err = run_cli([*args, *flags(provider, redis)])
+        assert code == 1 and "budget of $0.5 reached" in err, err
+        calls = [r for r in provider.requests if r.model == "env"]
+        # A rerun on the same store finds the run's budget spent, as a --shard rerun does: it sends nothing.
+        code, _, err = run_cli([*args, *flags(provider, redis)])
+        assert code == 1 and "budget of $0.5 reached" in err, err
+        assert sum(r.model == "env" for r in provider.requests) == len(calls)
     rows = rows_of(out)
     sizes = [t["environment_call"]["input_tokens"] + t["environment_call"]["output_tokens"]
              for r in rows for t in r["turns"] if t.get("environment_call")]  # fmt: skip
@@ -161,35 +171,50 @@ def _ledger_calls(path: Path) -> int:
         ledger.close()
 
 
+BAD_INPUT = [
+    (["--ray", "not an address"], 2, "is not a Ray address"),
+    (["--ray", "host:99999"], 2, "is not a Ray address"),
+    (["--ray", "--ray-actors", "0"], 2, "--ray-actors"),
+    (["--ray", "--ray-actors", "nan"], 2, "--ray-actors"),
+    (["--ray", "--ray-actor-gpus", "-1"], 2, "--ray-actor-gpus"),
+    (["--ray", "--shard", "1/2"], 2, "--ray and --shard"),
+    (["--ray", "--checkpoint", "cp.sqlite"], 2, "--checkpoint is not supported with --ray"),
+    (["--ray", "127.0.0.1:9"], 2, "--env-rate-store redis://"),  # a cluster without a shared store
+]
+EVAL_BAD_INPUT = [BAD_INPUT[0], BAD_INPUT[-1]]
+
+
+def command_line(command: str, tmp_path: Path) -> list:
+    """`batch` or `eval` of three questions, its output in tmp_path."""
+    questions = write_questions(tmp_path / "q.jsonl", 3)
+    if command == "batch":
+        return ["batch", questions, "--out", tmp_path / "out.jsonl"]
+    return ["eval", "--dataset", questions, "--method", "prompt-r1", "--out", tmp_path / "eval", "--no-chart"]
+
+
 @pytest.mark.parametrize(
-    ("extra", "code", "says"),
-    [
-        (["--ray", "not an address"], 2, "is not a Ray address"),
-        (["--ray", "host:99999"], 2, "is not a Ray address"),
-        (["--ray", "--ray-actors", "0"], 2, "--ray-actors"),
-        (["--ray", "--ray-actors", "nan"], 2, "--ray-actors"),
-        (["--ray", "--ray-actor-gpus", "-1"], 2, "--ray-actor-gpus"),
-        (["--ray", "--shard", "1/2"], 2, "--ray and --shard"),
-        (["--ray", "127.0.0.1:9"], 2, "--env-rate-store redis://"),  # a cluster without a shared store
-    ],
+    ("command", "extra", "code", "says"),
+    [("batch", *case) for case in BAD_INPUT] + [("eval", *case) for case in EVAL_BAD_INPUT],
 )
-def test_bad_input_is_one_line_and_sends_nothing(tmp_path, provider, extra, code, says):
-    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+def test_bad_input_is_one_line_and_sends_nothing(tmp_path, provider, command, extra, code, says):
+    args = command_line(command, tmp_path)
     before = sorted(tmp_path.iterdir())
-    got, _, err = run_cli(["batch", questions, "--out", out, *extra, *flags(provider)])
+    got, _, err = run_cli([*args, *extra, *flags(provider)])
     assert got == code and says in err, err
     assert len([line for line in err.splitlines() if line.strip()]) <= 2  # argparse adds its usage line
-    assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
+    assert (
+        provider.requests == [] and sorted(tmp_path.iterdir()) == before
+    )  # no file written (eval: no run.json)
 
 
-def test_unreachable_cluster_is_exit_3(tmp_path, provider):
-    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+@pytest.mark.parametrize("command", ["batch", "eval"])
+def test_unreachable_cluster_is_exit_3(tmp_path, provider, command):
+    args = command_line(command, tmp_path)
+    before = sorted(tmp_path.iterdir())
     with RedisServer() as redis:
-        code, _, err = run_cli(
-            ["batch", questions, "--out", out, "--ray", "127.0.0.1:9", *flags(provider, redis)]
-        )
+        code, _, err = run_cli([*args, "--ray", "127.0.0.1:9", *flags(provider, redis)])
     assert code == 3 and "cannot reach the Ray cluster at 127.0.0.1:9" in err, err
-    assert provider.requests == [] and not out.exists()
+    assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
 
 
 @pytest.mark.slow
@@ -237,11 +262,114 @@ def test_resume_after_the_driver_is_killed(tmp_path, provider):
             driver.send_signal(signal.SIGKILL)
             driver.wait(30)
             time.sleep(1.0)  # Ray ends the killed driver's actors
+            sent_before = sum(r.model == "env" for r in provider.requests)
             code, _, err = run_cli(args)
         assert code == 0, err
         check_rows(out, 20)
         # Only a call in flight at the kill (at most --concurrency of them) was sent twice; paid ones replayed.
         repeats = sum(n - 1 for n in env_requests(provider).values())
         assert repeats <= 4
+        summary = json.loads(out.with_name("out.summary.json").read_text())
+        assert summary["ray"]["replayed_calls"] >= 1, (
+            summary
+        )  # the killed run's in-flight episodes had paid calls
+        # The rerun's meter counts the calls it sent, not those the ledger answered (paid by the killed run).
+        sent = sum(r.model == "env" for r in provider.requests) - sent_before
+        assert env_calls(summary) == sent, (summary, sent)
     finally:
         cluster.shutdown()
+
+
+def test_eval_budget_counts_a_paid_agent_alone(tmp_path, cluster, provider):
+    # agent-only calls no environment: the budget is kept on the agent's tokens the rows report.
+    questions, out = write_questions(tmp_path / "q.jsonl", 12), tmp_path / "eval"
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("agent: {input: 1000, output: 1000}\nenv: {input: 0, output: 0}\n")
+    code, _, err = run_cli(["eval", "--dataset", questions, "--method", "agent-only", "--out", out, "--no-chart",
+                            "--ray", cluster.address, "--concurrency", 1, "--budget", 0.05, "--prices", prices,
+                            *flags(provider)])  # fmt: skip
+    assert code == 1 and "budget of $0.05 reached" in err, err
+    assert 0 < len(rows_of(out / "predictions.jsonl")) < 12
+
+
+def test_the_rows_get_what_the_searches_left():
+    # eval's prompt-optimiser searches spend on the run's meter before the rows: the Ray rows get the rest.
+    from prompt_r1.clients.costs import PriceTable, UsageMeter
+    from prompt_r1.core.config import LoopConfig
+    from prompt_r1.evaluation.rows import eval_work
+    from prompt_r1.runs.ray_batch import RayEpisodes
+    from prompt_r1.runs.ray_settings import RaySettings
+
+    prices = PriceTable.parse({"env": {"input": 1000, "output": 0}}, "test")
+    meter = UsageMeter(prices)
+    meter.add("environment", "env", 400, 0)  # $0.40 of searching
+    episodes = RayEpisodes(RaySettings(), eval_work, out=Path("p.jsonl"), concurrency=2, budget=1.0,
+                           agent_config=None, environment_config=None, loop=LoopConfig(), prices=prices,
+                           meter=meter)  # fmt: skip
+    stop = episodes.stop_rule()
+    assert episodes.left() == pytest.approx(0.6) and stop() is None
+    episodes.spent = 0.6  # the rows' spending in the store
+    assert "budget of $1 reached ($1.0000 spent)" in stop()
+
+
+def test_ray_without_address_starts_its_own(tmp_path, cluster, provider):
+    # --ray alone starts a local Ray (and a redis-server as the store) for the run, even with RAY_ADDRESS naming a
+    # running cluster: joining it would take --ray-actors' CPUs from someone else's cluster. In a process of its
+    # own, as a user runs it (a local Ray started in this one would outlive its run here).
+    questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "out.jsonl"
+    done = run_cli_process(["batch", questions, "--out", out, "--ray", "--ray-actors", 1, *flags(provider)],
+                           timeout=240, env={"RAY_ADDRESS": cluster.address})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_rows(out, 4)
+    assert provider.rejected_by_rate_limit == 0 and max(env_requests(provider).values()) == 1
+
+
+def test_a_node_of_other_versions_is_one_line():
+    from prompt_r1.core.errors import ConfigError
+    from prompt_r1.runs.ray_batch import check_versions
+
+    mine = {"python": "3.12.1", "prompt-r1": "0.4.0", "node": "driver"}
+    check_versions([dict(mine, node="a"), dict(mine, node="b")], mine)
+    with pytest.raises(ConfigError) as refused:
+        check_versions([dict(mine, node="a"), dict(mine, node="b", **{"prompt-r1": "0.3.9"})], mine)
+    assert str(refused.value) == (
+        "Ray node b runs prompt-r1 0.3.9, this driver 0.4.0: install the same versions on every node"
+    )
+
+
+def test_ray_not_installed_names_the_extra(tmp_path, provider, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where the extra is not installed
+    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+    code, _, err = run_cli(["batch", questions, "--out", out, "--ray", *flags(provider)])
+    assert code == 2 and err.strip() == (
+        "prompt-r1: error: --ray needs Ray, which is not installed: pip install 'prompt-r1[ray]'"
+    ), err
+    assert provider.requests == [] and not out.exists()
+
+
+def test_retries_are_the_actors(tmp_path, cluster, provider):
+    # The actors' clients retry (a 500 once per question's first call): the summary counts their retries.
+    from prompt_r1.testing.servers import Fault
+
+    first = set()
+
+    def once(model, body):
+        key = json.dumps(body["messages"], sort_keys=True)
+        if model == "env" and key not in first:
+            first.add(key)
+            return Fault("500", retry_after=0.0)
+        return None
+
+    provider.fault_rule = once
+    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
+    with RedisServer() as redis:
+        code, _, err = run_cli(
+            ["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)]
+        )
+    assert code == 0, err
+    check_rows(out, 3)
+    summary = json.loads(out.with_name("out.summary.json").read_text())
+    # Two calls per question, each retried once (more where a loaded machine timed one out), each paid once.
+    assert summary["retries"] >= 6 and env_calls(summary) == 6, (summary["retries"], summary["usage"])

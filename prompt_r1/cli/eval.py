@@ -267,6 +267,12 @@ def _eval_folders(
         raise ConfigError(
             "--env-cache is not supported with --ray yet: run without --ray to replay from a cache"
         )
+    # Ray's side before a file is written: the address, Ray installed, the cluster reachable, a shared store for
+    # every environment (the actors load the players; here their endpoints are checked).
+    ray = ray_settings_from(args)
+    if ray is not None:
+        for i, (_, cfg) in enumerate(folders):
+            check_ray_players(ray, agent_cfg if i == 0 else None, cfg)
     earlier = [read_manifest(manifest_path(folder=folder)) for folder, _ in folders]
     protected = [(f"{folder}", folder) for folder, _ in folders]
     check_run_cache(args, [cfg for _, cfg in folders if cfg is not None], protected=protected)
@@ -292,9 +298,7 @@ def _eval_folders(
         use_cache(environment, cache, always=args.env_cache_always)
     for (folder, cfg), before, settings in zip(folders, earlier, recorded, strict=True):
         _write_manifest(args, folder, settings, cfg, sources, prices, agent_cfg, search, before)
-    ray = ray_settings_from(args)
-    if ray is not None:  # the actors load the agent; here its endpoint is checked, and Ray is there
-        check_ray_players(ray, agent_cfg, None)
+    if ray is not None:  # the actors load the agent (checked above)
         agent = SimpleNamespace(config=agent_cfg) if agent_cfg is not None else None
     else:
         agent, _ = build_players(agent_cfg, None)

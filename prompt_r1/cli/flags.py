@@ -213,15 +213,19 @@ def check_ray_players(ray_settings, agent_cfg: AgentConfig | None, env_cfg: Envi
     installed, a cluster has a shared store, the environment's key, the endpoints and the store answer."""
     from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
     from prompt_r1.core.errors import BackendUnavailable
-    from prompt_r1.runs.ray_batch import check_store_for, import_ray
+    from prompt_r1.runs.ray_batch import check_store_for, import_ray, unreachable_line, why_unreachable
 
     try:
         import_ray()
     except BackendUnavailable as exc:
         raise CommandFailure(str(exc), EXIT_USAGE) from None
+    if env_cfg is not None and not ray_settings.local and not is_shared_store(env_cfg.rate_store):
+        raise ConfigError(check_store_for(ray_settings))
+    if ray_settings.address is not None:
+        reason = why_unreachable(ray_settings.address)
+        if reason is not None:
+            raise CommandFailure(unreachable_line(ray_settings.address, reason), EXIT_UNREACHABLE)
     if env_cfg is not None:
-        if not ray_settings.local and not is_shared_store(env_cfg.rate_store):
-            raise ConfigError(check_store_for(ray_settings))
         EnvironmentClient(env_cfg)  # a missing key is refused here, before Ray starts
         check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
         check_rate_store(env_cfg.rate_store)

@@ -344,10 +344,13 @@ async def _run_batch(
             total = None if input_rows is None else max(0, input_rows - store.finished)
             bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
 
+        def retries() -> int:  # with Ray, the actors' clients retried: counted from the rows they made
+            return episodes.retries if episodes is not None else getattr(environment, "retries", 0)
+
         def postfix(row: dict[str, Any], in_flight: int) -> None:
             if bar is not None:
                 bar.set_postfix_str(
-                    f"failed {summary.failed} · retries {getattr(environment, 'retries', 0)} · in flight {in_flight} · "
+                    f"failed {summary.failed} · retries {retries()} · in flight {in_flight} · "
                     f"${meter.cost:.4f}",
                     refresh=False,
                 )
@@ -370,7 +373,7 @@ async def _run_batch(
         finally:
             if bar is not None:
                 bar.close()
-            summary.retries = getattr(environment, "retries", 0)
+            summary.retries = retries()
             summary.fallbacks = getattr(environment, "fallbacks", 0)
             summary.usage = meter.to_dict()
             summary.cache = None if cache is None else cache.summary(prices)

@@ -65,6 +65,13 @@ class BatchSettings:
                 if self.flags
                 else "ray and shard are two ways to spread one run: give one"
             )
+        if self.ray is not None and self.checkpoint is not None:  # the call ledger keeps "no call paid twice"
+            raise ConfigError(
+                "--checkpoint is not supported with --ray: its call ledger (NAME.calls.sqlite beside --out) keeps "
+                "an interrupted episode's paid calls; drop --checkpoint"
+                if self.flags
+                else "checkpoint is not supported with ray: drop it (the call ledger keeps the paid calls)"
+            )
         out = Path(self.out)
         if out.suffix != ".jsonl":
             raise ConfigError(f"{'--out' if self.flags else 'the output'} must be a .jsonl file, got {out}")

@@ -81,7 +81,8 @@ class LedgeredEnvironment:
         recorded = await self.keeper.lookup.remote(episode.key, turn, key)
         if recorded is not None:
             episode.replayed += 1
-            return EnvironmentReply(**recorded)
+            # `cached`: not sent and not paid for now (the try that sent it paid, and the store counted it then).
+            return EnvironmentReply(**{**recorded, "cached": True})
         reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
         await self.keeper.record.remote(episode.key, turn, key, reply.to_dict())  # on disk before it is seen
         return reply
@@ -123,6 +124,10 @@ class EpisodeActor:
 
     def ready(self) -> dict[str, str]:
         return versions()
+
+    async def spent(self) -> float:
+        """The run's spending in the store so far."""
+        return await self.spend.total() if self.spend is not None else 0.0
 
     async def run(self, key: str, item: Any) -> dict[str, Any]:
         """The item's row, or {"budget": True} when the budget stopped it; with the run's spending so far and the

@@ -41,13 +41,13 @@ import contextlib
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable, UsageMeter
+from prompt_r1.clients.shared_spend import run_key
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 from prompt_r1.core.errors import BackendUnavailable, ConfigError, PromptR1Error
 from prompt_r1.core.urls import is_shared_store
@@ -76,7 +76,7 @@ def import_ray():
     return ray
 
 
-def _reachable(address: str) -> str | None:
+def why_unreachable(address: str) -> str | None:
     """None when something listens at HOST:PORT (or the address is `auto`), else why not."""
     if address == "auto":
         return None
@@ -88,11 +88,23 @@ def _reachable(address: str) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
-def meter_row(meter: UsageMeter, row: dict[str, Any], agent_model: str) -> None:
-    """Add what a row used to the driver's meter (for the summary, the progress line and the budget): an episode's
-    turns' environment calls or a baseline's `environment_calls`, and the agent's tokens."""
+def unreachable_line(address: str, reason: str) -> str:
+    return f"cannot reach the Ray cluster at {address} ({reason}); start it or fix --ray"
+
+
+def row_calls(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's environment calls: an episode's turns' or a baseline's `environment_calls`."""
     calls = [t["environment_call"] for t in row.get("turns") or () if t.get("environment_call")]
-    for call in [*calls, *(row.get("environment_calls") or ())]:
+    return [*calls, *(row.get("environment_calls") or ())]
+
+
+def meter_row(meter: UsageMeter, row: dict[str, Any], agent_model: str) -> None:
+    """Add what a row used to the driver's meter (for the summary, the progress line and the budget): its
+    environment calls, less those answered from the ledger (`cached`: paid by the try or the run that sent them),
+    and the agent's tokens."""
+    for call in row_calls(row):
+        if call.get("cached"):
+            continue
         meter.add(
             "environment", call.get("model") or "environment", call["input_tokens"], call["output_tokens"]
         )
@@ -123,12 +135,16 @@ class RayEpisodes:
         self.loop, self.prices = loop, prices
         self.meter = meter if meter is not None else UsageMeter(prices)
         self.agent_model = str(getattr(agent_config, "model", None) or "agent")
-        self.spent = 0.0
+        # What the run spent before its rows (eval's prompt-optimiser searches, on this meter): the rows may spend
+        # only the rest of the budget.
+        self.before = self.meter.cost
+        self.spent = 0.0  # the rows' spending in the store, as the actors last saw it
         self.actors: list[Any] = []
         self.load: dict[int, int] = {}
         self.lost: set[int] = set()
         self.retried = 0  # tries of an item lost with its actor (its node died), run again on another
         self.replayed = 0  # environment calls answered from the ledger instead of being sent again
+        self.retries = 0  # the actors' environment clients' retries, as the rows' calls report their attempts
         self.start_seconds = 0.0  # joining or starting Ray, the store and the actors (their agents loaded)
         self._stack = contextlib.ExitStack()
 
@@ -169,9 +185,11 @@ class RayEpisodes:
                 self.environment_config = replace(self.environment_config, rate_store=server.url)
         self._connect(ray)
         self._check_room(ray)
-        # One driver, one run: its spending counts under a key of its own, from zero.
+        # The run's spending lives in its store, under the results file's resolved path: with a store the user
+        # gave, a rerun adds to what earlier runs spent (as `--shard` runs do; prompt_r1.runs.shared_budget); with
+        # the store started here, it counts from zero.
         with_spend = self.budget is not None and self.environment_config is not None
-        spend_key = f"prompt-r1:spend:ray:{uuid.uuid4().hex}" if with_spend else None
+        spend_key = run_key("ray", str(self.out.resolve())) if with_spend else None
         keeper_path = (
             ":memory:"
             if (rs.address or "").startswith("ray://")
@@ -196,30 +214,33 @@ class RayEpisodes:
             (self.make_work, self.options, self.agent_config, self.environment_config, self.loop, self.prices)
         )
         self.actors = [
-            actor_class.remote(shared, self.keeper, spend_key, self.budget) for _ in range(rs.actors)
+            actor_class.remote(shared, self.keeper, spend_key, self.left()) for _ in range(rs.actors)
         ]
         self.load = dict.fromkeys(range(len(self.actors)), 0)
         self._check_versions(ray)
+        if spend_key is not None:  # what earlier runs spent: a spent budget starts no row
+            self.spent = ray.get(self.actors[0].spent.remote())
 
     def _connect(self, ray) -> None:
         rs = self.ray_settings
         if rs.address is not None:
-            reason = _reachable(rs.address)
+            reason = why_unreachable(rs.address)
             if reason is not None:
-                raise ClusterUnreachable(
-                    f"cannot reach the Ray cluster at {rs.address} ({reason}); start it or fix --ray"
-                )
+                raise ClusterUnreachable(unreachable_line(rs.address, reason))
         options: dict[str, Any] = dict(address=rs.address, log_to_driver=False, configure_logging=False)
-        if rs.local:
+        if rs.local:  # "local": a Ray of our own, never RAY_ADDRESS's or a cluster already running here
             options.update(
-                include_dashboard=False, num_cpus=max(os.cpu_count() or 1, int(rs.actors * rs.actor_cpus))
-            )
+                address="local", include_dashboard=False,
+                num_cpus=max(os.cpu_count() or 1, int(rs.actors * rs.actor_cpus)),
+            )  # fmt: skip
         try:
             ray.init(**options)
         except ConnectionError as exc:
             raise ClusterUnreachable(
                 f"cannot reach the Ray cluster at {rs.address} ({str(exc).splitlines()[0]})"
             ) from None
+        except ValueError as exc:  # Ray refusing the options it was given (settings of a cluster it joined)
+            raise ConfigError(f"Ray refused to start for --ray: {' '.join(str(exc).split())[:300]}") from None
         except RuntimeError as exc:
             text = str(exc)
             if "ersion mismatch" in text:
@@ -251,27 +272,25 @@ class RayEpisodes:
                 f"{len(pending)} of {len(refs)} Ray actors did not start within {READY_SECONDS:g} s (no room on the "
                 "cluster for --ray-actors of --ray-actor-cpus/-gpus each?)"
             )
-        mine = versions()
-        for found in ray.get(ready):
-            for what in ("python", "prompt-r1"):
-                if found[what] != mine[what]:
-                    raise ConfigError(
-                        f"Ray node {found['node']} runs {what} {found[what]}, this driver {mine[what]}: install "
-                        "the same versions on every node"
-                    )
+        check_versions(ray.get(ready), versions())
 
     # ---- the run ----------------------------------------------------------------------------------------------
+    def left(self) -> float | None:
+        """The budget the rows may spend: what the searches before them left."""
+        return None if self.budget is None else self.budget - self.before
+
     def stop_rule(self):
-        """The driver's budget rule: stop starting rows once the run's spending (as the actors last saw it in the
-        store) reaches the budget."""
+        """The driver's budget rule: stop starting rows once the run's spending reaches the budget: what was spent
+        before the rows, plus the rows' spending in the store (as the actors last saw it, paid calls of rows not
+        yet written included), or the driver's meter (the rows it was handed, and the searches: the only count
+        when no environment is called, an agent-only eval whose served agent is paid)."""
         budget = self.budget
         if budget is None:
             return None
 
         def over_budget() -> str | None:
-            return (
-                f"budget of ${budget:g} reached (${self.spent:.4f} spent)" if self.spent >= budget else None
-            )
+            spent = max(self.before + self.spent, self.meter.cost)
+            return f"budget of ${budget:g} reached (${spent:.4f} spent)" if spent >= budget else None
 
         return over_budget
 
@@ -300,6 +319,8 @@ class RayEpisodes:
                 raise asyncio.CancelledError  # no row: the pool counts it cancelled, the next run replays its calls
             row = result["row"]
             meter_row(self.meter, row, self.agent_model)
+            sent = [call for call in row_calls(row) if not call.get("cached")]
+            self.retries += sum(max(0, int(call.get("attempts") or 1) - 1) for call in sent)
             return row
         raise RuntimeError(f"every try of this row lost its Ray actor ({type(last).__name__})")
 
@@ -307,6 +328,18 @@ class RayEpisodes:
         """A finished row's calls leave the ledger (a rerun skips it); a failed row's stay, to be replayed."""
         if row["status"] not in FAILED_STATUSES:
             await self.keeper.forget.remote(self.key(item))
+
+
+def check_versions(found: list[dict[str, str]], mine: dict[str, str]) -> None:
+    """A `ConfigError` naming the first node whose Python or prompt-r1 differs from the driver's (`versions()` of
+    each actor, and of the driver)."""
+    for node in found:
+        for what in ("python", "prompt-r1"):
+            if node[what] != mine[what]:
+                raise ConfigError(
+                    f"Ray node {node['node']} runs {what} {node[what]}, this driver {mine[what]}: install "
+                    "the same versions on every node"
+                )
 
 
 def check_store_for(rs: RaySettings) -> str:

@@ -6,8 +6,8 @@ and added after it, so that the run stops within the calls in flight of the cap,
     await add_agent_cost(spend, prices, agent_model, row)              # a served agent's tokens, once per row
     stop = shared_budget_rule(spend, budget)                           # the worker pool's stop rule
 
-`shard_spend_key` names the spending of `--shard` runs: every shard of one input and one results file derives the
-same key, so N shards with `--budget 5` spend $5 together.
+`shard_spend_key` names the spending of `--shard` runs: every shard of one input and one results file (their
+resolved paths) derives the same key, so N shards with `--budget 5` spend $5 together.
 """
 
 from __future__ import annotations
@@ -68,12 +68,18 @@ def shared_budget_rule(spend: Any, budget: float) -> Callable[[], str | None]:
 
 
 def shard_spend_key(source: str | Path, out: str | Path, count: int) -> str:
-    """The store key of a sharded run's spending: from the input's file name, the results file's stem (without the
-    shard's `.shard-I-of-N`) and N, which every shard of the run shares wherever it runs.
+    """The store key of a sharded run's spending: from the input's and the results file's resolved paths (the
+    results file without the shard's `.shard-I-of-N`) and N. Every shard of the run derives it wherever it runs,
+    given the same path layout on every machine (the input and --out at the same absolute paths: a shared
+    folder, or the same working folder); two runs with another input or --out, in another folder too, do not mix.
 
-    >>> shard_spend_key("/a/q.jsonl", "r.shard-1-of-4.jsonl", 4) == shard_spend_key("q.jsonl", "r.shard-3-of-4.jsonl", 4)
+    >>> shard_spend_key("/a/q.jsonl", "/r/r.shard-1-of-4.jsonl", 4) == shard_spend_key("/a/q.jsonl", "/r/r.shard-3-of-4.jsonl", 4)
     True
+    >>> shard_spend_key("/a/q.jsonl", "/r/r.shard-1-of-4.jsonl", 4) == shard_spend_key("/a/q.jsonl", "/s/r.shard-1-of-4.jsonl", 4)
+    False
     """
-    stem = Path(out).stem
-    stem = stem[: stem.rfind(".shard-")] if ".shard-" in stem else stem
-    return run_key("shards", Path(str(source)).name, stem, str(count))
+    out = Path(out).resolve()
+    stem = out.stem[: out.stem.rfind(".shard-")] if ".shard-" in out.stem else out.stem
+    return run_key(
+        "shards", str(Path(str(source)).resolve()), str(out.with_name(stem + out.suffix)), str(count)
+    )
