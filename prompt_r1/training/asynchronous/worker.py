@@ -53,11 +53,47 @@ from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.shared.ledger import call_scope
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
 
-__all__ = ["GraphRolloutWorker", "RolloutFailed", "group_advantages"]
+__all__ = ["GraphRolloutWorker", "IdleClock", "RolloutFailed", "group_advantages"]
 
 
 class RolloutFailed(PromptR1Error, RuntimeError):
     """The rollout worker cannot go on (the agent's server or the environment is gone)."""
+
+
+class IdleClock:
+    """Seconds the worker generated nothing: no group under way (none started, or all finished and waiting for
+    room in the queue), or the agent's server paused for a weight sync (requests frozen). What the overlap
+    benchmark reads as the worker's idle share (`evals/bench/grpo_step.py --async`); safe across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active, self._paused = 0, False
+        self._since = time.monotonic()
+        self._idle_s = 0.0
+
+    def _mark(self) -> None:  # under the lock: close the interval that ends now
+        now = time.monotonic()
+        if self._active == 0 or self._paused:
+            self._idle_s += now - self._since
+        self._since = now
+
+    def busy(self, delta: int) -> None:
+        """A group started generating (+1) or stopped (-1)."""
+        with self._lock:
+            self._mark()
+            self._active += delta
+
+    def paused(self, paused: bool) -> None:
+        """The agent's server paused (True) or resumed (False)."""
+        with self._lock:
+            self._mark()
+            self._paused = paused
+
+    def idle_s(self) -> float:
+        """Idle seconds since the worker was built."""
+        with self._lock:
+            self._mark()
+            return self._idle_s
 
 
 def group_advantages(rewards: Sequence[float | None]) -> list[float | None]:
@@ -136,6 +172,7 @@ class GraphRolloutWorker:
         self._heartbeat = time.time()
         self._failed_in_a_row = 0
         self.running: set[int] = set()  # the groups started and not finished
+        self.idle = IdleClock()
 
     # ---- RolloutWorkerProtocol -------------------------------------------------------------------------------
 
@@ -253,7 +290,11 @@ class GraphRolloutWorker:
                 with call_scope(step=group_id, training=True, call=0, episode=index):
                     return await runner.run(question, metadata=tag)
 
-            episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
+            self.idle.busy(+1)
+            try:
+                episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
+            finally:
+                self.idle.busy(-1)  # what follows is scoring and, with a full queue, waiting for room
             await self._deliver(group_id, row, version, episodes, time.monotonic() - started)
         except asyncio.CancelledError:
             raise
