@@ -218,12 +218,21 @@ class ReplayWorker:
 
 
 def async_run(
-    model: str, args, env_url: str, out: str, root: str, processes: int = 1, replay: list | None = None
+    model: str,
+    args,
+    env_url: str,
+    out: str,
+    root: str,
+    processes: int = 1,
+    replay: list | None = None,
+    before: bool = False,
 ) -> dict | None:
     """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
-    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`. The main process returns
-    its figures: the steps' seconds (perf/step_s, from the second step), the trainer's wait for samples and its
-    weight syncs per step, the worker's idle seconds at each step's end, agent tokens and staleness."""
+    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`; `before`: the weight
+    transfer as it was before the overlap work (the server paused for the whole sync, the file written while
+    paused). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
+    trainer's wait for samples and its weight syncs per step, the worker's idle seconds at each step's end, agent
+    tokens and staleness."""
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     config = _config(
@@ -242,6 +251,8 @@ def async_run(
         trainer.rollout_worker.stop()  # built, never started
         trainer.rollout_worker = ReplayWorker(replay)
         trainer.rollout_queue = trainer.rollout_worker.rollout_buffer
+    if before and trainer.accelerator.is_main_process:
+        trainer.weight_transfer.write_before_pause = False
     clock = _step_clock(trainer.rollout_worker)
     trainer.add_callback(clock)
     trainer.train()
@@ -323,63 +334,12 @@ def _processes_label(n: int) -> str:
     return f"{n} process" + ("es" if n > 1 else "")
 
 
-def main_async(args) -> int:
-    from async_ranks import launch_ranks
-
-    from prompt_r1.testing.servers import ScriptedServer
-    from prompt_r1.testing.tiny_models import build_protocol_model
-    from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
-
-    latencies = args.latencies
-    counts = (1, args.processes) if args.processes > 1 else (1,)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        episodes = [
-            (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
-        ]
-        model = build_protocol_model(tmp / "model", episodes, steps=150, hidden_size=128, heads=2, kv_heads=1)
-        # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
-        sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
-        root, process = start_vllm_server(model, tmp / "vllm.log")
-        alone, trained, runs = {}, {}, {}
-        try:
-            samples = None
-            for lat in latencies:
-                with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
-                    alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
-                samples = samples or got
-            with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
-                for n in counts:
-                    job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
-                    job.update(out=str(tmp / f"train-alone-{n}"), replay=samples)
-                    run = (
-                        async_run(**job)
-                        if n == 1
-                        else launch_ranks(
-                            "grpo_step.async_rank", job, processes=n, folder=tmp / f"ranks-train-{n}"
-                        )
-                    )
-                    trained[n] = _figures(run)
-                    _restore(root, model)
-            for lat in latencies:
-                with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
-                    for n in counts:
-                        job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
-                        job["out"] = str(tmp / f"async-{lat}-{n}")
-                        run = (
-                            async_run(**job)
-                            if n == 1
-                            else launch_ranks(
-                                "grpo_step.async_rank", job, processes=n, folder=tmp / f"ranks-{lat}-{n}"
-                            )
-                        )
-                        runs[lat, n] = _figures(run)
-                        _restore(root, model)
-        finally:
-            stop_vllm_server(process)
-        n_tokens = max(1, round(statistics.mean(t for _, t in sync.values())))
-        base = single_turn(model, args, n_tokens, tmp / "single", bf16=False)
-
+def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
+    """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: s/step}, `trained` {processes:
+    figures}, `runs` {(latency, processes, before): figures} (`_figures`)."""
+    latencies = sorted(alone)
+    counts = sorted(trained)
+    variants = sorted({before for _, _, before in runs}, reverse=True)
     print(
         f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
         f"(CPU, 2 cores shared and loaded; async: max_staleness {args.max_staleness}). overlap = async s/step / "
@@ -405,16 +365,87 @@ def main_async(args) -> int:
             t["step"],
             f"{'':>10} {'':>7} {t['trainer_idle']:12.0%} {'':>11} {t['sync']:6.2f}",
         )
-    for lat in latencies:
-        for n in counts:
-            r = runs[lat, n]
-            overlap = r["step"] / max(alone[lat], trained[n]["step"])
-            row(
-                f"Prompt-R1 two-turn, async, {_processes_label(n)}, env {lat:.1f} s",
-                r["step"],
-                f"{sync[lat][0] / r['step']:10.2f} {overlap:7.2f} {r['trainer_idle']:12.0%} "
-                f"{r['worker_idle']:11.0%} {r['sync']:6.2f} {r['staleness']:9.2f}",
-            )
+    for lat, n, before in [(lat, n, b) for lat in latencies for n in counts for b in variants]:
+        r = runs[lat, n, before]
+        overlap = r["step"] / max(alone[lat], trained[n]["step"])
+        what = ", before" if before else ""
+        row(
+            f"Prompt-R1 two-turn, async, {_processes_label(n)}, env {lat:.1f} s{what}",
+            r["step"],
+            f"{sync[lat][0] / r['step']:10.2f} {overlap:7.2f} {r['trainer_idle']:12.0%} "
+            f"{r['worker_idle']:11.0%} {r['sync']:6.2f} {r['staleness']:9.2f}",
+        )
+    if args.before:
+        print(
+            "before: the weight transfer as it was (the server paused for the whole sync, the weights file written "
+            "while paused); the other async rows pause it only for the reload"
+        )
+
+
+def main_async(args) -> int:
+    from async_ranks import launch_ranks
+
+    from prompt_r1.testing.servers import ScriptedServer
+    from prompt_r1.testing.tiny_models import build_protocol_model
+    from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
+
+    latencies = args.latencies
+    counts = (1, args.processes) if args.processes > 1 else (1,)
+    variants = (True, False) if args.before else (False,)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        episodes = [
+            (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
+        ]
+        model = args.model or tmp / "model"
+        if not (model / "model.safetensors").is_file():  # a --model folder is built once, then reused
+            build_protocol_model(model, episodes, steps=150, hidden_size=128, heads=2, kv_heads=1)
+        # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
+        sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
+        root, process = start_vllm_server(model, tmp / "vllm.log")
+        alone, trained, runs = {}, {}, {}
+        try:
+            samples = None
+            for lat in latencies:
+                with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
+                    alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
+                samples = samples or got
+            with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
+                for n in counts:
+                    job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
+                    job.update(out=str(tmp / f"train-alone-{n}"), replay=samples)
+                    run = (
+                        async_run(**job)
+                        if n == 1
+                        else launch_ranks(
+                            "grpo_step.async_rank", job, processes=n, folder=tmp / f"ranks-train-{n}"
+                        )
+                    )
+                    trained[n] = _figures(run)
+                    _restore(root, model)
+            for lat in latencies:
+                with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
+                    for n, before in [(n, b) for n in counts for b in variants]:
+                        job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
+                        job.update(out=str(tmp / f"async-{lat}-{n}-{before}"), before=before)
+                        run = (
+                            async_run(**job)
+                            if n == 1
+                            else launch_ranks(
+                                "grpo_step.async_rank",
+                                job,
+                                processes=n,
+                                folder=tmp / f"ranks-{lat}-{n}-{before}",
+                            )
+                        )
+                        runs[lat, n, before] = _figures(run)
+                        _restore(root, model)
+        finally:
+            stop_vllm_server(process)
+        n_tokens = max(1, round(statistics.mean(t for _, t in sync.values())))
+        base = single_turn(model, args, n_tokens, tmp / "single", bf16=False)
+
+    print_async(args, base, n_tokens, sync, alone, trained, runs)
     return 0
 
 
@@ -439,6 +470,16 @@ def main() -> int:
         default=1,
         help="async: also rows with the trainer across N processes (accelerate launch, training/accelerate/"
         "fsdp2.yaml; the episodes of a step split across them), beside the 1-process rows",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="async: keep the tiny agent in this folder (built there if it holds none, reused if it does)",
+    )
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help="async: also each async row with the weight transfer as it was before (server paused for the whole sync)",
     )
     parser.add_argument(
         "--latencies",

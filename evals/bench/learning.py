@@ -3,6 +3,7 @@ of 1 to 3 dependent calls), over seeds of your choice.
 
     python evals/bench/learning.py --seed0 S --seeds N [--jobs 2] [--steps 100] [--out DIR] [--work DIR] [flags]
     python evals/bench/learning.py --async --seed0 S --seeds N [--max-staleness 4] [--out DIR] [--work DIR]
+    python evals/bench/learning.py --async --processes 2 --seed0 S --seeds N [--compare SYNC_JSON] [...]
     python evals/bench/learning.py --task hops --seed0 S --seeds N [--async] [--mask-first-turn] [...]
 
 `--task hops` (`prompt_r1.tasks.hops`, its figures in `evals/bench/learning_hops.py`): a question asks for the code
@@ -36,7 +37,9 @@ run's spread of gains, and a verdict per seed (within, above or below that sprea
 is not reproducible: the trainer and the rollout worker interleave by timing (which policy version samples which
 group, which samples come too late and are dropped), and the server samples concurrent requests in arrival order.
 What can be seeded is: the agents, every group's table (the seed and the group's index), the training rows' order,
-the trainer, and the server's sampling seed.
+the trainer, and the server's sampling seed. `--async --processes N` trains across N processes (`accelerate launch`
+with training/accelerate/fsdp2.yaml, `async_ranks.py`: rank 0 runs the rollout worker, each step's `--batch`
+episodes split across the ranks); its figures go to OUT/learning-async-Np.json and OUT/curves-async-Np.png.
 
 Per seed (one line each, after the trainer's own progress lines on stderr):
 - the mean total reward of the first ten and the last ten steps, and their difference (the gain);
@@ -184,7 +187,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         "seed": seed,
         "trainer": "async" if args.async_grpo else "sync",
         "build": build,
-        "grpo": {k: getattr(config, k) for k in GRPO_FIELDS},
+        "grpo": {k: getattr(config, k, None) for k in GRPO_FIELDS},  # the async config has no beta
         "series": series,
         "first": first,
         "last": last,
