@@ -96,16 +96,40 @@ def test_the_file_transfer_pauses_the_server_only_for_the_reload(tmp_path, write
     assert transfer.syncs == 1
 
 
-def test_the_overlap_benchmark_refuses_processes_that_do_not_split_the_step():
-    def run(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "evals/bench/grpo_step.py"), *flags],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+def _bench(script: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "evals/bench" / script), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
-    uneven = run("--async", "--processes", "3", "--batch", "8")
+
+def test_the_benchmarks_refuse_processes_that_do_not_split_the_step_or_the_sync_trainer():
+    uneven = _bench("grpo_step.py", "--async", "--processes", "3", "--batch", "8")
     assert uneven.returncode == 2 and "--processes must be at least 1 and divide --batch" in uneven.stderr
-    sync_only = run("--processes", "2")
+    sync_only = _bench("grpo_step.py", "--processes", "2")
     assert sync_only.returncode == 2 and "add --async" in sync_only.stderr
+    sync_learning = _bench("learning.py", "--processes", "2")
+    assert sync_learning.returncode == 2 and "add --async" in sync_learning.stderr
+    uneven = _bench("learning.py", "--async", "--processes", "3")  # 32 episodes a step
+    assert uneven.returncode == 2 and "--batch must be a multiple of --processes" in uneven.stderr
+
+
+def test_the_gpu_script_prints_its_plan_without_loading_anything():
+    """What a GPU machine will run, in order (`grpo_gpu.py --dry-run`, the first thing `gpu_async.sh` prints)."""
+    plan = _bench("grpo_gpu.py", "--async", "--skip-eager", "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    lines = plan.stdout.splitlines()
+    assert lines[0].startswith("1. build: a Qwen2-shaped model (hidden 1024, 28 layers")
+    assert [line.split(". ", 1)[1].split(":")[0] for line in lines[1:]] == [
+        "sync two-turn, env 0.2 s",
+        "vllm serve of the model on the last GPU (NCCL weight transfer when there are 2 or more GPUs, else through "
+        "a file)",
+        "async two-turn, env 0.2 s",
+        "async two-turn, env 1.0 s",
+        "sync two-turn, env 1.0 s",
+        "TRL single-turn GRPO",
+    ]
+    script = (ROOT / "evals/bench/gpu_async.sh").read_text()
+    assert "--dry-run" in script and "timeout" in script and " 570 " in script

@@ -18,7 +18,9 @@ steps. Two implementations, picked by `weight_transfer_for`:
   at the same absolute path.
 
 Both pause the server with `/pause?mode=keep` before the swap: requests in flight are frozen, not aborted, and go
-on with the new weights after `/resume`. Their tokens sampled before the sync keep the log-probabilities of the
+on with the new weights after `/resume`. TRL's pauses it for the whole sync; `FileWeightTransfer` only for the
+reload (`write_before_pause`): the parameters are gathered and the file written while the server still samples
+with the old weights, which is what it would sample with anyway until the reload. Their tokens sampled before the sync keep the log-probabilities of the
 policy that sampled them, and the trainer's importance ratio accounts for them. A server that does not answer
 fails the sync with a `WeightSyncError` that names it, never a hang: every request has a timeout.
 """
