@@ -41,6 +41,7 @@ import argparse
 import math
 import os
 import queue
+import shutil
 import statistics
 import sys
 import tempfile
@@ -397,9 +398,13 @@ def main_async(args) -> int:
         episodes = [
             (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
         ]
-        model = args.model or tmp / "model"
-        if not (model / "model.safetensors").is_file():  # a --model folder is built once, then reused
+        model = tmp / "model"
+        if args.model is None or not (args.model / "model.safetensors").is_file():
             build_protocol_model(model, episodes, steps=150, hidden_size=128, heads=2, kv_heads=1)
+        if args.model is not None:  # built once, then reused (copied whole, once trained: never half-built)
+            if not (args.model / "model.safetensors").is_file():
+                shutil.copytree(model, args.model, dirs_exist_ok=True)
+            model = args.model
         # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
         sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
         root, process = start_vllm_server(model, tmp / "vllm.log")
