@@ -229,9 +229,9 @@ def async_run(
     before: bool = False,
 ) -> dict | None:
     """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
-    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`; `before`: the weight
-    transfer as it was before the overlap work (the server paused for the whole sync, the file written while
-    paused). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
+    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`; `before`: as it was before
+    the overlap work (the server paused for the whole weight sync, the worker not counting queued samples against
+    max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
     trainer's wait for samples and its weight syncs per step, the worker's idle seconds at each step's end, agent
     tokens and staleness."""
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
@@ -254,6 +254,7 @@ def async_run(
         trainer.rollout_queue = trainer.rollout_worker.rollout_buffer
     if before and trainer.accelerator.is_main_process:
         trainer.weight_transfer.write_before_pause = False
+        trainer.rollout_worker.bound_queued = False
     clock = _step_clock(trainer.rollout_worker)
     trainer.add_callback(clock)
     trainer.train()
@@ -270,6 +271,7 @@ def async_run(
             h["episode/agent_completion_tokens"] for h in history if "episode/agent_completion_tokens" in h
         ],
         "staleness": [h["sample/staleness_mean"] for h in history if "sample/staleness_mean" in h],
+        "dropped": sum(h.get("sample/dropped_stale_total") or 0 for h in history),
     }
 
 
@@ -316,6 +318,7 @@ def _figures(run: dict) -> dict:
         "sync": statistics.median(run["sync_s"]),
         "tokens": statistics.mean(run["tokens"]) if run["tokens"] else math.nan,
         "staleness": statistics.mean(run["staleness"]) if run["staleness"] else math.nan,
+        "dropped": run.get("dropped", 0),
     }
 
 
@@ -348,7 +351,7 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
     )
     print(
         f"{'run':58} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'trainer idle':>12} "
-        f"{'worker idle':>11} {'sync s':>6} {'staleness':>9}"
+        f"{'worker idle':>11} {'sync s':>6} {'staleness':>9} {'dropped':>7}"
     )
 
     def row(label: str, step: float, *rest: str) -> None:
@@ -374,12 +377,13 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
             f"Prompt-R1 two-turn, async, {_processes_label(n)}, env {lat:.1f} s{what}",
             r["step"],
             f"{sync[lat][0] / r['step']:10.2f} {overlap:7.2f} {r['trainer_idle']:12.0%} "
-            f"{r['worker_idle']:11.0%} {r['sync']:6.2f} {r['staleness']:9.2f}",
+            f"{r['worker_idle']:11.0%} {r['sync']:6.2f} {r['staleness']:9.2f} {r['dropped']:7.0f}",
         )
     if args.before:
         print(
-            "before: the weight transfer as it was (the server paused for the whole sync, the weights file written "
-            "while paused); the other async rows pause it only for the reload"
+            "before: as it was before the overlap work: the server paused for the whole weight sync (the weights "
+            "file written while paused), and the worker starting groups whatever the samples queued; the other "
+            "async rows pause it only for the reload, and count queued samples against max_inflight"
         )
 
 
@@ -484,7 +488,8 @@ def main() -> int:
     parser.add_argument(
         "--before",
         action="store_true",
-        help="async: also each async row with the weight transfer as it was before (server paused for the whole sync)",
+        help="async: also each async row as it was before the overlap work (server paused for the whole weight "
+        "sync, queued samples not counted against max_inflight)",
     )
     parser.add_argument(
         "--latencies",

@@ -6,8 +6,8 @@
 
 Episodes keep flowing while the trainer trains. The worker runs on the process-wide event loop
 (`prompt_r1.core.aio`), so the environment client's rate limiter, retries and connections are those of every
-other surface. It keeps up to `max_inflight` episodes in flight, as whole groups of `num_generations` episodes of
-one question, each through the shared `EpisodeRunner`. The agent is served by vLLM on the token-exact completions
+other surface. It keeps up to `max_inflight` episodes in flight or queued and not yet trained, as whole groups of
+`num_generations` episodes of one question, each through the shared `EpisodeRunner`. The agent is served by vLLM on the token-exact completions
 path (`ServedAgent` with a tokenizer), so every turn's sampled ids and their sampling log-probabilities are kept.
 
 A finished group is scored with the project's reward (the same reward functions as synchronous training, on
@@ -138,6 +138,7 @@ class GraphRolloutWorker:
         group_row: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
         episode_metrics: Callable[[int, dict[str, Any], Episode], dict[str, float]] | None = None,
         may_start: Callable[[set[int]], str | None] | None = None,
+        bound_queued: bool = True,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -153,6 +154,10 @@ class GraphRolloutWorker:
             price  # an episode's state -> its dollars (the environment's calls), for rollout/cost_usd_total
         )
         self.group_row, self.episode_metrics = group_row, episode_metrics
+        # Samples queued and not yet taken count against `max_inflight` as those in flight do: a group started
+        # behind more than that would come too late to be trained (TRL sizes max_inflight_tasks as max_staleness
+        # steps of samples), and where the trainer is the slower side it would take the CPU or GPU from it.
+        self.bound_queued = bound_queued
         # The spend caps' gate (`prompt_r1.training.asynchronous.spend`): given the groups in flight, why the next
         # group must not start (None: it may). `capped` is that reason once no group can start any more.
         self.may_start, self.capped = may_start, None
@@ -244,6 +249,7 @@ class GraphRolloutWorker:
         try:
             for group_id in itertools.count(self.start_group):
                 await slots.acquire()
+                await self._room_ahead(limit)
                 if not await self._may_go_on(tasks):
                     slots.release()
                     # Drained or capped: the groups in flight finish (their calls are paid), none starts.
@@ -262,6 +268,16 @@ class GraphRolloutWorker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _room_ahead(self, limit: int) -> None:
+        """Wait until the samples queued and those the groups in flight will bring leave room for one more group
+        within `limit` (with `bound_queued`), or the worker stops."""
+        while self.bound_queued and (
+            self.rollout_buffer.qsize() + len(self.running) * self.num_generations >= limit
+        ):
+            if self._stop.is_set() or self._draining.is_set() or self.error is not None:
+                return
+            await asyncio.sleep(0.02)
 
     async def _may_go_on(self, tasks: set[asyncio.Task]) -> bool:
         """Whether the next group may start: not stopped, draining or failed, and within the spend cap. A group the
