@@ -322,6 +322,12 @@ def _figures(run: dict) -> dict:
     }
 
 
+def _measured(what: str, figures: dict) -> None:
+    """A row's figures on stderr as soon as they are measured (a run cut short keeps what it measured)."""
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items() if isinstance(v, float | int))
+    print(f"measured: {what}: {shown}", file=sys.stderr, flush=True)
+
+
 def _restore(root: str, model: Path) -> None:
     """Put the server's weights back to the model's own, between rows."""
     from prompt_r1.training.shared.vllm_reload import post_json
@@ -411,6 +417,8 @@ def main_async(args) -> int:
             model = args.model
         # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
         sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
+        for lat in latencies:
+            _measured(f"sync, env {lat} s", {"step": sync[lat][0], "tokens": sync[lat][1]})
         root, process = start_vllm_server(model, tmp / "vllm.log")
         alone, trained, runs = {}, {}, {}
         try:
@@ -418,6 +426,7 @@ def main_async(args) -> int:
             for lat in latencies:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
                     alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
+                    _measured(f"rollout alone, env {lat} s", {"step": alone[lat]})
                 samples = samples or got
             with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
                 for n in counts:
@@ -431,6 +440,7 @@ def main_async(args) -> int:
                         )
                     )
                     trained[n] = _figures(run)
+                    _measured(f"training alone, {_processes_label(n)}", trained[n])
                     _restore(root, model)
             for lat in latencies:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
@@ -448,11 +458,16 @@ def main_async(args) -> int:
                             )
                         )
                         runs[lat, n, before] = _figures(run)
+                        _measured(
+                            f"async, {_processes_label(n)}, env {lat} s, before {before}",
+                            runs[lat, n, before],
+                        )
                         _restore(root, model)
         finally:
             stop_vllm_server(process)
         n_tokens = max(1, round(statistics.mean(t for _, t in sync.values())))
         base = single_turn(model, args, n_tokens, tmp / "single", bf16=False)
+        _measured("TRL single-turn", {"step": base})
 
     print_async(args, base, n_tokens, sync, alone, trained, runs)
     return 0
