@@ -96,9 +96,10 @@ def _door_agent(tokenizer, *, copy: bool):
     return respond
 
 
-def _groups(tmp_path, *, copy: bool, groups: int, seed: int = 11):
-    """Run the real rollout worker with the task's options until `groups` groups are queued; returns the samples,
-    the environment's recorded requests and the table."""
+@contextlib.contextmanager
+def _door_worker(tmp_path, *, copy: bool, groups: int, seed: int = 11, **options):
+    """The real rollout worker with the task's options (and `options`), started against a scripted agent server
+    and the task's environment; yields (worker, environment server, table), stopped on exit."""
     from prompt_r1.agents.served import ServedAgent
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
@@ -136,22 +137,53 @@ def _groups(tmp_path, *, copy: bool, groups: int, seed: int = 11):
             rollout=GraphRollout(environment, loop=config.loop_config()),
             rewards=reward_functions(config),
             num_generations=4,
-            max_inflight=16,  # four groups in flight at once: their calls interleave
-            **door_worker_options(table),
+            **{"max_inflight": 16, **door_worker_options(table), **options},  # 16: four groups at once
         )
-        samples = []
         worker.start()
         try:
-            deadline = time.monotonic() + 120
-            while len(samples) < 4 * groups and time.monotonic() < deadline:
-                worker.check_health(60)
-                with contextlib.suppress(queue.Empty):
-                    samples.append(worker.rollout_buffer.get(timeout=1))
+            yield worker, env, table
         finally:
             worker.stop()
+
+
+def _groups(tmp_path, *, copy: bool, groups: int, seed: int = 11):
+    """Run the real rollout worker with the task's options until `groups` groups are queued; returns the samples,
+    the environment's recorded requests and the table."""
+    samples = []
+    with _door_worker(tmp_path, copy=copy, groups=groups, seed=seed) as (worker, env, table):
+        deadline = time.monotonic() + 120
+        while len(samples) < 4 * groups and time.monotonic() < deadline:
+            worker.check_health(60)
+            with contextlib.suppress(queue.Empty):
+                samples.append(worker.rollout_buffer.get(timeout=1))
         requests = list(env.requests)
     assert len(samples) >= 4 * groups, "the worker did not queue its groups in time"
     return samples, requests, table
+
+
+@pytest.mark.parametrize("bound_queued", [True, False])
+def test_the_worker_starts_no_group_beyond_max_inflight_counting_the_samples_queued(tmp_path, bound_queued):
+    """Samples queued and not yet taken count against max_inflight as those in flight do: a trainer slower than
+    the rollouts gets no groups that would come too late for it (and take its CPU meanwhile). Without the bound
+    (as before) the worker runs on while nothing is taken."""
+    with _door_worker(tmp_path, copy=True, groups=40, max_inflight=8, bound_queued=bound_queued) as (
+        worker,
+        _,
+        _,
+    ):
+        if not bound_queued:  # runs ahead of a trainer that takes nothing
+            wait_for(lambda: worker.rollout_buffer.qsize() > 8, "more than 8 samples queued", timeout=60)
+            return
+        wait_for(lambda: worker.rollout_buffer.qsize() >= 8, timeout=60)  # two groups of 4: the bound
+        time.sleep(2.0)  # time enough for more groups against a scripted server answering at once
+        worker.check_health(60)
+        queued, started = worker.rollout_buffer.qsize(), worker.groups_done + len(worker.running)
+        assert queued == 8 and started == 2
+        for _ in range(4):  # the trainer takes a group's samples: room for one more group
+            worker.rollout_buffer.get(timeout=1)
+        wait_for(lambda: worker.groups_done == 3, timeout=60)
+        time.sleep(0.5)
+        assert worker.groups_done == 3 and worker.rollout_buffer.qsize() == 8
 
 
 def test_every_episode_is_answered_and_scored_from_its_own_groups_table(tmp_path):

@@ -199,6 +199,12 @@ def worker(args) -> None:
         "answered": mean("episode/status_answered"),
         "generate_calls": mean("rollout/generate_calls") if args.worker == "multi" else 1.0,
         "staleness": mean("sample/staleness_mean"),
+        # The async trainer's: its wait for samples, and the weight sync (NCCL on two GPUs) with its transfer phase.
+        "rollout_wait": sum(h.get("perf/rollout_wait_s", 0.0) for h in logs[1:]),
+        "weight_sync": _median(trainer.state.log_history, "perf/weight_sync_s"),
+        "weight_transfer": _median(trainer.state.log_history, "perf/weight_sync_transfer_s"),
+        "ratio": mean("ratio"),
+        "weights": type(getattr(trainer, "weight_transfer", None)).__name__,  # WeightTransferClient: NCCL
         "peak_allocated": memory.peak_allocated,
         "peak_reserved": memory.peak_reserved,
         "params": sum(p.numel() for p in trainer.model.parameters()),
@@ -206,6 +212,43 @@ def worker(args) -> None:
         "processes": trainer.accelerator.num_processes,
     }
     Path(args.result).write_text(json.dumps(result))
+
+
+def _median(history: list[dict], key: str) -> float:
+    values = [h[key] for h in history if key in h]
+    return statistics.median(values) if values else float("nan")
+
+
+def _route(transfer: str) -> str:
+    return "nccl" if transfer == "WeightTransferClient" else "file"
+
+
+def plan(args) -> list[str]:
+    """The runs `main` makes, in order, with what each launches: what `--dry-run` prints."""
+    zero = f"accelerate launch, DeepSpeed ZeRO-{args.zero}, {args.processes} process(es)"
+    lines = [
+        f"build: a Qwen2-shaped model (hidden {args.hidden}, {args.layers} layers, heads {args.heads}/"
+        f"{args.kv_heads}), {args.sft_steps} protocol fine-tuning steps",
+        f"sync two-turn, env {args.latency:.1f} s: {zero}",
+    ]
+    if not args.skip_eager:
+        lines.append(f"sync two-turn, batch_wait 0, env {args.latency:.1f} s: {zero}")
+    if args.vllm:
+        lines.append(f"sync two-turn, vLLM colocate, env {args.latency:.1f} s: {zero}")
+    if args.async_grpo:
+        lines.append(
+            "vllm serve of the model on the last GPU (NCCL weight transfer when there are 2 or more GPUs, "
+            "else through a file)"
+        )
+        for latency in sorted({args.latency, 1.0}):
+            lines.append(
+                f"async two-turn, env {latency:.1f} s: one process on GPU 0, max_staleness {args.max_staleness}"
+            )
+        lines.append(f"sync two-turn, env 1.0 s: {zero}")
+    lines.append(f"TRL single-turn GRPO: {zero}")
+    if args.vllm:
+        lines.append(f"TRL single-turn GRPO, vLLM colocate: {zero}")
+    return lines
 
 
 def _free_port() -> int:
@@ -354,9 +397,24 @@ def main() -> int:
     parser.add_argument(
         "--vllm", action="store_true", help="also run both trainers with TRL's colocated vLLM"
     )
+    parser.add_argument(
+        "--skip-eager",
+        action="store_true",
+        help="leave out the run with the batcher not waiting (batch_wait 0)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the runs this would make, in order, and stop (loads nothing)",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return 0
+    if args.steps < 2 or args.batch < 2 or args.processes < 1:
+        parser.error("need --steps >= 2 (the first is not timed), --batch >= 2 and --processes >= 1")
+    if args.dry_run:
+        print("\n".join(f"{i}. {line}" for i, line in enumerate(plan(args), 1)))
         return 0
 
     import torch
@@ -380,7 +438,11 @@ def main() -> int:
         with ScriptedServer({"env": lambda body: RESPONSE}, latency=args.latency) as server:
             multi = _launch(args, "multi", model, server.base_url, tmp)
             # The same run with the batcher's wait for live episodes off: each turn's requests go out as they come.
-            eager = _launch(args, "multi", model, server.base_url, tmp, batch_wait=0.0)
+            eager = (
+                None
+                if args.skip_eager
+                else _launch(args, "multi", model, server.base_url, tmp, batch_wait=0.0)
+            )
             multi_vllm = _launch(args, "multi", model, server.base_url, tmp, vllm=True) if args.vllm else None
         runs = _async_rows(args, model, tmp) if args.async_grpo else {}
         tokens = max(1, round(multi["agent_tokens"]))
@@ -399,8 +461,9 @@ def main() -> int:
     rows = [
         (f"TRL single-turn GRPO, {tokens} tokens per completion", single, single),
         ("Prompt-R1 two-turn rollout (LangGraph loop)", multi, single),
-        ("  the same, batcher not waiting (batch_wait 0)", eager, single),
     ]
+    if eager is not None:
+        rows.append(("  the same, batcher not waiting (batch_wait 0)", eager, single))
     if args.vllm:
         rows += [
             (f"TRL single-turn GRPO, vLLM colocate, {tokens} tokens", single_vllm, single_vllm),
@@ -437,14 +500,19 @@ def main() -> int:
                     f"  {name:5} env {latency:.1f} s  {step:7.3f} s/step  {1 / step:6.2f} steps/s  "
                     f"ratio {step / single['median_step']:5.2f}"
                     + (
-                        f"  async/sync {sync['median_step'] / step:5.2f}  staleness {r['staleness']:.2f}"
+                        f"  async/sync {sync['median_step'] / step:5.2f}  staleness {r['staleness']:.2f}  "
+                        f"trainer idle {r['rollout_wait'] / max(sum(r['step_times'][1:]), 1e-9):.0%}  "
+                        f"weight sync ({_route(r['weights'])}) {r['weight_sync']:.3f} s, transfer "
+                        f"{r['weight_transfer']:.3f} s  ratio {r['ratio']:.4f}"
                         if name == "async"
                         else ""
                     )
                 )
-    print(f"policy generate calls per step without the wait: {eager['generate_calls']:.2f}")
+    if eager is not None:
+        print(f"policy generate calls per step without the wait: {eager['generate_calls']:.2f}")
     print(f"step times (s): multi {[round(t, 3) for t in multi['step_times']]}")
-    print(f"                eager {[round(t, 3) for t in eager['step_times']]}")
+    if eager is not None:
+        print(f"                eager {[round(t, 3) for t in eager['step_times']]}")
     print(f"               single {[round(t, 3) for t in single['step_times']]}")
     return 0
 

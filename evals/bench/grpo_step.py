@@ -1,7 +1,7 @@
 """Time per GRPO step: Prompt-R1's multi-turn rollout versus TRL's own single-turn GRPO, side by side in one run.
 
     python evals/bench/grpo_step.py [--steps 6] [--batch 8] [--latency 0.2] [--hidden 64] [--vllm]
-    python evals/bench/grpo_step.py --async [--steps 10] [--max-staleness 4]
+    python evals/bench/grpo_step.py --async [--steps 10] [--max-staleness 4] [--processes 2] [--latencies 0.2,1]
 
 Both trainers use the same tiny model, batch, group size and optimizer. The multi-turn run plays the two-turn
 name task against a scripted environment on 127.0.0.1 whose every reply takes `--latency` seconds; the
@@ -17,23 +17,38 @@ vLLM / generate per row.
 
 `--async` compares the synchronous trainer with the asynchronous one (`async_grpo`, TRL's AsyncGRPOTrainer with
 the loop as its rollout worker, the agent on a `vllm serve` of vLLM's CPU build started here, its weights synced
-through a file after every step) at environment latencies 0, 0.2 and 1 s. Every row uses the same model (heads 64
-wide, as vLLM's CPU attention needs); the sync rows use `generate` (the default policy). Printed per row: seconds
-per step (median over the steps after the first: for async, the time between optimizer steps, rollout waits
-included), steps per second, the ratio to TRL's single-turn step, and for async its throughput over sync at the
-same latency and the mean staleness of the samples it trained on.
+through a file after every step) at environment latencies `--latencies` (default 0.2 and 1 s). Every row uses
+the same model (heads 64 wide, as vLLM's CPU attention needs); the sync rows use `generate` (the default policy).
+Against its ceiling: overlapping rollouts with training hides at best the shorter of the two, so two more kinds of
+rows are measured in the same run:
+- **rollout alone**, per latency: the async trainer's rollout worker producing groups with no training beside it
+  (seconds per step's worth of samples);
+- **training alone**, per process count: the async trainer fed, without end, samples the worker produced
+  (`ReplayWorker`, none stale), so its step is forward, backward, optimizer and weight sync.
+Printed per async row: seconds per step (median over the steps after the first: the time between optimizer
+steps, rollout waits included), the ratio to TRL's single-turn step (`vs single`), its throughput over sync at the
+same latency, `overlap` = async s/step / max(rollout alone, training alone) (1.00: perfect overlap), the trainer's
+idle share (its wait for samples over the steps' time), the rollout worker's idle share (no group generating, or
+the server paused for a weight sync; between the first and the last step's end), the median weight sync in
+seconds, and the mean staleness of the samples trained on. `--processes N` adds the async rows with the trainer
+across N processes (`accelerate launch` with training/accelerate/fsdp2.yaml, `async_ranks.py`; the step's episodes
+split across them), labelled `N processes` beside the `1 process` rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import queue
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # async_ranks beside it
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 NAME_QUESTION = "Which name does the item have?"
@@ -60,7 +75,7 @@ def _rows() -> list[dict]:
     ]
 
 
-def _config(model: Path, args, out: Path, server, **settings):
+def _config(model: Path, args, out: Path, env_url: str, per_device: int | None = None, **settings):
     """The two-turn name task's training config, the same for the synchronous and the asynchronous rows
     (`async_grpo=True` in `settings`: the async trainer's config)."""
     from prompt_r1.training.run import trainer_config
@@ -69,9 +84,9 @@ def _config(model: Path, args, out: Path, server, **settings):
         output_dir=str(out),
         model_name_or_path=str(model),
         env_model="env",
-        env_base_url=server.base_url,
+        env_base_url=env_url,
         env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-        per_device_train_batch_size=args.batch,
+        per_device_train_batch_size=per_device or args.batch,
         num_generations=args.batch,
         max_steps=args.steps,
         max_turns=2,
@@ -96,7 +111,7 @@ def multi_turn(
     from prompt_r1.training.sync.trainer import build_trainer
 
     with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency) as server:
-        config = _config(model, args, out, server, **_vllm_settings(vllm), **settings)
+        config = _config(model, args, out, server.base_url, **_vllm_settings(vllm), **settings)
         trainer = build_trainer(config, train_rows=_rows() * (args.batch * args.steps))
         trainer.train()
     tokens = statistics.mean(
@@ -148,29 +163,169 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False, *
     return _median_step(trainer)
 
 
-def async_multi_turn(model: Path, args, latency: float, out: Path, root: str) -> tuple[float, float, float]:
-    """(s/step, agent tokens per episode, mean staleness) of the async trainer on the two-turn task."""
-    from prompt_r1.testing.servers import ScriptedServer
+def _step_clock(worker):
+    """A trainer callback keeping, at every step's end, the time and the rollout worker's idle seconds (`marks`)."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.marks: list[tuple[float, float]] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock = getattr(worker, "idle", None)
+            self.marks.append((time.monotonic(), clock.idle_s() if clock is not None else 0.0))
+
+    return StepClock()
+
+
+class _Replay:
+    """The queue of `ReplayWorker`: never empty, each sample stamped with the policy version of the moment."""
+
+    def __init__(self, samples: list, version) -> None:
+        self._samples, self._version, self._next = samples, version, 0
+        self.queue: list = []  # what a look into a queue.Queue finds (nothing waiting: samples are made on demand)
+
+    def get(self, timeout: float | None = None):
+        import dataclasses
+
+        sample = self._samples[self._next % len(self._samples)]
+        self._next += 1
+        return dataclasses.replace(sample, model_version=self._version(), enqueued_at=time.time())
+
+    def qsize(self) -> int:
+        return 0
+
+
+class ReplayWorker:
+    """Training alone: in the rollout worker's place, one that hands the trainer, at once and without end, the
+    samples a real worker produced (`rollout_alone`), none of them stale. The trainer's step is then its own work:
+    forward, backward, optimizer and the weight sync to the server."""
+
+    def __init__(self, samples: list) -> None:
+        self.model_version = 0
+        self.rollout_buffer = _Replay(samples, lambda: self.model_version)
+        self.metrics_queue = queue.Queue()
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def drain(self, timeout: float = 0.0) -> None: ...
+
+    def update_model_version(self, model_version: int) -> None:
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s: float) -> None: ...
+
+
+def async_run(
+    model: str,
+    args,
+    env_url: str,
+    out: str,
+    root: str,
+    processes: int = 1,
+    replay: list | None = None,
+    before: bool = False,
+) -> dict | None:
+    """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
+    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`; `before`: as it was before
+    the overlap work (the server paused for the whole weight sync, the worker not counting queued samples against
+    max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
+    trainer's wait for samples and its weight syncs per step, the worker's idle seconds at each step's end, agent
+    tokens and staleness."""
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
-    with ScriptedServer({"env": lambda body: RESPONSE}, latency=latency, record=False) as server:
-        config = _config(
-            model,
-            args,
-            out,
-            server,
-            bf16=False,
-            async_grpo=True,
-            max_staleness=args.max_staleness,
-            vllm_server_base_url=root,
-        )
-        trainer = build_async_trainer(config, train_rows=_rows() * args.batch)
-        trainer.train()
+    config = _config(
+        Path(model),
+        args,
+        Path(out),
+        env_url,
+        per_device=args.batch // processes,
+        bf16=False,
+        async_grpo=True,
+        max_staleness=args.max_staleness,
+        vllm_server_base_url=root,
+    )
+    trainer = build_async_trainer(config, train_rows=_rows() * args.batch)
+    if replay is not None and trainer.accelerator.is_main_process:
+        trainer.rollout_worker.stop()  # built, never started
+        trainer.rollout_worker = ReplayWorker(replay)
+        trainer.rollout_queue = trainer.rollout_worker.rollout_buffer
+    if before and trainer.accelerator.is_main_process:
+        trainer.weight_transfer.write_before_pause = False
+        trainer.rollout_worker.bound_queued = False
+    clock = _step_clock(trainer.rollout_worker)
+    trainer.add_callback(clock)
+    trainer.train()
+    if not trainer.accelerator.is_main_process:
+        return None
     history = trainer.state.log_history
-    times = [h["perf/step_s"] for h in history if "perf/step_s" in h]
-    tokens = statistics.mean(h["episode/agent_completion_tokens"] for h in history if "reward" in h)
-    staleness = statistics.mean(h["sample/staleness_mean"] for h in history if "sample/staleness_mean" in h)
-    return statistics.median(times), tokens, staleness
+    steps = [h for h in history if "perf/step_s" in h]
+    return {
+        "step_s": [h["perf/step_s"] for h in steps],
+        "wait_s": [h.get("perf/rollout_wait_s", 0.0) for h in steps],
+        "sync_s": [h["perf/weight_sync_s"] for h in history if "perf/weight_sync_s" in h],
+        "marks": clock.marks,
+        "tokens": [
+            h["episode/agent_completion_tokens"] for h in history if "episode/agent_completion_tokens" in h
+        ],
+        "staleness": [h["sample/staleness_mean"] for h in history if "sample/staleness_mean" in h],
+        "dropped": sum(h.get("sample/dropped_stale_total") or 0 for h in history),
+    }
+
+
+def async_rank(**keywords) -> dict | None:
+    """`async_run` on one of the ranks of `accelerate launch` (`async_ranks.launch_ranks`)."""
+    return async_run(**keywords)
+
+
+def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tuple[float, list]:
+    """Rollout time alone: the async trainer's rollout worker producing groups with no trainer training beside it.
+    Returns the seconds per step's worth of samples (from the first step's worth to the last of `args.steps`)
+    and the samples, in the order they came."""
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
+
+    config = _config(
+        model, args, out, env_url, bf16=False, async_grpo=True, max_staleness=args.max_staleness,
+        vllm_server_base_url=root,
+    )  # fmt: skip
+    trainer = build_async_trainer(config, train_rows=_rows() * args.batch)
+    worker, samples, arrivals = trainer.rollout_worker, [], []
+    worker.start()
+    try:
+        while len(samples) < args.batch * args.steps:
+            try:
+                samples.append(worker.rollout_buffer.get(timeout=5))
+            except queue.Empty:
+                worker.check_health(300)
+                continue
+            arrivals.append(time.monotonic())
+    finally:
+        worker.stop()
+    per_step = arrivals[args.batch - 1 :: args.batch]
+    return (per_step[-1] - per_step[0]) / (len(per_step) - 1), samples
+
+
+def _figures(run: dict) -> dict:
+    """s/step (median), the trainer's idle share (its wait for samples over the steps' time), the worker's idle
+    share (between the first and the last step's end), the median weight sync, tokens and staleness."""
+    (t0, idle0), (t1, idle1) = run["marks"][0], run["marks"][-1]
+    return {
+        "step": statistics.median(run["step_s"]),
+        "trainer_idle": sum(run["wait_s"]) / sum(run["step_s"]),
+        "worker_idle": (idle1 - idle0) / (t1 - t0) if t1 > t0 else math.nan,
+        "sync": statistics.median(run["sync_s"]),
+        "tokens": statistics.mean(run["tokens"]) if run["tokens"] else math.nan,
+        "staleness": statistics.mean(run["staleness"]) if run["staleness"] else math.nan,
+        "dropped": run.get("dropped", 0),
+    }
+
+
+def _measured(what: str, figures: dict) -> None:
+    """A row's figures on stderr as soon as they are measured (a run cut short keeps what it measured)."""
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items() if isinstance(v, float | int))
+    print(f"measured: {what}: {shown}", file=sys.stderr, flush=True)
 
 
 def _restore(root: str, model: Path) -> None:
@@ -185,46 +340,136 @@ def _restore(root: str, model: Path) -> None:
     post_json(f"{root}/reset_prefix_cache", {}, 60)
 
 
+def _processes_label(n: int) -> str:
+    return f"{n} process" + ("es" if n > 1 else "")
+
+
+def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
+    """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: s/step}, `trained` {processes:
+    figures}, `runs` {(latency, processes, before): figures} (`_figures`)."""
+    latencies = sorted(alone)
+    counts = sorted(trained)
+    variants = sorted({before for _, _, before in runs}, reverse=True)
+    print(
+        f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
+        f"(CPU, 2 cores shared and loaded; async: max_staleness {args.max_staleness}). overlap = async s/step / "
+        "max(rollout alone, training alone): 1.00 is perfect"
+    )
+    print(
+        f"{'run':58} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'trainer idle':>12} "
+        f"{'worker idle':>11} {'sync s':>6} {'staleness':>9} {'dropped':>7}"
+    )
+
+    def row(label: str, step: float, *rest: str) -> None:
+        print(f"{label:58} {step:7.3f} {step / base:9.2f} " + " ".join(rest))
+
+    row(f"TRL single-turn GRPO (generate), {n_tokens} tokens per completion", base)
+    for lat in latencies:
+        row(f"Prompt-R1 two-turn, sync (generate), env {lat:.1f} s", sync[lat][0])
+    for lat in latencies:
+        row(f"rollout alone (worker, vLLM server), env {lat:.1f} s", alone[lat])
+    for n in counts:
+        t = trained[n]
+        row(
+            f"training alone (replayed samples), {_processes_label(n)}",
+            t["step"],
+            f"{'':>10} {'':>7} {t['trainer_idle']:12.0%} {'':>11} {t['sync']:6.2f}",
+        )
+    for lat, n, before in [(lat, n, b) for lat in latencies for n in counts for b in variants]:
+        r = runs[lat, n, before]
+        overlap = r["step"] / max(alone[lat], trained[n]["step"])
+        what = ", before" if before else ""
+        row(
+            f"Prompt-R1 two-turn, async, {_processes_label(n)}, env {lat:.1f} s{what}",
+            r["step"],
+            f"{sync[lat][0] / r['step']:10.2f} {overlap:7.2f} {r['trainer_idle']:12.0%} "
+            f"{r['worker_idle']:11.0%} {r['sync']:6.2f} {r['staleness']:9.2f} {r['dropped']:7.0f}",
+        )
+    if args.before:
+        print(
+            "before: as it was before the overlap work: the server paused for the whole weight sync (the weights "
+            "file written while paused), and the worker starting groups whatever the samples queued; the other "
+            "async rows pause it only for the reload, and count queued samples against max_inflight"
+        )
+
+
 def main_async(args) -> int:
+    from async_ranks import launch_ranks
+
+    from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.testing.tiny_models import build_protocol_model
     from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
-    latencies = (0.0, 0.2, 1.0)
+    latencies = args.latencies
+    counts = (1, args.processes) if args.processes > 1 else (1,)
+    variants = (True, False) if args.before else (False,)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         episodes = [
             (NAME_QUESTION, TURN_1, RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
         ]
-        model = build_protocol_model(tmp / "model", episodes, steps=150, hidden_size=128, heads=2, kv_heads=1)
+        model = tmp / "model"
+        if args.model is None or not (args.model / "model.safetensors").is_file():
+            build_protocol_model(model, episodes, steps=150, hidden_size=128, heads=2, kv_heads=1)
+        if args.model is not None:  # built once, then reused (copied whole, once trained: never half-built)
+            if not (args.model / "model.safetensors").is_file():
+                shutil.copytree(model, args.model, dirs_exist_ok=True)
+            model = args.model
         # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
         sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
+        for lat in latencies:
+            _measured(f"sync, env {lat} s", {"step": sync[lat][0], "tokens": sync[lat][1]})
         root, process = start_vllm_server(model, tmp / "vllm.log")
+        alone, trained, runs = {}, {}, {}
         try:
-            results = {}
+            samples = None
             for lat in latencies:
-                results[lat] = async_multi_turn(model, args, lat, tmp / f"async-{lat}", root)
-                _restore(root, model)
+                with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
+                    alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
+                    _measured(f"rollout alone, env {lat} s", {"step": alone[lat]})
+                samples = samples or got
+            with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
+                for n in counts:
+                    job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
+                    job.update(out=str(tmp / f"train-alone-{n}"), replay=samples)
+                    run = (
+                        async_run(**job)
+                        if n == 1
+                        else launch_ranks(
+                            "grpo_step.async_rank", job, processes=n, folder=tmp / f"ranks-train-{n}"
+                        )
+                    )
+                    trained[n] = _figures(run)
+                    _measured(f"training alone, {_processes_label(n)}", trained[n])
+                    _restore(root, model)
+            for lat in latencies:
+                with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
+                    for n, before in [(n, b) for n in counts for b in variants]:
+                        job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
+                        job.update(out=str(tmp / f"async-{lat}-{n}-{before}"), before=before)
+                        run = (
+                            async_run(**job)
+                            if n == 1
+                            else launch_ranks(
+                                "grpo_step.async_rank",
+                                job,
+                                processes=n,
+                                folder=tmp / f"ranks-{lat}-{n}-{before}",
+                            )
+                        )
+                        runs[lat, n, before] = _figures(run)
+                        _measured(
+                            f"async, {_processes_label(n)}, env {lat} s, before {before}",
+                            runs[lat, n, before],
+                        )
+                        _restore(root, model)
         finally:
             stop_vllm_server(process)
-        n = max(1, round(statistics.mean(t for _, t in sync.values())))
-        base = single_turn(model, args, n, tmp / "single", bf16=False)
+        n_tokens = max(1, round(statistics.mean(t for _, t in sync.values())))
+        base = single_turn(model, args, n_tokens, tmp / "single", bf16=False)
+        _measured("TRL single-turn", {"step": base})
 
-    print(
-        f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
-        f"(CPU, 2 cores; async: max_staleness {args.max_staleness})"
-    )
-    print(f"{'run':52} {'s/step':>8} {'steps/s':>8} {'vs single':>10} {'async/sync':>11} {'staleness':>10}")
-    label = f"TRL single-turn GRPO (generate), {n} tokens per completion"
-    print(f"{label:52} {base:8.3f} {1 / base:8.2f} {1.0:10.2f}")
-    for lat in latencies:
-        step = sync[lat][0]
-        label = f"Prompt-R1 two-turn, sync (generate), env {lat:.1f} s"
-        print(f"{label:52} {step:8.3f} {1 / step:8.2f} {step / base:10.2f}")
-    for lat in latencies:
-        step, _, staleness = results[lat]
-        label = f"Prompt-R1 two-turn, async (vLLM server), env {lat:.1f} s"
-        speedup = sync[lat][0] / step
-        print(f"{label:52} {step:8.3f} {1 / step:8.2f} {step / base:10.2f} {speedup:11.2f} {staleness:10.2f}")
+    print_async(args, base, n_tokens, sync, alone, trained, runs)
     return 0
 
 
@@ -243,7 +488,37 @@ def main() -> int:
     parser.add_argument(
         "--max-staleness", type=int, default=4, help="the async trainer's bound (TRL's default)"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="async: also rows with the trainer across N processes (accelerate launch, training/accelerate/"
+        "fsdp2.yaml; the episodes of a step split across them), beside the 1-process rows",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="async: keep the tiny agent in this folder (built there if it holds none, reused if it does)",
+    )
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help="async: also each async row as it was before the overlap work (server paused for the whole weight "
+        "sync, queued samples not counted against max_inflight)",
+    )
+    parser.add_argument(
+        "--latencies",
+        type=lambda text: tuple(float(x) for x in text.split(",")),
+        default=(0.2, 1.0),
+        help="async: environment latencies in seconds, comma-separated (default: 0.2,1)",
+    )
     args = parser.parse_args()
+    if args.processes < 1 or args.batch % args.processes:
+        parser.error("--processes must be at least 1 and divide --batch (each process trains an equal share)")
+    if args.processes > 1 and not args.async_grpo:
+        parser.error("--processes runs the async trainer across processes: add --async")
+    if args.steps < 3:
+        parser.error("--steps must be at least 3 (the first step is not timed)")
     if args.async_grpo:
         return main_async(args)
     shape = dict(hidden_size=128, heads=2, kv_heads=1) if args.vllm else dict(hidden_size=args.hidden)

@@ -3,6 +3,7 @@ of 1 to 3 dependent calls), over seeds of your choice.
 
     python evals/bench/learning.py --seed0 S --seeds N [--jobs 2] [--steps 100] [--out DIR] [--work DIR] [flags]
     python evals/bench/learning.py --async --seed0 S --seeds N [--max-staleness 4] [--out DIR] [--work DIR]
+    python evals/bench/learning.py --async --processes 2 --seed0 S --seeds N [--compare SYNC_JSON] [...]
     python evals/bench/learning.py --task hops --seed0 S --seeds N [--async] [--mask-first-turn] [...]
 
 `--task hops` (`prompt_r1.tasks.hops`, its figures in `evals/bench/learning_hops.py`): a question asks for the code
@@ -36,7 +37,9 @@ run's spread of gains, and a verdict per seed (within, above or below that sprea
 is not reproducible: the trainer and the rollout worker interleave by timing (which policy version samples which
 group, which samples come too late and are dropped), and the server samples concurrent requests in arrival order.
 What can be seeded is: the agents, every group's table (the seed and the group's index), the training rows' order,
-the trainer, and the server's sampling seed.
+the trainer, and the server's sampling seed. `--async --processes N` trains across N processes (`accelerate launch`
+with training/accelerate/fsdp2.yaml, `async_ranks.py`: rank 0 runs the rollout worker, each step's `--batch`
+episodes split across the ranks); its figures go to OUT/learning-async-Np.json and OUT/curves-async-Np.png.
 
 Per seed (one line each, after the trainer's own progress lines on stderr):
 - the mean total reward of the first ten and the last ten steps, and their difference (the gain);
@@ -68,6 +71,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -125,6 +129,18 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         if args.async_grpo:
             from prompt_r1.tasks.door_async import train_async
 
+            launch = None
+            if args.processes > 1:  # FSDP2 across processes: every rank builds the trainer (`door_rank`)
+                common["per_device_train_batch_size"] = args.batch // args.processes
+                launch = partial(
+                    _launch_door,
+                    processes=args.processes,
+                    model=str(model),
+                    seed=seed,
+                    rows=len(rows),
+                    env_base_url=server.base_url,
+                    run_dir=str(run_dir),
+                )
             try:
                 run = train_async(
                     model,
@@ -134,13 +150,18 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
                     run_dir,
                     held_out_step=HELD_OUT_STEP,
                     max_staleness=args.max_staleness,
+                    launch=launch,
                     **common,
                 )
             except Exception as exc:  # noqa: BLE001 (one seed's failure is its result, not the run's end)
                 return {"seed": seed, "build": build, "error": f"{type(exc).__name__}: {exc}"}
             config, log_history = run["config"], run["log_history"]
             before, after, seconds = run["before"], run["after"], run["seconds"]
-            extra = {"async": async_figures(log_history), "max_staleness": args.max_staleness}
+            extra = {
+                "async": async_figures(log_history),
+                "max_staleness": args.max_staleness,
+                "processes": args.processes,
+            }
         else:
             from prompt_r1.tasks.door_training import control, door_trainer, grpo_config
 
@@ -166,7 +187,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         "seed": seed,
         "trainer": "async" if args.async_grpo else "sync",
         "build": build,
-        "grpo": {k: getattr(config, k) for k in GRPO_FIELDS},
+        "grpo": {k: getattr(config, k, None) for k in GRPO_FIELDS},  # the async config has no beta
         "series": series,
         "first": first,
         "last": last,
@@ -180,6 +201,32 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         "seconds": seconds,
         **extra,
     }
+
+
+def _launch_door(keywords: dict, final: Path, *, processes: int, **job) -> dict:
+    """The async run across `processes` FSDP2 ranks (`async_ranks.launch_ranks`): its log history and seconds."""
+    from async_ranks import launch_ranks
+
+    job = {**job, "keywords": keywords, "final": str(final)}
+    return launch_ranks("learning.door_rank", job, processes=processes, folder=Path(job["run_dir"]) / "ranks")
+
+
+def door_rank(
+    model: str, seed: int, rows: int, env_base_url: str, run_dir: str, keywords: dict, final: str
+) -> dict:
+    """One rank of an async door-codes run across processes: the config, the task's trainer, training, the
+    model saved whole (every rank takes part); rank 0's log history and seconds."""
+    from prompt_r1.tasks.door_async import door_async_trainer
+    from prompt_r1.tasks.door_codes import DoorTable, training_rows
+    from prompt_r1.tasks.door_training import grpo_config
+
+    config = grpo_config(run_dir, model, env_base_url, **keywords)
+    trainer = door_async_trainer(config, DoorTable(seed), training_rows(rows, seed=seed))
+    started = time.monotonic()
+    trainer.train()
+    seconds = time.monotonic() - started
+    trainer.save_model(final)
+    return {"log_history": trainer.state.log_history, "seconds": seconds}
 
 
 def _threads(n: int) -> None:
@@ -342,6 +389,13 @@ def main() -> int:
         help="async: the most policy versions a trained sample may lag (default: %(default)s)",
     )
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="async: trainer processes (accelerate launch with training/accelerate/fsdp2.yaml; --batch split "
+        "across them); default: %(default)s, in this process",
+    )
+    parser.add_argument(
         "--build-only",
         action="store_true",
         help="build the seeds' agents into --work and stop (a later run, sync or async, trains them)",
@@ -360,6 +414,12 @@ def main() -> int:
         parser.error("need --seeds >= 1, --group >= 2 and --batch a multiple of --group")
     if args.async_grpo and (args.beta or args.loss_type or args.mask_truncated):
         parser.error("--beta, --loss-type and --mask-truncated are settings the async trainer does not have")
+    if args.processes < 1 or (args.processes > 1 and not args.async_grpo):
+        parser.error("--processes N (N > 1) trains the async trainer across processes: add --async")
+    if args.batch % args.processes or (args.batch // args.processes) < 1:
+        parser.error("--batch must be a multiple of --processes (each process trains an equal share)")
+    if args.processes > 1 and args.task != "door-codes":
+        parser.error("--processes runs the door-codes task (--task hops runs in one process)")
     if args.max_staleness < 0:
         parser.error("--max-staleness must be at least 0")
     if args.build_only and args.work is None:
@@ -382,9 +442,11 @@ def main() -> int:
     shown = {**settings, **({"mask_first_turn": True} if args.mask_first_turn else {})}
     name = "baseline" if not shown else ", ".join(f"{k}={v}" for k, v in shown.items())
     if args.async_grpo:
-        name = f"async (max_staleness={args.max_staleness})" + (f", {name}" if settings else "")
+        processes = f", {args.processes} processes" if args.processes > 1 else ""
+        name = f"async (max_staleness={args.max_staleness}{processes})" + (f", {name}" if settings else "")
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = ("-hops" if hops else "") + ("-async" if args.async_grpo else "")
+    suffix += f"-{args.processes}p" if args.processes > 1 else ""
     results: list[dict] = []
 
     def done(result: dict) -> None:

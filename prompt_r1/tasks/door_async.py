@@ -124,10 +124,12 @@ def train_async(
     *,
     seed: int,
     held_out_step: int,
+    launch: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """Train the agent at `model` with the async trainer against the scripted environment at `env_base_url`
-    (answering from `table`): `run_async` with the door-codes task's config, trainer and evaluation."""
+    (answering from `table`): `run_async` with the door-codes task's config, trainer and evaluation (`launch`: as
+    `run_async`'s, for a run across processes)."""
     from prompt_r1.tasks.door_training import grpo_config
 
     def measure(agent: str | Path) -> dict[str, float]:
@@ -140,6 +142,7 @@ def train_async(
         build=lambda config: door_async_trainer(config, table, rows),
         measure=measure,
         seed=seed,
+        launch=launch,
         **settings,
     )
 
@@ -152,13 +155,17 @@ def run_async(
     build: Callable[[Any], Any],
     measure: Callable[[str | Path], Any],
     seed: int,
+    launch: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """A task's async training run: `measure(model)` before, the async trainer of `build(configure(**settings))`
     trained with the policy served by a `vllm serve` of its own (seeded with `seed`, always stopped at the end),
     then `measure` of the trained agent. `configure` gets `settings` with `async_grpo` and the server's address
-    (it builds the async trainer's config, which has no KL term). Returns the trainer's `log_history`, the figures before and after,
-    the training's seconds, the config, and the stopped server's exit code."""
+    (it builds the async trainer's config, which has no KL term). `launch(keywords, final)`, for a run across
+    processes, trains instead of this process: each rank builds the config from `configure`'s `keywords` (a config
+    is built once per process), and the model goes to `final`; it returns `log_history` and `seconds`. Returns the
+    trainer's `log_history`, the figures before and after, the training's seconds, the config, and the stopped
+    server's exit code."""
     import time
 
     from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
@@ -168,21 +175,27 @@ def run_async(
     before = measure(model)
     root, server = start_vllm_server(model, output_dir / "vllm.log", seed=seed)
     try:
-        config = configure(
+        keywords = {
             **{"seed": seed, "data_seed": seed, "bf16": False, **settings},
-            async_grpo=True,
-            vllm_server_base_url=root,
-        )
-        trainer = build(config)
-        started = time.monotonic()
-        trainer.train()
-        seconds = time.monotonic() - started
-        trainer.save_model(str(output_dir / "final"))
+            "async_grpo": True,
+            "vllm_server_base_url": root,
+        }
+        config = configure(**keywords)
+        if launch is not None:
+            run = launch(keywords, output_dir / "final")
+            log_history, seconds = run["log_history"], run["seconds"]
+        else:
+            trainer = build(config)
+            started = time.monotonic()
+            trainer.train()
+            seconds = time.monotonic() - started
+            trainer.save_model(str(output_dir / "final"))
+            log_history = trainer.state.log_history
     finally:
         stop_vllm_server(server)  # with its engine and worker
     after = measure(output_dir / "final")
     return {
-        "log_history": trainer.state.log_history,
+        "log_history": log_history,
         "before": before,
         "after": after,
         "seconds": seconds,

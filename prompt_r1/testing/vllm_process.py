@@ -5,7 +5,8 @@
 Dev mode (`/pause`, `/resume`, `/collective_rpc`), the project's worker extension (weights from a file),
 float32 and processed log-probabilities (`prompt_r1.training.shared.vllm_reload.CPU_SERVER_FLAGS`), and an explicit
 KV cache: on CPU vLLM sizes it as a share of the machine's memory minus the process's own, which can come out
-below zero. vLLM's CPU build starts in about a minute on two cores.
+below zero. vLLM's CPU build starts in about a minute on two idle cores; up to 15 minutes are allowed (on a
+loaded machine it has taken more than 5).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def start_vllm_server(
     *,
     served_name: str = "agent",
     max_model_len: int = 2048,
-    timeout: float = 300,
+    timeout: float = 900,
     seed: int | None = None,
 ) -> tuple[str, subprocess.Popen]:
     """Start the server, wait until it answers `/health`, and return its root URL and process (the caller

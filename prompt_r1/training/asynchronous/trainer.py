@@ -68,6 +68,20 @@ def trainer_class() -> type:
                     json.dump({"prompt_index": first, "model_version": self.model_version}, handle)
             super()._save_checkpoint(model, trial)
 
+        def _sync_weight(self):
+            # The server takes no request from the pause to the resume: the worker's idle clock counts it. The
+            # file transfer says when it pauses (only for the reload); TRL's NCCL one pauses for the whole sync.
+            clock = getattr(self.rollout_worker, "idle", None)
+            if clock is None or hasattr(self.weight_transfer, "on_pause"):
+                if clock is not None:
+                    self.weight_transfer.on_pause = clock.paused
+                return super()._sync_weight()
+            clock.paused(True)
+            try:
+                super()._sync_weight()
+            finally:
+                clock.paused(False)
+
         def _spent(self, worker: GraphRolloutWorker, group: int) -> bool:
             """Whether a resumed run should go past `group`: trained, or never to be trained (no scored episode,
             or sampled by a policy too old to be taken now: it is dropped as stale whenever its turn comes)."""

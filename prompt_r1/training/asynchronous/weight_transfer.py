@@ -18,7 +18,9 @@ steps. Two implementations, picked by `weight_transfer_for`:
   at the same absolute path.
 
 Both pause the server with `/pause?mode=keep` before the swap: requests in flight are frozen, not aborted, and go
-on with the new weights after `/resume`. Their tokens sampled before the sync keep the log-probabilities of the
+on with the new weights after `/resume`. TRL's pauses it for the whole sync; `FileWeightTransfer` only for the
+reload (`write_before_pause`): the parameters are gathered and the file written while the server still samples
+with the old weights, which is what it would sample with anyway until the reload. Their tokens sampled before the sync keep the log-probabilities of the
 policy that sampled them, and the trainer's importance ratio accounts for them. A server that does not answer
 fails the sync with a `WeightSyncError` that names it, never a hang: every request has a timeout.
 """
@@ -62,13 +64,26 @@ class FileWeightTransfer:
     docstring). `folder`: where the weights file is written (the trainer's OUTPUT_DIR/vllm_weights)."""
 
     def __init__(
-        self, base_url: str, folder: str | Path, *, timeout: float = 600.0, control_timeout: float = 60.0
+        self,
+        base_url: str,
+        folder: str | Path,
+        *,
+        timeout: float = 600.0,
+        control_timeout: float = 60.0,
+        write_before_pause: bool = True,
     ):
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.folder = Path(folder).resolve()
         self.timeout, self.control_timeout = timeout, control_timeout
+        # The server is paused only for the reload: the gather and the file's writing happen while it samples
+        # (False: paused from the trainer's `pause`, as TRL's NCCL transfer is, for the whole sync).
+        self.write_before_pause = write_before_pause
+        self._pause_due = self.paused = False
         self.syncs = 0
         self.last_sync_s: float | None = None
+        self.paused_s = 0.0  # seconds the server was paused, all syncs
+        self._paused_at = 0.0
+        self.on_pause: Any = None  # called with True when the server is paused, False when it resumes
 
     def _post(self, route: str, body: dict | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         url = f"{self.base_url}{route}"
@@ -105,8 +120,17 @@ class FileWeightTransfer:
             )
 
     def pause(self) -> None:
+        if self.write_before_pause:
+            self._pause_due = True  # paused in send_weights, once the file is written
+        else:
+            self._pause_now()
+
+    def _pause_now(self) -> None:
         # `keep`: requests in flight wait, then finish with the new weights (TRL's own choice for async GRPO).
         self._post("/pause?mode=keep")
+        self.paused, self._pause_due, self._paused_at = True, False, time.monotonic()
+        if self.on_pause is not None:
+            self.on_pause(True)
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
         from safetensors.torch import save_file
@@ -117,6 +141,8 @@ class FileWeightTransfer:
         path, part = self.folder / "weights.safetensors", self.folder / f"weights.{os.getpid()}.part"
         save_file(tensors, str(part))
         os.replace(part, path)
+        if self._pause_due:
+            self._pause_now()
         answer = self._post("/collective_rpc", {"method": RELOAD, "args": [str(path)]}, timeout=self.timeout)
         if not answer.get("results"):
             raise WeightSyncError(
@@ -128,7 +154,13 @@ class FileWeightTransfer:
         self.last_sync_s = time.monotonic() - started
 
     def resume(self) -> None:
-        self._post("/resume")
+        self._pause_due = False
+        if self.paused:
+            self._post("/resume")
+            self.paused = False
+            self.paused_s += time.monotonic() - self._paused_at
+            if self.on_pause is not None:
+                self.on_pause(False)
 
     def destroy(self) -> None:
         """Nothing to release: no process group, and the file is the last synced policy (kept for inspection)."""

@@ -6,8 +6,8 @@
 
 Episodes keep flowing while the trainer trains. The worker runs on the process-wide event loop
 (`prompt_r1.core.aio`), so the environment client's rate limiter, retries and connections are those of every
-other surface. It keeps up to `max_inflight` episodes in flight, as whole groups of `num_generations` episodes of
-one question, each through the shared `EpisodeRunner`. The agent is served by vLLM on the token-exact completions
+other surface. It keeps up to `max_inflight` episodes in flight or queued and not yet trained, as whole groups of
+`num_generations` episodes of one question, each through the shared `EpisodeRunner`. The agent is served by vLLM on the token-exact completions
 path (`ServedAgent` with a tokenizer), so every turn's sampled ids and their sampling log-probabilities are kept.
 
 A finished group is scored with the project's reward (the same reward functions as synchronous training, on
@@ -53,11 +53,47 @@ from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.shared.ledger import call_scope
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
 
-__all__ = ["GraphRolloutWorker", "RolloutFailed", "group_advantages"]
+__all__ = ["GraphRolloutWorker", "IdleClock", "RolloutFailed", "group_advantages"]
 
 
 class RolloutFailed(PromptR1Error, RuntimeError):
     """The rollout worker cannot go on (the agent's server or the environment is gone)."""
+
+
+class IdleClock:
+    """Seconds the worker generated nothing: no group under way (none started, or all finished and waiting for
+    room in the queue), or the agent's server paused for a weight sync (requests frozen). What the overlap
+    benchmark reads as the worker's idle share (`evals/bench/grpo_step.py --async`); safe across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active, self._paused = 0, False
+        self._since = time.monotonic()
+        self._idle_s = 0.0
+
+    def _mark(self) -> None:  # under the lock: close the interval that ends now
+        now = time.monotonic()
+        if self._active == 0 or self._paused:
+            self._idle_s += now - self._since
+        self._since = now
+
+    def busy(self, delta: int) -> None:
+        """A group started generating (+1) or stopped (-1)."""
+        with self._lock:
+            self._mark()
+            self._active += delta
+
+    def paused(self, paused: bool) -> None:
+        """The agent's server paused (True) or resumed (False)."""
+        with self._lock:
+            self._mark()
+            self._paused = paused
+
+    def idle_s(self) -> float:
+        """Idle seconds since the worker was built."""
+        with self._lock:
+            self._mark()
+            return self._idle_s
 
 
 def group_advantages(rewards: Sequence[float | None]) -> list[float | None]:
@@ -102,6 +138,7 @@ class GraphRolloutWorker:
         group_row: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None,
         episode_metrics: Callable[[int, dict[str, Any], Episode], dict[str, float]] | None = None,
         may_start: Callable[[set[int]], str | None] | None = None,
+        bound_queued: bool = True,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -117,6 +154,10 @@ class GraphRolloutWorker:
             price  # an episode's state -> its dollars (the environment's calls), for rollout/cost_usd_total
         )
         self.group_row, self.episode_metrics = group_row, episode_metrics
+        # Samples queued and not yet taken count against `max_inflight` as those in flight do: a group started
+        # behind more than that would come too late to be trained (TRL sizes max_inflight_tasks as max_staleness
+        # steps of samples), and where the trainer is the slower side it would take the CPU or GPU from it.
+        self.bound_queued = bound_queued
         # The spend caps' gate (`prompt_r1.training.asynchronous.spend`): given the groups in flight, why the next
         # group must not start (None: it may). `capped` is that reason once no group can start any more.
         self.may_start, self.capped = may_start, None
@@ -136,6 +177,7 @@ class GraphRolloutWorker:
         self._heartbeat = time.time()
         self._failed_in_a_row = 0
         self.running: set[int] = set()  # the groups started and not finished
+        self.idle = IdleClock()
 
     # ---- RolloutWorkerProtocol -------------------------------------------------------------------------------
 
@@ -207,6 +249,7 @@ class GraphRolloutWorker:
         try:
             for group_id in itertools.count(self.start_group):
                 await slots.acquire()
+                await self._room_ahead(limit)
                 if not await self._may_go_on(tasks):
                     slots.release()
                     # Drained or capped: the groups in flight finish (their calls are paid), none starts.
@@ -225,6 +268,16 @@ class GraphRolloutWorker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _room_ahead(self, limit: int) -> None:
+        """Wait until the samples queued and those the groups in flight will bring leave room for one more group
+        within `limit` (with `bound_queued`), or the worker stops."""
+        while self.bound_queued and (
+            self.rollout_buffer.qsize() + len(self.running) * self.num_generations >= limit
+        ):
+            if self._stop.is_set() or self._draining.is_set() or self.error is not None:
+                return
+            await asyncio.sleep(0.02)
 
     async def _may_go_on(self, tasks: set[asyncio.Task]) -> bool:
         """Whether the next group may start: not stopped, draining or failed, and within the spend cap. A group the
@@ -253,7 +306,11 @@ class GraphRolloutWorker:
                 with call_scope(step=group_id, training=True, call=0, episode=index):
                     return await runner.run(question, metadata=tag)
 
-            episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
+            self.idle.busy(+1)
+            try:
+                episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
+            finally:
+                self.idle.busy(-1)  # what follows is scoring and, with a full queue, waiting for room
             await self._deliver(group_id, row, version, episodes, time.monotonic() - started)
         except asyncio.CancelledError:
             raise

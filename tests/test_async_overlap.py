@@ -1,0 +1,135 @@
+"""What the async overlap benchmark measures, and what it changed (`evals/bench/grpo_step.py --async`).
+
+The rollout worker's idle clock (no group generating, or the server paused), and the file weight transfer pausing
+the vLLM server only for the reload: the weights gathered and written while it still samples. The transfer is
+checked against a real HTTP server on 127.0.0.1 that answers the server's control routes and records, for each,
+whether the weights file was already on disk. The benchmark's argument checks run its real command line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+from prompt_r1.training.asynchronous.weight_transfer import FileWeightTransfer
+from prompt_r1.training.asynchronous.worker import IdleClock
+
+
+def test_the_idle_clock_counts_time_with_no_group_generating_or_the_server_paused():
+    clock = IdleClock()
+    time.sleep(0.1)  # nothing started: idle
+    clock.busy(+1)
+    time.sleep(0.1)  # a group generating: busy
+    clock.paused(True)
+    time.sleep(0.1)  # the server paused under it: idle
+    clock.paused(False)
+    clock.busy(+1)
+    clock.busy(-1)
+    time.sleep(0.1)  # one group still generating: busy
+    clock.busy(-1)
+    idle = clock.idle_s()
+    assert 0.19 <= idle < 0.3, idle
+    time.sleep(0.05)
+    assert clock.idle_s() >= idle + 0.05  # idle again: the open interval counts when read
+
+
+class _ControlServer(ThreadingHTTPServer):
+    """The vLLM server's control routes the transfer calls, each recorded with whether `weights` existed."""
+
+    def __init__(self, weights: Path) -> None:
+        self.weights, self.calls = weights, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                outer.calls.append((self.path, outer.weights.is_file()))
+                body = {"results": [True]} if self.path == "/collective_rpc" else {}
+                raw = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.mark.parametrize("write_before_pause", [True, False])
+def test_the_file_transfer_pauses_the_server_only_for_the_reload(tmp_path, write_before_pause):
+    import torch
+
+    folder = tmp_path / "vllm_weights"
+    server = _ControlServer(folder / "weights.safetensors")
+    try:
+        transfer = FileWeightTransfer(server.url, folder, write_before_pause=write_before_pause)
+        said = []
+        transfer.on_pause = said.append
+        # TRL's order: pause, send, resume.
+        transfer.pause()
+        transfer.send_weights(iter([("w", torch.ones(3))]))
+        transfer.resume()
+    finally:
+        server.shutdown()
+    routes = [route for route, _ in server.calls]
+    assert routes == ["/pause?mode=keep", "/collective_rpc", "/reset_prefix_cache", "/resume"]
+    # Written before the pause (the server sampled meanwhile), or paused first (the whole sync, TRL's own order).
+    assert server.calls[0][1] is write_before_pause
+    assert said == [True, False] and transfer.paused_s > 0 and not transfer.paused
+    assert transfer.syncs == 1
+
+
+def _bench(script: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "evals/bench" / script), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_benchmarks_refuse_processes_that_do_not_split_the_step_or_the_sync_trainer():
+    uneven = _bench("grpo_step.py", "--async", "--processes", "3", "--batch", "8")
+    assert uneven.returncode == 2 and "--processes must be at least 1 and divide --batch" in uneven.stderr
+    sync_only = _bench("grpo_step.py", "--processes", "2")
+    assert sync_only.returncode == 2 and "add --async" in sync_only.stderr
+    sync_learning = _bench("learning.py", "--processes", "2")
+    assert sync_learning.returncode == 2 and "add --async" in sync_learning.stderr
+    uneven = _bench("learning.py", "--async", "--processes", "3")  # 32 episodes a step
+    assert uneven.returncode == 2 and "--batch must be a multiple of --processes" in uneven.stderr
+
+
+def test_the_gpu_script_prints_its_plan_without_loading_anything():
+    """What a GPU machine will run, in order (`grpo_gpu.py --dry-run`, the first thing `gpu_async.sh` prints)."""
+    plan = _bench("grpo_gpu.py", "--async", "--skip-eager", "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    lines = plan.stdout.splitlines()
+    assert lines[0].startswith("1. build: a Qwen2-shaped model (hidden 1024, 28 layers")
+    assert [line.split(". ", 1)[1].split(":")[0] for line in lines[1:]] == [
+        "sync two-turn, env 0.2 s",
+        "vllm serve of the model on the last GPU (NCCL weight transfer when there are 2 or more GPUs, else through "
+        "a file)",
+        "async two-turn, env 0.2 s",
+        "async two-turn, env 1.0 s",
+        "sync two-turn, env 1.0 s",
+        "TRL single-turn GRPO",
+    ]
+    script = (ROOT / "evals/bench/gpu_async.sh").read_text()
+    assert "--dry-run" in script and "timeout" in script and " 570 " in script
