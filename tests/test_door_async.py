@@ -367,9 +367,10 @@ def test_the_spend_cap_is_held_by_the_worker_and_every_call_it_paid_for_is_count
         worker = GraphRolloutWorker(
             training_rows(40, seed=3), agent=agent, environment=environment,
             rollout=GraphRollout(environment, loop=config.loop_config()), rewards=reward_functions(config),
-            num_generations=4, max_inflight=16, **door_worker_options(table),
+            num_generations=4, max_inflight=64, **door_worker_options(table),
         )  # fmt: skip
-        # A group may make 4 episodes x 2 turns = 8 calls; each of these episodes makes one.
+        # A group may make 4 episodes x 2 turns = 8 calls; each of these episodes makes one. Nothing takes the
+        # samples here, and queued samples count against max_inflight: it is set high, so the cap is what stops.
         cap = AsyncSpendCap(None, environment, worker, group_calls=8, max_calls=22)
         worker.may_start = cap.may_start
         worker.start()
