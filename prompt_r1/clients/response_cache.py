@@ -38,7 +38,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,8 +287,14 @@ def peek_cache(where: str | Path, endpoints: Iterable[str]) -> ResponseCache | N
         )
     except sqlite3.Error as exc:
         raise CacheError(f"{FLAG} {path} cannot be opened ({exc})") from None
+    return _checked(connection, path, lambda: _check(connection, path, sorted(set(endpoints))))
+
+
+def _checked(connection: sqlite3.Connection, path: Path, check: Callable[[], None]) -> FileCache:
+    """The cache on `connection` once `check` passes; a damaged database is one line, and the connection is
+    closed whatever stops it."""
     try:
-        _check(connection, path, sorted(set(endpoints)))
+        check()
     except sqlite3.DatabaseError as exc:
         connection.close()
         raise CacheError(
@@ -330,21 +336,15 @@ def _open_file(path: Path, endpoints: list[str]) -> FileCache:
         connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
         raise CacheError(f"{FLAG} {path} cannot be opened ({exc})") from None
-    try:
+
+    def check() -> None:
         connection.execute("PRAGMA busy_timeout = 5000")
         _check(connection, path, endpoints)
         connection.execute("PRAGMA journal_mode = WAL")
         # A reply lost in a crash is only paid again; a torn file is refused when opened.
         connection.execute("PRAGMA synchronous = NORMAL")
-    except sqlite3.DatabaseError as exc:
-        connection.close()
-        raise CacheError(
-            f"{FLAG} {path} is not a readable response cache ({exc}); it was left untouched"
-        ) from None
-    except BaseException:
-        connection.close()
-        raise
-    return FileCache(connection, path)
+
+    return _checked(connection, path, check)
 
 
 def _check(connection: sqlite3.Connection, path: Path, endpoints: list[str]) -> None:
