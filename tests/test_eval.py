@@ -275,10 +275,17 @@ def test_datasets_with_one_name_are_refused(eval_server, tmp_path, capsys):
         )
         == 0
     )
-    # A later run in the same folder with a file of the same name holds other questions under the same ids: the
-    # finished row is kept, not rerun and not scored (batch's rule), and named.
+    # A later run in the same folder with a file of the same name is loaded from another file: the folder's
+    # settings check refuses it before anything is sent.
+    capsys.readouterr()
     sent = len(eval_server.requests)
-    assert main(["eval", "--dataset", str(mine), "--method", "env-only", "--out", str(out), *flags]) == 1
+    again = ["eval", "--dataset", str(mine), "--method", "env-only", "--out", str(out), *flags]
+    assert main(again) == 2
+    assert "holds rows made with other settings (dataset hotpot" in capsys.readouterr().err
+    assert len(eval_server.requests) == sent
+    # Mixed on purpose, it holds other questions under the same ids: the finished row is kept, not rerun and not
+    # scored (batch's rule), and named.
+    assert main([*again, "--allow-changed-settings"]) == 1
     err = capsys.readouterr().err
     assert (
         "row env-only/hotpot/hotpot-0 was finished in" in err
