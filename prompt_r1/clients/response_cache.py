@@ -45,6 +45,7 @@ from typing import Any
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.hashing import message_texts, stable_hash
 from prompt_r1.core.urls import check_store_url, names_store, printable_url
 
 __all__ = [
@@ -86,12 +87,8 @@ def request_key(endpoint: str, model: str, messages: Sequence[Any], sampling: di
     >>> a == request_key("http://h/v1", "m", [], {"temperature": 0}) != request_key("http://h/v1", "m", [], {})
     True
     """
-    texts = [
-        [getattr(m, "type", ""), m.content if isinstance(m.content, str) else repr(m.content)]
-        for m in messages
-    ]
-    body = [printable_url(endpoint, 10_000), model, texts, sorted(sampling.items())]
-    return hashlib.blake2b(json.dumps(body, ensure_ascii=False).encode(), digest_size=20).hexdigest()
+    body = [printable_url(endpoint, 10_000), model, message_texts(messages), sorted(sampling.items())]
+    return stable_hash(body, digest_size=20)
 
 
 def _checksum(key: str, reply_json: str) -> str:

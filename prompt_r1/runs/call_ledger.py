@@ -17,18 +17,33 @@ with synchronous=FULL: a reply is on disk before the episode sees it, so a kille
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
 from prompt_r1.core.errors import OutputError
+from prompt_r1.core.hashing import stable_hash
 
 __all__ = ["EpisodeLedger", "ledger_path_for", "request_key"]
 
 _FORMAT = "prompt-r1 episode call ledger 1"
+_SCHEMA = (
+    "CREATE TABLE calls (episode TEXT, turn INTEGER, request TEXT, reply TEXT, "
+    "PRIMARY KEY (episode, turn, request));"
+)
+
+
+def _format(connection: sqlite3.Connection) -> str | None:
+    """The format the file names: in the shared meta table (name, value), or in the (key, value) one that
+    ledgers written before it have, so a run stopped then still replays its calls."""
+    try:
+        return read_meta(connection).get("format")
+    except sqlite3.OperationalError:  # meta without a name column: the earlier layout
+        row = connection.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        return None if row is None else row[0]
 
 
 def ledger_path_for(out: str | Path) -> Path:
@@ -43,8 +58,7 @@ def request_key(model: str, prompt: str, history: Sequence[Sequence[str]] = ()) 
     >>> request_key("m", "p") == request_key("m", "p") != request_key("m", "p", [("a", "b")])
     True
     """
-    body = json.dumps([model, [list(pair) for pair in history], prompt], ensure_ascii=False)
-    return hashlib.blake2b(body.encode("utf-8"), digest_size=16).hexdigest()
+    return stable_hash([model, [list(pair) for pair in history], prompt])
 
 
 class EpisodeLedger:
@@ -55,24 +69,25 @@ class EpisodeLedger:
 
     @classmethod
     def open(cls, path: str | Path) -> EpisodeLedger:
-        """Open or create the ledger; an `OutputError` for a file that is not one (nothing in it is changed)."""
+        """Open or create the ledger; an `OutputError` for a file that is not one or is damaged (nothing in it is
+        changed). A new ledger is made whole under another name and renamed into place (as the response cache and
+        training's ledger are), so a driver killed while creating it leaves no file rather than one refused later."""
         path = Path(path)
-        existed = path.exists()
         try:
+            if not path.exists():
+                create_whole(path, _SCHEMA, {"format": _FORMAT})
             connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-            if existed:
-                row = connection.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
-                if row is None or row[0] != _FORMAT:
+            try:
+                problem = damage(connection)
+                if problem is not None:
+                    raise sqlite3.DatabaseError(f"damaged: {problem}")
+                if _format(connection) != _FORMAT:
                     raise sqlite3.DatabaseError("not a call ledger")
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=FULL")
-            if not existed:
-                connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
-                connection.execute("INSERT INTO meta VALUES ('format', ?)", (_FORMAT,))
-                connection.execute(
-                    "CREATE TABLE calls (episode TEXT, turn INTEGER, request TEXT, reply TEXT, "
-                    "PRIMARY KEY (episode, turn, request))"
-                )
+                connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute("PRAGMA synchronous=FULL")
+            except BaseException:
+                connection.close()
+                raise
         except sqlite3.DatabaseError as exc:
             raise OutputError(
                 f"{path} is not a prompt-r1 call ledger ({exc}); move it away (it sits beside --out)"

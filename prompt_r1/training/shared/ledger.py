@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 import sqlite3
 import threading
@@ -38,6 +37,7 @@ from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import EnvironmentReply, environment_messages
 from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.hashing import message_texts, stable_hash
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
 
 __all__ = [
@@ -72,9 +72,7 @@ def request_hash(model: str, messages: Sequence[Any]) -> str:
     >>> request_hash("m", []) == request_hash("m", []) != request_hash("n", [])
     True
     """
-    body = [model, [[getattr(m, "type", ""), m.content if isinstance(m.content, str) else repr(m.content)]
-                    for m in messages]]  # fmt: skip
-    return hashlib.blake2b(json.dumps(body, ensure_ascii=False).encode(), digest_size=16).hexdigest()
+    return stable_hash([model, message_texts(messages)])
 
 
 @dataclass(frozen=True)
