@@ -22,27 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # An address where nothing listens: a config that must name an environment, for tests that never call it.
 UNREACHABLE_URL = "http://127.0.0.1:9/v1"
 
-# The tiny GRPO run every training test starts from: the name task's protocol model (conftest), 4 prompts x a
-# group of 4 per step, two-turn episodes on short budgets, CPU only, nothing saved. Each test adds only what it is
-# about; `tiny_grpo_config` (conftest) binds the test's own output folder.
-TINY_GRPO: dict[str, Any] = dict(
-    env_model="env",
-    env_api_key_env="PROMPT_R1_TEST_NO_KEY",
-    per_device_train_batch_size=4,
-    num_generations=4,
-    max_steps=2,
-    max_turns=2,
-    max_turn_tokens=24,
-    max_total_tokens=96,
-    learning_rate=1e-3,
-    temperature=1.0,
-    reward_preset="reference",
-    logging_steps=1,
-    report_to="none",
-    use_cpu=True,
-    save_strategy="no",
-    seed=0,
-)
+# The tiny GRPO run every training test starts from (prompt_r1.testing.tiny_grpo); `tiny_grpo_config` (conftest)
+# binds the test's own output folder.
+from prompt_r1.testing.tiny_grpo import TINY_GRPO  # noqa: E402
 
 
 def tiny_grpo_config(

@@ -21,6 +21,7 @@ import pytest
         "prompt_r1.core.config",
         "prompt_r1.clients.shared_limit",
         "prompt_r1.testing.rate_limit_simulator",
+        "prompt_r1.core.hashing",
     ],
 )
 def test_docstring_examples(module):

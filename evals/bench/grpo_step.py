@@ -78,28 +78,20 @@ def _rows() -> list[dict]:
 def _config(model: Path, args, out: Path, env_url: str, per_device: int | None = None, **settings):
     """The two-turn name task's training config, the same for the synchronous and the asynchronous rows
     (`async_grpo=True` in `settings`: the async trainer's config)."""
+    from prompt_r1.testing.tiny_grpo import TINY_GRPO
     from prompt_r1.training.run import trainer_config
 
     return trainer_config(
-        output_dir=str(out),
-        model_name_or_path=str(model),
-        env_model="env",
-        env_base_url=env_url,
-        env_api_key_env="PROMPT_R1_BENCH_NO_KEY",
-        per_device_train_batch_size=per_device or args.batch,
-        num_generations=args.batch,
-        max_steps=args.steps,
-        max_turns=2,
-        max_turn_tokens=24,
-        max_total_tokens=96,
-        learning_rate=1e-4,
-        temperature=1.0,
-        reward_preset="reference",
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
+        **{
+            **TINY_GRPO,
+            "output_dir": str(out),
+            "model_name_or_path": str(model),
+            "env_base_url": env_url,
+            "per_device_train_batch_size": per_device or args.batch,
+            "num_generations": args.batch,
+            "max_steps": args.steps,
+            "learning_rate": 1e-4,
+        },
         **settings,
     )
 

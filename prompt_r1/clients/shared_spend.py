@@ -1,7 +1,7 @@
 """One budget for a run that spans processes and machines: the dollars spent, counted in the shared store
 (Redis) that already holds the run's provider limit, so that every process sees one total.
 
-    spend = SharedSpend.connect("redis://127.0.0.1:6379/0", run_key="batch:1f3a…")
+    spend = SharedSpend.connect("redis://127.0.0.1:6379/0", run_key("ray", "/data/results.jsonl"))
     total = await spend.add(0.0021)     # after each paid call: the run's total, every process's calls included
     if await spend.total() >= budget: ...
 

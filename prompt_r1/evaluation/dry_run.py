@@ -21,7 +21,6 @@ from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.core.config import LoopConfig
-from prompt_r1.core.prompts import CHAIN_OF_THOUGHT_TEMPLATE, DIRECT_ANSWER_TEMPLATE
 from prompt_r1.data.datasets import Sample
 from prompt_r1.evaluation.optimizers.opro import meta_prompt
 from prompt_r1.evaluation.optimizers.search import (
@@ -31,6 +30,7 @@ from prompt_r1.evaluation.optimizers.search import (
     instruction_request,
     training_rows,
 )
+from prompt_r1.evaluation.rows import baseline_request as run_request
 from prompt_r1.loop.protocols import protocol_for
 from prompt_r1.runs.estimate import (
     MESSAGE_TOKENS,
@@ -220,10 +220,8 @@ def eval_parts(
 def baseline_request(method: str, sample: Sample) -> str:
     """The environment's request of a single-call method's row, as the run sends it (an optimiser's under the
     assumed instruction)."""
-    if method in OPTIMIZERS:
-        return instruction_request(ASSUMED_INSTRUCTION, sample.question)
-    template = CHAIN_OF_THOUGHT_TEMPLATE if method == "env-cot" else DIRECT_ANSWER_TEMPLATE
-    return template.format(question=sample.question)
+    instruction = ASSUMED_INSTRUCTION if method in OPTIMIZERS else None
+    return run_request(method, sample.question, instruction)
 
 
 class _Quiet:
