@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prompt_r1.clients.ratelimit import reset_limiters
-from prompt_r1.testing.servers import ScriptedServer, echo_environment, scripted_agent
+from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent, scripted_agent
 from prompt_r1.testing.tiny_models import build_tiny_model
 
 DATA = Path(__file__).parent / "data"
@@ -43,6 +43,23 @@ def server():
     agent = scripted_agent([PROMPT.format(k=1), PROMPT.format(k=2), ANSWER.format(a="Paris")])
     with ScriptedServer({"env": echo_environment(), "agent": agent}) as s:
         yield s
+
+
+@pytest.fixture
+def relay_server():
+    """A server playing environment ("env", echoing) and a served agent ("agent") that asks twice, then
+    answers with the environment's last response (relay_agent: a lost or garbled call shows in the answer)."""
+    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as s:
+        yield s
+
+
+@pytest.fixture
+def batch_key(monkeypatch):
+    """The API key the batch-style runs read from the environment (batch_setup.KEY_ENV), set for this test."""
+    from batch_setup import KEY_ENV
+
+    for name, value in KEY_ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
     "module",
     [
         "prompt_r1.core.protocol",
+        "prompt_r1.loop.protocols.release_calls",
         "prompt_r1.core.prompts",
         "prompt_r1.scoring.metrics",
         "prompt_r1.scoring.rewards",

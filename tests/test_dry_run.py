@@ -8,11 +8,11 @@ import json
 import re
 
 import pytest
-from batch_setup import KEY_ENV, cli_args
+from batch_setup import cli_args
 from conftest import NAME_RESPONSE
 from helpers import ROOT, run_cli, write_name_dataset, write_questions
 
-from prompt_r1.testing.servers import ScriptedServer, echo_environment, relay_agent
+from prompt_r1.testing.servers import ScriptedServer
 
 
 def dry(args: list) -> dict:
@@ -21,12 +21,7 @@ def dry(args: list) -> dict:
     return json.loads(out)
 
 
-@pytest.fixture
-def relay_server(monkeypatch):
-    for name, value in KEY_ENV.items():
-        monkeypatch.setenv(name, value)
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent(prompts=2)}) as server:
-        yield server
+pytestmark = pytest.mark.usefixtures("batch_key")  # the runs' key; relay_server: tests/conftest.py
 
 
 def test_batch_dry_run_counts_the_calls_the_run_then_makes_and_sends_nothing(relay_server, tmp_path):

@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 
 import pytest
-from batch_setup import KEY_ENV, SECRET, cli_args
+from batch_setup import SECRET, cli_args
 from helpers import ROOT, cli_command, run_cli, write_questions
 
 from prompt_r1.evaluation.harness import read_predictions
@@ -20,16 +20,7 @@ from prompt_r1.testing.servers import ScriptedServer
 DETERMINISTIC = ("--env-temperature", "0")
 
 
-@pytest.fixture(autouse=True)
-def _key(monkeypatch):
-    for name, value in KEY_ENV.items():
-        monkeypatch.setenv(name, value)
-
-
-@pytest.fixture
-def server():
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as scripted:
-        yield scripted
+pytestmark = pytest.mark.usefixtures("batch_key")
 
 
 def env_answer(body: dict) -> str:
@@ -67,19 +58,21 @@ def test_a_second_eval_with_the_cache_sends_no_request_and_predicts_the_same(tmp
     assert line.startswith("9 hits (calls saved) · 0 stored · $") and float(line.split("$")[1].split()[0]) > 0
 
 
-def test_a_second_batch_replays_every_call_and_the_cache_holds_no_key(tmp_path, server):
+def test_a_second_batch_replays_every_call_and_the_cache_holds_no_key(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 4)
     cache = tmp_path / "env.sqlite"
     assert (
-        run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC))[0]
+        run_cli(
+            cli_args(relay_server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC)
+        )[0]
         == 0
     )
-    paid = len(server.requests_for("env"))
+    paid = len(relay_server.requests_for("env"))
     code, _, err = run_cli(
-        cli_args(server.base_url, inp, tmp_path / "b.jsonl", "--env-cache", cache, *DETERMINISTIC)
+        cli_args(relay_server.base_url, inp, tmp_path / "b.jsonl", "--env-cache", cache, *DETERMINISTIC)
     )
     assert code == 0, err
-    assert len(server.requests_for("env")) == paid == 8
+    assert len(relay_server.requests_for("env")) == paid == 8
     answers = {path: {r["id"]: r["answer"] for r in map(json.loads, (tmp_path / path).read_text().splitlines())}
                for path in ("a.jsonl", "b.jsonl")}  # fmt: skip
     assert answers["a.jsonl"] == answers["b.jsonl"]
@@ -90,20 +83,20 @@ def test_a_second_batch_replays_every_call_and_the_cache_holds_no_key(tmp_path, 
         assert SECRET.encode() not in path.read_bytes()
 
 
-def test_sampling_above_zero_is_replayed_only_when_asked(tmp_path, server):
+def test_sampling_above_zero_is_replayed_only_when_asked(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 1)
     cache = tmp_path / "env.sqlite"
-    code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache))
+    code, _, err = run_cli(cli_args(relay_server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache))
     assert code == 2 and "temperature is the endpoint's default" in err and "--env-cache-always" in err
-    assert server.requests == [] and not (tmp_path / "a.jsonl").exists()
+    assert relay_server.requests == [] and not (tmp_path / "a.jsonl").exists()
     always = ("--env-cache", cache, "--env-cache-always", "--env-temperature", "0.7")
-    assert run_cli(cli_args(server.base_url, inp, tmp_path / "b.jsonl", *always))[0] == 0
-    sent = len(server.requests_for("env"))
-    assert run_cli(cli_args(server.base_url, inp, tmp_path / "c.jsonl", *always))[0] == 0
-    assert len(server.requests_for("env")) == sent
+    assert run_cli(cli_args(relay_server.base_url, inp, tmp_path / "b.jsonl", *always))[0] == 0
+    sent = len(relay_server.requests_for("env"))
+    assert run_cli(cli_args(relay_server.base_url, inp, tmp_path / "c.jsonl", *always))[0] == 0
+    assert len(relay_server.requests_for("env")) == sent
 
 
-def test_bad_caches_are_one_line_exit_2_nothing_sent_nothing_changed(tmp_path, server):
+def test_bad_caches_are_one_line_exit_2_nothing_sent_nothing_changed(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 2)
     garbage = tmp_path / "garbage.sqlite"
     garbage.write_bytes(b"not a database at all" * 100)
@@ -125,11 +118,11 @@ def test_bad_caches_are_one_line_exit_2_nothing_sent_nothing_changed(tmp_path, s
     (tmp_path / "empty.sqlite").write_bytes(b"")
     for where, why in cases.items():
         before = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-        code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "r.jsonl", "--env-cache", where,
-                                        *DETERMINISTIC))  # fmt: skip
+        code, _, err = run_cli(cli_args(relay_server.base_url, inp, tmp_path / "r.jsonl", "--env-cache",
+                                        where, *DETERMINISTIC))  # fmt: skip
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and why in lines[0], (where, err)
-        assert server.requests == [], where
+        assert relay_server.requests == [], where
         assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before, where
 
 
@@ -146,20 +139,22 @@ def run_bound_by_permissions(args: list) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
 
 
-def test_an_unreadable_cache_is_refused_by_batch_and_eval(tmp_path, server):
+def test_an_unreadable_cache_is_refused_by_batch_and_eval(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 1)
     cache = tmp_path / "env.sqlite"
     assert (
-        run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC))[0]
+        run_cli(
+            cli_args(relay_server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC)
+        )[0]
         == 0
     )
-    sent, held = len(server.requests), cache.read_bytes()
+    sent, held = len(relay_server.requests), cache.read_bytes()
     cache.chmod(0)
     eval_flags = ["eval", "--dataset", inp, "--method", "env-only", "--out", tmp_path / "ev", "--env-model", "env",
-                  "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress",
-                  *DETERMINISTIC]  # fmt: skip
+                  "--env-base-url", relay_server.base_url, "--env-api-key-env", "BATCH_TEST_KEY",
+                  "--no-progress", *DETERMINISTIC]  # fmt: skip
     try:
-        for args in (cli_args(server.base_url, inp, tmp_path / "b.jsonl"), eval_flags):
+        for args in (cli_args(relay_server.base_url, inp, tmp_path / "b.jsonl"), eval_flags):
             done = run_bound_by_permissions([*args, "--env-cache", cache])
             lines = done.stderr.strip().splitlines()
             assert done.returncode == 2 and len(lines) == 1 and "cannot be read and written" in lines[0], (
@@ -167,16 +162,18 @@ def test_an_unreadable_cache_is_refused_by_batch_and_eval(tmp_path, server):
             )
     finally:
         cache.chmod(0o644)
-    assert len(server.requests) == sent and cache.read_bytes() == held
+    assert len(relay_server.requests) == sent and cache.read_bytes() == held
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "a.manifest.json", "a.summary.json",
                                                           "env.sqlite", "q.jsonl"]  # fmt: skip
 
 
-def test_a_damaged_reply_is_never_replayed(tmp_path, server):
+def test_a_damaged_reply_is_never_replayed(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 2)
     cache = tmp_path / "env.sqlite"
     assert (
-        run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC))[0]
+        run_cli(
+            cli_args(relay_server.base_url, inp, tmp_path / "a.jsonl", "--env-cache", cache, *DETERMINISTIC)
+        )[0]
         == 0
     )
     with sqlite3.connect(
@@ -186,7 +183,7 @@ def test_a_damaged_reply_is_never_replayed(tmp_path, server):
         changed = json.dumps({**json.loads(reply), "text": "a wrong answer"})
         connection.execute("UPDATE replies SET reply = ? WHERE key = ?", (changed, key))
     code, _, err = run_cli(
-        cli_args(server.base_url, inp, tmp_path / "b.jsonl", "--env-cache", cache, *DETERMINISTIC)
+        cli_args(relay_server.base_url, inp, tmp_path / "b.jsonl", "--env-cache", cache, *DETERMINISTIC)
     )
     assert code == 2 and err.strip().splitlines()[-1].startswith(
         f"prompt-r1: error: --env-cache {cache}: a stored"
@@ -196,7 +193,7 @@ def test_a_damaged_reply_is_never_replayed(tmp_path, server):
     assert sum(row["status"] == "internal_error" for row in rows) == 1
 
 
-def test_the_cache_in_the_stores_redis(tmp_path, server):
+def test_the_cache_in_the_stores_redis(tmp_path, relay_server):
     from prompt_r1.testing.redis_server import RedisServer, redis_server_binary
 
     if redis_server_binary() is None:
@@ -204,10 +201,10 @@ def test_the_cache_in_the_stores_redis(tmp_path, server):
     inp = write_questions(tmp_path / "q.jsonl", 3)
     with RedisServer() as redis:
         flags = ("--env-cache", redis.url, *DETERMINISTIC)
-        assert run_cli(cli_args(server.base_url, inp, tmp_path / "a.jsonl", *flags))[0] == 0
-        paid = len(server.requests_for("env"))
-        code, _, err = run_cli(cli_args(server.base_url, inp, tmp_path / "b.jsonl", *flags))
-        assert code == 0 and len(server.requests_for("env")) == paid == 6 and "6 hits" in err
+        assert run_cli(cli_args(relay_server.base_url, inp, tmp_path / "a.jsonl", *flags))[0] == 0
+        paid = len(relay_server.requests_for("env"))
+        code, _, err = run_cli(cli_args(relay_server.base_url, inp, tmp_path / "b.jsonl", *flags))
+        assert code == 0 and len(relay_server.requests_for("env")) == paid == 6 and "6 hits" in err
 
 
 def bad_caches(tmp_path, other_endpoint_cache) -> dict:

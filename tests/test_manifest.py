@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from batch_setup import KEY_ENV, SECRET, cli_args
+from batch_setup import SECRET, cli_args
 from helpers import run_cli, tiny_grpo_config, write_questions
 
 from prompt_r1.clients.costs import PriceTable
@@ -20,20 +20,8 @@ from prompt_r1.runs.manifest import (
     read_manifest,
     write_manifest,
 )
-from prompt_r1.testing.scripted import echo_environment, relay_agent
-from prompt_r1.testing.servers import ScriptedServer
 
-
-@pytest.fixture(autouse=True)
-def _key(monkeypatch):
-    for name, value in KEY_ENV.items():
-        monkeypatch.setenv(name, value)
-
-
-@pytest.fixture
-def server():
-    with ScriptedServer({"env": echo_environment(), "agent": relay_agent()}) as scripted:
-        yield scripted
+pytestmark = pytest.mark.usefixtures("batch_key")
 
 
 def test_the_manifest_round_trips_and_says_what_made_the_output(tmp_path):
@@ -69,42 +57,43 @@ def test_the_manifest_round_trips_and_says_what_made_the_output(tmp_path):
     assert len(runs) == 2 and runs[1]["changed"] == ["environment.temperature: 0.0 → 0.7"]
 
 
-def test_batch_writes_its_manifest_and_a_rerun_names_a_changed_setting(tmp_path, server):
+def test_batch_writes_its_manifest_and_a_rerun_names_a_changed_setting(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 2)
     out = tmp_path / "results.jsonl"
-    assert run_cli(cli_args(server.base_url, inp, out))[0] == 0
+    assert run_cli(cli_args(relay_server.base_url, inp, out))[0] == 0
     manifest = json.loads((tmp_path / "results.manifest.json").read_text())
     assert (
         manifest["command"] == "batch" and manifest["settings"]["measured"]["environment"]["model"] == "env"
     )
     assert SECRET not in (tmp_path / "results.manifest.json").read_text()
     # Endpoints and limits may change on a rerun; what the rows measure may not, unless allowed.
-    assert run_cli(cli_args(server.base_url, inp, out, "--concurrency", "3"))[0] == 0
-    sent = len(server.requests)
-    code, _, err = run_cli(cli_args(server.base_url, inp, out, "--env-temperature", "0.3"))
+    assert run_cli(cli_args(relay_server.base_url, inp, out, "--concurrency", "3"))[0] == 0
+    sent = len(relay_server.requests)
+    code, _, err = run_cli(cli_args(relay_server.base_url, inp, out, "--env-temperature", "0.3"))
     assert code == 2 and "environment.temperature: None → 0.3" in err and "concurrency" not in err
-    assert len(server.requests) == sent
+    assert len(relay_server.requests) == sent
     code, _, err = run_cli(
-        cli_args(server.base_url, inp, out, "--env-temperature", "0.3", "--allow-changed-settings")
+        cli_args(relay_server.base_url, inp, out, "--env-temperature", "0.3", "--allow-changed-settings")
     )
     assert code == 0, err
     runs = json.loads((tmp_path / "results.manifest.json").read_text())["runs"]
     assert [r.get("changed") for r in runs] == [None, None, ["environment.temperature: None → 0.3"]]
 
 
-def test_a_manifest_that_does_not_parse_is_one_line_and_left_as_it_is(tmp_path, server):
+def test_a_manifest_that_does_not_parse_is_one_line_and_left_as_it_is(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 1)
     out = tmp_path / "results.jsonl"
     broken = tmp_path / "results.manifest.json"
     broken.write_text('{"format": "prompt-r1 manifest", "settings": ')
-    code, _, err = run_cli(cli_args(server.base_url, inp, out))
+    code, _, err = run_cli(cli_args(relay_server.base_url, inp, out))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "does not parse as a manifest" in err
-    assert server.requests == [] and not out.exists()
+    assert relay_server.requests == [] and not out.exists()
     assert broken.read_text() == '{"format": "prompt-r1 manifest", "settings": '
     folder = tmp_path / "eval"
     folder.mkdir()
     args = ["eval", "--dataset", str(inp), "--method", "env-only", "--out", str(folder), "--env-model", "env",
-            "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress"]  # fmt: skip
+            "--env-base-url", relay_server.base_url, "--env-api-key-env", "BATCH_TEST_KEY",
+            "--no-progress"]  # fmt: skip
     for text, says in (
         ("[1, 2]", "is not a prompt-r1 manifest"),
         ('{"format": ', "does not parse as a manifest"),
@@ -112,15 +101,15 @@ def test_a_manifest_that_does_not_parse_is_one_line_and_left_as_it_is(tmp_path, 
         (folder / "manifest.json").write_text(text)
         code, _, err = run_cli(args)
         assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
-        assert server.requests == [] and (folder / "manifest.json").read_text() == text
+        assert relay_server.requests == [] and (folder / "manifest.json").read_text() == text
         assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
 
 
-def test_eval_writes_its_manifest_and_allows_changed_settings_only_when_asked(tmp_path, server):
+def test_eval_writes_its_manifest_and_allows_changed_settings_only_when_asked(tmp_path, relay_server):
     inp = write_questions(tmp_path / "q.jsonl", 1)
     args = ["eval", "--dataset", str(inp), "--method", "env-only", "--out", str(tmp_path / "out"), "--env-model",
-            "env", "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress",
-            "--no-chart"]  # fmt: skip
+            "env", "--env-base-url", relay_server.base_url, "--env-api-key-env", "BATCH_TEST_KEY",
+            "--no-progress", "--no-chart"]  # fmt: skip
     assert run_cli(args)[0] == 0
     manifest = read_manifest(tmp_path / "out/manifest.json")
     assert manifest["settings"]["measured"]["methods"]["env-only"]["environment"]["model"] == "env"
@@ -131,13 +120,13 @@ def test_eval_writes_its_manifest_and_allows_changed_settings_only_when_asked(tm
     assert runs[-1]["changed"] == ["env-only environment.max_tokens: None → 50"]
 
 
-def test_eval_goes_on_to_more_rows_and_names_a_dataset_loaded_from_elsewhere(tmp_path, server):
+def test_eval_goes_on_to_more_rows_and_names_a_dataset_loaded_from_elsewhere(tmp_path, relay_server):
     """--limit and the scorer are operational (a run on the first rows goes on to more; a scorer rescores the same
     rows); a dataset label now loaded from another file is a changed setting, in the folder's one check."""
     inp = write_questions(tmp_path / "q.jsonl", 3)
     args = ["eval", "--method", "env-only", "--out", str(tmp_path / "out"), "--env-model", "env",
-            "--env-base-url", server.base_url, "--env-api-key-env", "BATCH_TEST_KEY", "--no-progress",
-            "--no-chart"]  # fmt: skip
+            "--env-base-url", relay_server.base_url, "--env-api-key-env", "BATCH_TEST_KEY",
+            "--no-progress", "--no-chart"]  # fmt: skip
     assert run_cli([*args, "--dataset", str(inp), "--limit", "1"])[0] == 0
     code, _, err = run_cli([*args, "--dataset", str(inp), "--limit", "3", "--scorer", "release"])
     assert code == 0, err

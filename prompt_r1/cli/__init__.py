@@ -1,7 +1,8 @@
 """The `prompt-r1` command: one module per command family, all on the shared flags and exit codes.
 
 - `main`: the parser, `run` and the dispatch (`prompt_r1.cli.main:main` is the console script);
-- `serve`, `batch`, `eval` (eval and score), `train` (train and merge): one command family each;
+- `serve`, `batch`, `eval` (eval and score; `eval_search`: its prompt-optimiser flags, `eval_manifest`: its
+  manifest), `train` (train and merge): one command family each;
 - `flags`: the flags, settings and exit codes they all share.
 
 Add a flag: an agent, environment or loop setting is a field of its config in `prompt_r1.core.config` and

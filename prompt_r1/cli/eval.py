@@ -11,6 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from prompt_r1.cli.dry_run import add_dry_run_flags, eval_dry_run
+from prompt_r1.cli.eval_manifest import write_eval_manifest
+from prompt_r1.cli.eval_search import add_search_flags, search_settings
 from prompt_r1.cli.flags import (
     EXIT_FAILED,
     EXIT_OK,
@@ -35,7 +37,7 @@ from prompt_r1.cli.records import (
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.response_cache import use_cache
 from prompt_r1.core import signals
-from prompt_r1.core.checks import flag_number, number
+from prompt_r1.core.checks import flag_number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import load_samples, resolve_source
 from prompt_r1.evaluation.harness import (
@@ -45,17 +47,10 @@ from prompt_r1.evaluation.harness import (
     read_predictions,
     record_settings,
     resolve_plan,
-    run_evaluation,
 )
-from prompt_r1.evaluation.optimizers.opro import OproSettings
-from prompt_r1.evaluation.optimizers.search import (
-    SearchSettings,
-    SearchStopped,
-    check_search_prices,
-    search_instructions,
-    search_spend,
-)
+from prompt_r1.evaluation.optimizers.search import check_search_prices, search_spend
 from prompt_r1.evaluation.reports import summarize, write_reports
+from prompt_r1.evaluation.search_run import search_then_run
 from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
 from prompt_r1.runs.metering import check_budget_prices
 from prompt_r1.runs.output_lock import hold_output
@@ -118,7 +113,7 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     _add_scorer_flag(ev)
     add_cache_flags(ev)
     add_allow_changed_flag(ev, "rows")
-    _add_search_flags(ev)
+    add_search_flags(ev)
     add_run_flags(ev, repeatable_env=SWEEP_FIELDS)
 
     sc = sub.add_parser(
@@ -138,57 +133,6 @@ def add_eval_parsers(sub: argparse._SubParsersAction, add_run_flags) -> None:
     )
     sc.add_argument("--no-chart", action="store_true", help="skip the chart")
     _add_scorer_flag(sc)
-
-
-_COUNT = flag_number(integer=True, minimum=1)
-
-
-def _add_search_flags(parser: argparse.ArgumentParser) -> None:
-    """The prompt optimisers' (`--method opro`, `gepa`, `textgrad`): their search budget, training rows and the OPRO
-    paper's knobs."""
-    group = parser.add_argument_group("prompt optimisers (--method opro, gepa, textgrad)")
-    defaults = SearchSettings()
-    group.add_argument("--optimizer-budget", type=_COUNT, default=defaults.budget, metavar="N",
-                       help="metric calls per search: training rows answered under a candidate instruction "
-                       f"(default: {defaults.budget})")  # fmt: skip
-    group.add_argument("--optimizer-train-rows", type=_COUNT, default=defaults.train_rows, metavar="N",
-                       help="training rows per search: the dataset's rows after the evaluated ones "
-                       f"(default: {defaults.train_rows})")  # fmt: skip
-    group.add_argument("--optimizer-train", metavar="FILE", help="training rows from this file instead")
-    group.add_argument("--reflection-model", metavar="NAME",
-                       help="the optimiser model, on the environment's endpoint (default: the environment model)")  # fmt: skip
-    opro = defaults.opro
-    group.add_argument("--opro-candidates", type=_COUNT, default=opro.candidates, metavar="N",
-                       help=f"instructions sampled per step (default: {opro.candidates}, the paper's)")  # fmt: skip
-    group.add_argument("--opro-steps", type=_COUNT, default=opro.steps, metavar="N",
-                       help=f"most steps; the budget usually ends the search first (default: {opro.steps})")  # fmt: skip
-    group.add_argument("--opro-keep", type=_COUNT, default=opro.keep, metavar="N",
-                       help=f"best instructions shown in the meta-prompt (default: {opro.keep})")  # fmt: skip
-    group.add_argument("--opro-temperature", type=flag_number(minimum=0, maximum=2), default=opro.temperature, metavar="X",
-                       help=f"the optimiser model's sampling temperature, every optimiser's (default: {opro.temperature})")  # fmt: skip
-
-
-def _search_settings(args: argparse.Namespace) -> SearchSettings:
-    for flag in ("optimizer_budget", "optimizer_train_rows", "opro_candidates", "opro_steps", "opro_keep"):
-        number(getattr(args, flag), f"--{flag.replace('_', '-')}", integer=True, minimum=1)
-    number(args.opro_temperature, "--opro-temperature", minimum=0, maximum=2)
-    if args.optimizer_budget < args.optimizer_train_rows:  # the first instruction is scored on every row
-        raise ConfigError(
-            f"--optimizer-budget {args.optimizer_budget} cannot score one instruction on "
-            f"--optimizer-train-rows {args.optimizer_train_rows}: give a budget of at least the training rows"
-        )
-    return SearchSettings(
-        budget=args.optimizer_budget,
-        train_rows=args.optimizer_train_rows,
-        reflection_model=args.reflection_model,
-        train_file=args.optimizer_train,
-        opro=OproSettings(
-            candidates=args.opro_candidates,
-            steps=args.opro_steps,
-            keep=args.opro_keep,
-            temperature=args.opro_temperature,
-        ),  # fmt: skip
-    )
 
 
 def _add_scorer_flag(parser: argparse.ArgumentParser) -> None:
@@ -229,7 +173,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"the input {name} is inside the --out folder {args.out}; name another folder")
     check_run_flags(args)
     samples, sources = _samples(datasets, args.limit)
-    search = _search_settings(args)
+    search = search_settings(args)
     prices = PriceTable.load(args.prices)
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     needs_agent = any(METHODS[m].needs_agent for m in methods)
@@ -297,7 +241,7 @@ def _eval_folders(
     for environment in called:
         use_cache(environment, cache, always=args.env_cache_always)
     for (folder, cfg), before, settings in zip(folders, earlier, recorded, strict=True):
-        _write_manifest(args, folder, settings, cfg, sources, prices, agent_cfg, search, before)
+        write_eval_manifest(args, folder, settings, cfg, sources, prices, agent_cfg, search, before)
     if ray is not None:  # the actors load the agent (checked above)
         agent = SimpleNamespace(config=agent_cfg) if agent_cfg is not None else None
     else:
@@ -340,26 +284,6 @@ def _eval_folders(
     return code
 
 
-def _write_manifest(args, folder, settings, env_cfg, sources, prices, agent_cfg, search, earlier) -> None:
-    """The folder's manifest (prompt_r1.runs.manifest): what changes its rows is `settings` (run.json's, every
-    method's and dataset's, checked by `record_settings`); the rest is operational, --limit and the scorer with it."""
-    import dataclasses
-
-    from prompt_r1.runs.manifest import build_manifest, manifest_path, write_manifest
-
-    runs_on = {"methods": settings["methods"], "datasets": settings["datasets"]}
-    operational = {
-        "limit": args.limit, "scorer": args.scorer, "run_datasets": sources,
-        "concurrency": args.concurrency, "max_failures": args.max_failures, "budget": args.budget,
-        "env_cache": args.env_cache, "env_cache_always": args.env_cache_always,
-        "agent": None if agent_cfg is None else dataclasses.asdict(agent_cfg),
-        "environment": None if env_cfg is None else dataclasses.asdict(env_cfg),
-    }  # fmt: skip
-    seeds = {"agent": getattr(agent_cfg, "seed", None), "optimizers": search.opro.seed}
-    manifest = build_manifest("eval", runs_on, operational, seeds=seeds, prices=prices)
-    write_manifest(manifest_path(folder=folder), manifest, earlier, settings["changed"])
-
-
 def _evaluate(
     args, out, methods, samples, prices, agent, environment, agent_cfg, env_cfg, loop_cfg, *, sources, search
 ):
@@ -371,7 +295,7 @@ def _evaluate(
     )
     with ray_failures():
         records, outcome = asyncio.run(
-            _search_then_run(
+            search_then_run(
                 out,
                 methods,
                 sources,
@@ -418,31 +342,6 @@ def _evaluate(
 
         print(f"ray: {ray_line(outcome.ray)}", file=sys.stderr)
     return summary, _verdict(outcome, sum(s.failed for s in summary))
-
-
-async def _search_then_run(out, methods, sources, samples, environment, env_cfg, search, prices, **options):
-    """The optimisers' searches (read back when done before), then the rows: one event loop for both, so the
-    environment's client serves them on the loop it was first used on. One meter for both, so that --budget
-    covers the searches' calls as it covers the rows': a search that reaches it stops, and no row starts."""
-    from prompt_r1.clients.costs import UsageMeter
-    from prompt_r1.evaluation.harness import RunOutcome
-
-    meter = UsageMeter(prices)
-    try:
-        records = await search_instructions(
-            out, methods, sources, samples, environment, env_cfg, search, prices, spend=meter,
-            budget=options.get("budget"),
-        )  # fmt: skip
-    except (
-        SearchStopped
-    ) as exc:  # the search is not recorded; the next run, with a higher budget, does it again
-        return {}, RunOutcome(stopped=str(exc), usage=meter.to_dict())
-    instructions = {key: record["instruction"] for key, record in records.items()}
-    outcome = await run_evaluation(
-        out, methods, samples, environment=environment, environment_config=env_cfg, prices=prices,
-        instructions=instructions, search=search.to_dict(), meter=meter, **options,
-    )  # fmt: skip
-    return records, outcome
 
 
 def _verdict(outcome, failed: int) -> int:

@@ -264,42 +264,51 @@ async def run_batch(
     # run on it is refused here, before it reads a row or calls anything.
     with hold_output(settings.out, "--out" if settings.flags else "the output"):
         return await _run_batch(
-            settings,
-            agent,
-            environment,
-            loop,
-            prices,
-            log,
-            redact,
-            path,
-            agent_model,
-            environment_config,
-            cache,
-            manifest,
+            _BatchRun(
+                settings=settings,
+                agent=agent,
+                environment=environment,
+                environment_config=environment_config,
+                loop=loop,
+                prices=prices,
+                log=log,
+                redact=redact,
+                input_path=path,
+                agent_model=agent_model,
+                cache=cache,
+                manifest=manifest,
+            )
         )
 
 
-async def _run_batch(
-    settings,
-    agent,
-    environment,
-    loop,
-    prices,
-    log,
-    redact,
-    path,
-    agent_model,
-    environment_config,
-    cache=None,
-    manifest=None,
-) -> BatchSummary:
+@dataclass(frozen=True)
+class _BatchRun:
+    """What `run_batch` hands its run once the results file is held: the settings, the players and what was
+    resolved from them."""
+
+    settings: BatchSettings
+    agent: Any  # the agent backend; with Ray, a stand-in holding only its config (the actors load the agent)
+    environment: Any  # the environment as the episodes call it (`as_environment`), its cache already in use
+    environment_config: EnvironmentConfig | None  # what Ray's actors build their environment from
+    loop: LoopConfig
+    prices: PriceTable
+    log: TextIO  # the run's log, keys cut out
+    redact: Redactor  # cuts every key out of what is written
+    input_path: Path  # the input file, resolved (refused as an output: the results file, a checkpoint)
+    agent_model: str  # the agent's name in rows, prices and traces
+    cache: ResponseCache | None = None  # its summary goes into the run's
+    manifest: Callable[[], None] | None = None  # writes the manifest once the results file is checked
+
+
+async def _run_batch(run: _BatchRun) -> BatchSummary:
     """`run_batch`'s run, with the results file held."""
+    settings = run.settings
     source, out, checkpoint, limit = settings.source, settings.out, settings.checkpoint, settings.limit
     input_rows = scan_input(source, limit, settings.shard)
     samples = iter_samples(source, limit=limit, require_answers=False)
     if settings.shard is not None:
         samples = (s for s in samples if settings.shard.contains(s.id))
-    meter = UsageMeter(prices)
+    meter = UsageMeter(run.prices)
     async with contextlib.AsyncExitStack() as stack:
         episodes = None
         if settings.ray is not None:  # joined (or started) before a file is touched: a refusal changes none
@@ -307,29 +316,38 @@ async def _run_batch(
 
             episodes = stack.enter_context(
                 RayEpisodes(settings.ray, episode_work, out=out, concurrency=settings.concurrency,
-                            budget=settings.budget, agent_config=agent.config,
-                            environment_config=environment_config, loop=loop, prices=prices, meter=meter,
-                            options={"agent_model": agent_model, "tags": ("batch", "ray")})
+                            budget=settings.budget, agent_config=run.agent.config,
+                            environment_config=run.environment_config, loop=run.loop, prices=run.prices,
+                            meter=meter, options={"agent_model": run.agent_model, "tags": ("batch", "ray")})
             )  # fmt: skip
-        protected = [("input file", path), ("--checkpoint file", checkpoint)]
+        protected = [("input file", run.input_path), ("--checkpoint file", checkpoint)]
         if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
-            check_checkpoint(checkpoint, [("input file", path), ("--out file", out)], create=False)
-        store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=redact)
+            check_checkpoint(checkpoint, [("input file", run.input_path), ("--out file", out)], create=False)
+        store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=run.redact)
         if checkpoint is not None:
-            check_checkpoint(checkpoint, [("input file", path), ("--out file", out)])
-        if manifest is not None:
-            manifest()
+            check_checkpoint(checkpoint, [("input file", run.input_path), ("--out file", out)])
+        if run.manifest is not None:
+            run.manifest()
         summary = BatchSummary(out=str(out), input_rows=input_rows)
         if episodes is not None:
             work, after_write, stop = episodes.work, episodes.after_write, episodes.stop_rule()
         else:
-            metered_env = MeteredEnvironment(environment, meter, redact)
-            metered_agent = MeteredAgent(agent, meter, agent_model, redact)
-            spend = await _shard_spend(stack, settings, environment, path)
+            metered_env = MeteredEnvironment(run.environment, meter, run.redact)
+            metered_agent = MeteredAgent(run.agent, meter, run.agent_model, run.redact)
+            spend = await _shard_spend(stack, settings, run.environment, run.input_path)
             if spend is not None:  # the shards' one budget: checked before each call, counted in the store
-                metered_env = SpendingEnvironment(metered_env, prices, spend, settings.budget)
-            work, after_write = await _local_episodes(stack, settings, metered_agent, metered_env, loop, prices,
-                                                      agent_model, summary, spend)  # fmt: skip
+                metered_env = SpendingEnvironment(metered_env, run.prices, spend, settings.budget)
+            work, after_write = await _local_episodes(
+                stack,
+                settings,
+                metered_agent,
+                metered_env,
+                run.loop,
+                run.prices,
+                run.agent_model,
+                summary,
+                spend,
+            )
             stop = (
                 budget_rule(meter, settings.budget)
                 if spend is None
@@ -342,10 +360,10 @@ async def _run_batch(
             from tqdm.auto import tqdm
 
             total = None if input_rows is None else max(0, input_rows - store.finished)
-            bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=log)
+            bar = tqdm(total=total, desc="batch", unit="episode", dynamic_ncols=True, file=run.log)
 
         def retries() -> int:  # with Ray, the actors' clients retried: counted from the rows they made
-            return episodes.retries if episodes is not None else getattr(environment, "retries", 0)
+            return episodes.retries if episodes is not None else getattr(run.environment, "retries", 0)
 
         def postfix(row: dict[str, Any], in_flight: int) -> None:
             if bar is not None:
@@ -368,18 +386,19 @@ async def _run_batch(
                 on_row=postfix,
                 tally=summary,
                 progress=bar,
-                log=log,
+                log=run.log,
             )
         finally:
             if bar is not None:
                 bar.close()
             summary.retries = retries()
-            summary.fallbacks = getattr(environment, "fallbacks", 0)
+            summary.fallbacks = getattr(run.environment, "fallbacks", 0)
             summary.usage = meter.to_dict()
-            summary.cache = None if cache is None else cache.summary(prices)
+            summary.cache = None if run.cache is None else run.cache.summary(run.prices)
             if episodes is not None:
                 summary.ray = episodes.figures()
-            summary.stopped, summary.input_error = redact(summary.stopped), redact(summary.input_error)
+            summary.stopped = run.redact(summary.stopped)
+            summary.input_error = run.redact(summary.input_error)
     return summary
 
 

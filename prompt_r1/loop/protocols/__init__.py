@@ -3,7 +3,8 @@ its output is parsed, the chat template, what the environment receives, how turn
 the evaluation score.
 
 - `paper`: the paper's loop (the default); `release`: the reference release's rollout token for token
-  (`--protocol release`), with its chat template (`release_chat_template.jinja`).
+  (`--protocol release`), with its chat template (`release_chat_template.jinja`) and `release_calls`, the JSON
+  calls and replies of its stream.
 
     protocol = protocol_for(LoopConfig(protocol="release"))   # chosen once; every site asks it
 

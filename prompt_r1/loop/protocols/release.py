@@ -3,7 +3,8 @@
 The public repository QwenQKing/Prompt-R1 (commit 2c51728) trains its agent with `run_prompt-R1.sh`, which runs
 `promptr1_agent.src.main_agent`. Its rollout differs from the paper's text, which our default protocol (`paper`)
 follows. Each rule below names the release file it comes from; `ReleaseProtocol` (at the end) is how the loop,
-the rollout and the evaluation apply them (prompt_r1.loop.protocols.base has the interface).
+the rollout and the evaluation apply them (prompt_r1.loop.protocols.base has the interface). The JSON calls and
+replies are written and read back in prompt_r1.loop.protocols.release_calls (its names are importable here too).
 
 - The first prompt (`src/agent_rl_dataset.py`, `use_default_tool_template: True` in `src/config/agent_trainer.yaml`)
   is the chat template applied with one tool, `prompt` (`tool/tools/LLM_tool.py`, in `tool/base.py`'s
@@ -52,8 +53,7 @@ gets no reward and is left out of its group.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -62,6 +62,15 @@ from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT, question_message
 from prompt_r1.core.protocol import AgentTurn, parse_agent_output
 from prompt_r1.loop.protocols.base import LoopProtocol, TurnBudget, reply_usage
+from prompt_r1.loop.protocols.release_calls import (
+    PROMPT_TOOL,
+    ReleaseCall,
+    environment_history,
+    history_reply,
+    read_call,
+    release_turn,
+    reply_content,
+)
 
 __all__ = [
     "ENVIRONMENT_SYSTEM_PROMPT_RELEASE",
@@ -77,6 +86,7 @@ __all__ = [
     "environment_history",
     "first_prompt_ids",
     "first_prompt_text",
+    "history_reply",
     "observation",
     "observation_body",
     "observation_update",
@@ -89,20 +99,6 @@ __all__ = [
     "without_padding",
 ]
 
-# tool/tools/LLM_tool.py: the one tool, as tool/base.py's `tool_description` presents it to the chat template.
-PROMPT_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "prompt",
-        "description": "Give an explanation of the question in detail.",
-        "parameters": {
-            "type": "object",
-            "properties": {"prompt": {"type": "string", "description": "Give question and its explanation"}},
-            "required": ["prompt"],
-        },
-    },
-}
-
 # LLM_tool.py's system message: ours with the space it ends with.
 ENVIRONMENT_SYSTEM_PROMPT_RELEASE = ENVIRONMENT_SYSTEM_PROMPT + " "
 
@@ -111,8 +107,6 @@ END_OF_TURN = "<|im_end|>"
 _OBSERVATION_HEAD = "<|im_end|>\n<|im_start|>user\n"
 PREFILL = "<think>\n"
 _OBSERVATION_TAIL = "<|im_end|>\n<|im_start|>assistant\n" + PREFILL
-_CALL = re.compile(r"<interaction_prompt>(.*?)</interaction_prompt>", re.DOTALL)
-_RESPONSE = re.compile(r"<interaction_response>(.*?)</interaction_response>", re.DOTALL)
 
 
 @cache
@@ -178,108 +172,6 @@ def system_text() -> str:
     return rendered[len(head) : rendered.index(END_OF_TURN)]
 
 
-@dataclass(frozen=True)
-class ReleaseCall:
-    """The first `<interaction_prompt>` of a turn as the release reads it: the prompt to send, or the error text
-    answered instead; `history_prompt` is what the environment's history records for the turn (the release takes
-    it from any call block of the turn whose arguments hold a `prompt`, whether or not the call was valid)."""
-
-    prompt: str | None
-    error: str | None
-    history_prompt: str | None
-
-
-def read_call(text: str) -> ReleaseCall | None:
-    """The call in one agent turn (its text without special tokens), or None when it has none: the episode ends.
-
-    >>> read_call('<interaction_prompt>{"name": "prompt", "arguments": {"prompt": "Why?"}}</interaction_prompt>')
-    ReleaseCall(prompt='Why?', error=None, history_prompt='Why?')
-    >>> read_call("<interaction_prompt>Why?</interaction_prompt>").error
-    'Error: JSONDecodeError'
-    """
-    blocks = _CALL.findall(text)
-    if not blocks:
-        return None
-    return ReleaseCall(*_check_call(blocks[0]), history_prompt=_history_prompt(blocks))
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):  # the release catches JSONDecodeError, a ValueError
-        return _INVALID
-
-
-_INVALID = object()
-
-
-def _check_call(block: str) -> tuple[str | None, str | None]:
-    """nous.py's checks, in its order. `null` is a JSONDecodeError there (its parser stands None for a failed
-    parse); a JSON string or list meets the `in` checks as Python's `in` does. Where the release itself would
-    crash (a number, a string or list holding both "name" and "arguments", an unhashable name), the turn gets
-    "Error: ToolNotFoundError"."""
-    call = _loads(block)
-    if call is _INVALID or call is None:
-        return None, "Error: JSONDecodeError"
-    if not isinstance(call, dict | str | list):
-        return None, "Error: ToolNotFoundError"
-    if "name" not in call:
-        return None, "Error: No tool name"
-    if "arguments" not in call:
-        return None, "Error: No tool arguments"
-    if not isinstance(call, dict):
-        return None, "Error: ToolNotFoundError"
-    if call["name"] != PROMPT_TOOL["function"]["name"]:
-        return None, "Error: ToolNotFoundError"
-    arguments = call["arguments"]
-    # tool/base.py validates with the tool's JSON schema: an object whose `prompt` is a string.
-    if not isinstance(arguments, dict) or not isinstance(arguments.get("prompt"), str):
-        return None, "Error: Invalid tool arguments"
-    return arguments["prompt"], None
-
-
-def _history_prompt(blocks: list[str]) -> str | None:
-    """generation.py's `_extract_tool_call_prompt`: the first block whose JSON has `arguments.prompt`. A prompt
-    that is not a string is left out: the release would send it and the API would refuse the call."""
-    for block in blocks:
-        call = _loads(block)
-        if (
-            isinstance(call, dict)
-            and isinstance(call.get("arguments"), dict)
-            and "prompt" in call["arguments"]
-        ):
-            prompt = call["arguments"]["prompt"]
-            return prompt if isinstance(prompt, str) and prompt else None
-    return None
-
-
-def release_turn(turn: AgentTurn, text: str) -> tuple[AgentTurn, dict[str, Any]]:
-    """A parsed turn as the release acts on it, and the fields its record adds. A turn with a call block is a
-    `prompt` turn whatever else it holds (the episode goes on); its `prompt` is the call's, or None when the call
-    is answered with `call_error` instead. A turn without one ends the episode as parsed (an answer or malformed).
-    Its text is the whole generation: the release cuts nothing after a closing tag, and a chat-only agent is sent
-    its turns back whole."""
-    call = read_call(text)
-    turn = replace(turn, text=text, truncated="")
-    if call is None:
-        return turn, {"call_error": None, "history_prompt": None}
-    defects = turn.defects + ((f"call answered with {call.error!r}",) if call.error else ())
-    called = replace(
-        turn,
-        kind="prompt",
-        prompt=call.prompt,
-        answer=None,
-        defects=defects,
-        prompt_format="tool_call" if call.error is None else turn.prompt_format,
-    )
-    return called, {"call_error": call.error, "history_prompt": call.history_prompt}
-
-
-def reply_content(reply: str) -> str:
-    """What a successful call returns (LLM_tool.py): the stripped reply, JSON-encoded with ASCII escapes."""
-    return json.dumps({"results": [reply.strip()]})
-
-
 def observation_body(content: str) -> str:
     """The user message's content: `content` cut at 2,048 characters plus "...", in the response tags."""
     if len(content) > MAX_OBSERVATION_CHARS:
@@ -324,27 +216,6 @@ def without_padding(tokenizer: Any, ids: list[int]) -> list[int]:
     spelled out. The release's vLLM prompt kept a reply's padding ids; a trajectory here is one stream."""
     pad = tokenizer.pad_token_id
     return [token for token in ids if token != pad] if pad is not None else list(ids)
-
-
-def history_reply(body: str) -> str:
-    """The reply the environment's history keeps for a turn (generation.py, `_extract_tool_response_content`):
-    `results[0]` of the JSON in the response tags, or "" when it does not parse, which is the case for an error
-    text and for a reply cut at 2,048 characters."""
-    match = _RESPONSE.search(body)
-    data = _loads(match.group(1).strip()) if match else _INVALID
-    if isinstance(data, dict) and isinstance(data.get("results"), list) and data["results"]:
-        first = data["results"][0]
-        return first if isinstance(first, str) else ""
-    return ""
-
-
-def environment_history(turns: list[dict]) -> list[tuple[str, str]]:
-    """The (prompt, reply) pairs the environment sees before a call, from the episode's earlier turn records."""
-    return [
-        (t["history_prompt"], history_reply(t.get("observation") or ""))
-        for t in turns
-        if t.get("history_prompt")
-    ]
 
 
 def agent_messages(question: str, turns: list[dict]) -> list[dict[str, str]]:
