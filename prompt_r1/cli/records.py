@@ -1,10 +1,10 @@
-"""What `batch` and `eval` keep beside their results: the response cache's flags and the manifest's.
+"""What `batch` and `eval` keep beside their results: the response cache's flags and the manifest's one flag.
 
     add_cache_flags(parser)                   # --env-cache PATH|redis://…, --env-cache-always
     add_allow_changed_flag(parser, "rows")    # --allow-changed-settings
     check_run_cache(args, configs, protected=[("--out file", out)])   # before anything is written
     cache = open_run_cache(args, environments, protected=[("--out file", out)])
-    manifest_of(args, command, measured, operational, seeds=…, prices=…)   # prompt_r1.runs.manifest
+    verdict = cache_verdict(cache)            # the line to end with when a cached reply was found damaged
 
 The cache and the manifest themselves live below (prompt_r1.clients.response_cache, prompt_r1.runs.manifest); this
 module turns flags into them, so that each command adds a line, not a copy.
