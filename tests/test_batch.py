@@ -29,10 +29,7 @@ from prompt_r1.core.config import AgentConfig
 from prompt_r1.runs.batch import BatchSettings, run_batch
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, max_in_window, relay_agent
 
-
-@pytest.fixture(autouse=True)
-def _key(monkeypatch):
-    monkeypatch.setenv("BATCH_TEST_KEY", SECRET)
+pytestmark = pytest.mark.usefixtures("batch_key")  # every run here reads its key (conftest)
 
 
 # ---- faults and rate limits ---------------------------------------------------------------------------------

@@ -25,10 +25,7 @@ from prompt_r1.core.errors import ConfigError
 from prompt_r1.runs.batch import BatchSettings, run_batch
 from prompt_r1.testing.servers import Fault, ScriptedServer, echo_environment, relay_agent
 
-
-@pytest.fixture(autouse=True)
-def _key(monkeypatch):
-    monkeypatch.setenv("BATCH_TEST_KEY", SECRET)
+pytestmark = pytest.mark.usefixtures("batch_key")  # every run here reads its key (conftest)
 
 
 # ---- the key ------------------------------------------------------------------------------------------------
