@@ -46,7 +46,7 @@ def test_a_ledger_in_the_earlier_layout_is_still_replayed(tmp_path):
 @pytest.mark.parametrize(
     ("content", "says"),
     [
-        (b"", "not a call ledger"),  # an empty file is not taken as a new ledger
+        (b"", "not a prompt-r1 call ledger"),  # an empty file is not taken as a new ledger
         (b"results, not a database\n" * 100, "file is not a database"),
     ],
 )
@@ -66,5 +66,41 @@ def test_another_sqlite_file_is_refused(tmp_path):
     connection.execute("INSERT INTO meta VALUES ('format', 'prompt-r1 response cache')")
     connection.commit()
     connection.close()
-    with pytest.raises(OutputError, match="not a call ledger"):
+    with pytest.raises(OutputError, match="not a prompt-r1 call ledger"):
         EpisodeLedger.open(path)
+
+
+def _ledger_with_calls(path, n: int = 300) -> EpisodeLedger:
+    ledger = EpisodeLedger.open(path)
+    for i in range(n):
+        ledger.record(f"q{i}", 0, request_key("env", f"prompt {i}"), {"content": "paid " * 40})
+    return ledger
+
+
+def test_a_damaged_ledger_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "out.calls.sqlite"
+    _ledger_with_calls(path).close()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 8192] = b"\xff" * 8192  # pages in the middle overwritten
+    path.write_bytes(bytes(data))
+    with pytest.raises(OutputError) as refused:
+        EpisodeLedger.open(path)
+    message = str(refused.value)
+    assert "\n" not in message and len(message) < 400, message
+    assert "damaged" in message or "malformed" in message
+    assert path.read_bytes() == bytes(data)
+
+
+def test_a_write_ahead_log_left_without_its_ledger_is_not_taken_into_a_new_one(tmp_path):
+    # A ledger moved away while its -wal stayed: a new file at the path would replay the old calls into it.
+    first = tmp_path / "first" / "out.calls.sqlite"
+    first.parent.mkdir()
+    ledger = _ledger_with_calls(first, 20)  # still open: its calls are in the -wal
+    wal = first.with_name(first.name + "-wal")
+    assert wal.stat().st_size > 0
+    path = tmp_path / "out.calls.sqlite"
+    path.with_name(path.name + "-wal").write_bytes(wal.read_bytes())
+    ledger.close()
+    with pytest.raises(OutputError, match=r"out\.calls\.sqlite-wal is there without the file it belongs to"):
+        EpisodeLedger.open(path)
+    assert not path.exists()

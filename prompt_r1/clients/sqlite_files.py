@@ -1,7 +1,7 @@
 """SQLite files that hold paid replies: made whole before they appear, checked before they are trusted.
 
-The environment's response cache (`clients.response_cache`) and training's call ledger
-(`training.shared.ledger`) keep replies the same way: one SQLite file with a `meta` table naming its format,
+The environment's response cache (`clients.response_cache`), training's call ledger (`training.shared.ledger`)
+and batch's call ledger (`runs.call_ledger`) keep replies the same way: one SQLite file with a `meta` table naming its format,
 version and owner, written whole under a temporary name and then renamed into place, so a file at the path is
 always one of ours or a damaged one, never a half-made one that would be taken as empty and paid again.
 
@@ -12,17 +12,34 @@ always one of ours or a damaged one, never a half-made one that would be taken a
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["create_whole", "damage", "read_meta"]
+__all__ = ["create_whole", "damage", "orphan_log", "read_meta"]
+
+
+def orphan_log(path: Path) -> Path | None:
+    """The write-ahead log of a database that is not there (its file moved or deleted, its `-wal` left behind),
+    else None. SQLite replays a log over any non-empty file at the path, so a new file made there would take in
+    the old one's calls, or be found damaged."""
+    wal = path.with_name(path.name + "-wal")
+    return wal if not path.exists() and wal.is_file() and wal.stat().st_size > 0 else None
 
 
 def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
     """Write a new database with `schema` and `meta` rows under a temporary name, then rename it to `path`: a
-    process killed while creating it leaves no file at `path`."""
+    process killed while creating it leaves no file at `path`. A `FileExistsError` (nothing made) when an earlier
+    file's write-ahead log is still there (`orphan_log`)."""
+    wal = orphan_log(path)
+    if wal is not None:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"{wal.name} is there without the file it belongs to; move it away too, or put that file back",
+            str(wal),
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".creating")
     for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
@@ -41,8 +58,13 @@ def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
 
 def damage(connection: sqlite3.Connection) -> str | None:
     """SQLite's quick check of the file: None when it passes, else its first finding."""
-    problem = connection.execute("PRAGMA quick_check").fetchone()[0]
-    return None if problem == "ok" else str(problem)
+    problem = str(connection.execute("PRAGMA quick_check").fetchone()[0])
+    if problem == "ok":
+        return None
+    # SQLite lists every finding in one value, under a "*** in database main ***" header: the first says enough
+    # for the one line an error gets.
+    findings = [line.strip() for line in problem.splitlines() if line.strip() and not line.startswith("***")]
+    return findings[0] if findings else " ".join(problem.split())
 
 
 def read_meta(connection: sqlite3.Connection) -> dict[str, str]:

@@ -80,9 +80,14 @@ class EpisodeLedger:
             try:
                 problem = damage(connection)
                 if problem is not None:
-                    raise sqlite3.DatabaseError(f"damaged: {problem}")
+                    raise OutputError(
+                        f"the call ledger {path} is damaged ({problem}); restore it from a copy, or move it and its "
+                        "-wal file away to pay those calls again"
+                    )
                 if _format(connection) != _FORMAT:
-                    raise sqlite3.DatabaseError("not a call ledger")
+                    raise OutputError(
+                        f"{path} is not a prompt-r1 call ledger; move it away (it sits beside --out)"
+                    )
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.execute("PRAGMA synchronous=FULL")
             except BaseException:
@@ -92,6 +97,8 @@ class EpisodeLedger:
             raise OutputError(
                 f"{path} is not a prompt-r1 call ledger ({exc}); move it away (it sits beside --out)"
             ) from None
+        except OSError as exc:
+            raise OutputError(f"cannot make the call ledger {path}: {exc.strerror or exc}") from None
         return cls(connection, path)
 
     def lookup(self, episode: str, turn: int, request: str) -> dict[str, Any] | None:
