@@ -6,6 +6,7 @@
 - `errors`: the error hierarchy and its retry rule; `events`: the loop's streamed events; `aio`: event-loop helpers;
 - `config`: the typed settings (`AgentConfig`, `EnvironmentConfig`, `LoopConfig`), read once at a surface's edge;
 - `redaction`: the process-wide set of API keys that every writer cuts out;
+- `hashing`: the stable hash under which a paid reply is kept (response cache, call ledgers);
 - `checks`: the one check of every number a user gives; `signals`: SIGTERM taken as Ctrl-C, and which one arrived.
 
 Add a loop setting: a `LoopConfig` field in `config` (every surface takes `loop=LoopConfig(...)`); a rate store
