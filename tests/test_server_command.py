@@ -22,6 +22,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    # A suite started in the background (`cmd &` in a script) passes SIGINT on ignored, and a Python started so
+    # never turns Ctrl-C into KeyboardInterrupt: the server these tests stop must get it as a terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*flags: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "prompt_r1.testing.servers", *flags],
@@ -30,6 +36,7 @@ def start(*flags: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
 
 
