@@ -74,3 +74,13 @@ def cli_args(server_url: str, inp: Path, out: Path, *extra: str) -> list[str]:
 def line_count(path: Path) -> int:
     """The rows written so far (0 before the file exists)."""
     return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def search_environment(body: dict) -> str:
+    """Proposes one instruction to the optimiser, answers every task request."""
+    text = body["messages"][-1]["content"]
+    return (
+        "<INS>Think, then answer.</INS>"
+        if text.startswith("Your task is to generate")
+        else "<answer>x</answer>"
+    )

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from batch_setup import cli_args
+from batch_setup import cli_args, search_environment
 from conftest import NAME_RESPONSE
 from helpers import ROOT, run_cli, write_name_dataset, write_questions
 
@@ -131,16 +131,6 @@ def test_train_dry_run_counts_the_calls_a_short_run_makes(protocol_model_path, t
     assert code == 0, err
     expected = float(re.search(r"^environment calls +([\d,.]+) expected", out, re.M)[1].replace(",", ""))
     assert expected == pytest.approx(sent, abs=0.5) and sent <= 2 * 4 * 2  # steps × episodes × max_turns
-
-
-def search_environment(body: dict) -> str:
-    """Proposes one instruction to the optimiser, answers every task request."""
-    text = body["messages"][-1]["content"]
-    return (
-        "<INS>Think, then answer.</INS>"
-        if text.startswith("Your task is to generate")
-        else "<answer>x</answer>"
-    )
 
 
 def test_the_budget_covers_a_search_and_stops_it_like_a_row(tmp_path):

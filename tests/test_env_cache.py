@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 
 import pytest
-from batch_setup import SECRET, cli_args
+from batch_setup import SECRET, cli_args, search_environment
 from helpers import ROOT, cli_command, run_cli, write_questions
 
 from prompt_r1.evaluation.harness import read_predictions
@@ -262,16 +262,6 @@ def test_the_dry_run_says_what_the_cache_holds_and_writes_nothing(tmp_path):
         assert code == 0 and "holds 9 replies; the loop's calls follow the agent's turns" in out, err
         assert len(server.requests) == sent and cache.read_bytes() == held
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "env.sqlite", "q.jsonl"]
-
-
-def search_environment(body: dict) -> str:
-    """Proposes one instruction to the optimiser, answers every task request."""
-    text = body["messages"][-1]["content"]
-    return (
-        "<INS>Think, then answer.</INS>"
-        if text.startswith("Your task is to generate")
-        else "<answer>x</answer>"
-    )
 
 
 def test_a_search_replayed_from_the_cache_costs_nothing_and_spends_no_budget(tmp_path):
