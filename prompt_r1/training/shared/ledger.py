@@ -35,7 +35,7 @@ from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import EnvironmentReply, environment_messages
-from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
+from prompt_r1.clients.sqlite_files import create_whole, damage, orphan_log, read_meta
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.hashing import message_texts, stable_hash
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
@@ -143,8 +143,8 @@ class CallLedger:
         path = Path(path)
         identity = {k: str(v) for k, v in identity.items()}
         try:
-            wal = path.with_name(path.name + "-wal")
-            if not path.exists() and wal.is_file() and wal.stat().st_size > 0:
+            wal = orphan_log(path)
+            if wal is not None:
                 # The calls of a killed run live in its write-ahead log until they are checkpointed into the
                 # file: a log without its file is a ledger whose file was lost, and a new file would take it in.
                 raise LedgerError(
