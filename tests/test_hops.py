@@ -197,3 +197,39 @@ def test_a_row_draw_is_reproducible_and_mixes_starts():
     starts = [named(r["question"])[0] for r in hops_rows(72, seed=1)]
     assert Counter(KIND[s] for s in starts) == {"room": 24, "door": 24, "key": 24}
     assert len(set(starts)) == 36  # every name in turn
+
+
+def test_the_mixture_trains_on_copied_codes_but_not_on_guessed_ones(tmp_path):
+    """A guess's code is uniform noise: trained on, it taught the sampled agent to answer a random code after a
+    code reply too (copy fell to 40-70 % on some seeds). The build leaves it out of the targets, and only it."""
+    from transformers import AutoTokenizer
+
+    from prompt_r1.tasks.hops_agent import all_but_copied_code, guessed_code
+    from prompt_r1.testing.tiny_models import build_tiny_model, episode_rows
+
+    episodes = mixture_episodes(200, seed=5)
+    tags = ["<think>", "</think>", "<answer>", "</answer>", "<interaction_prompt>", "</interaction_prompt>"]
+    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path, corpus=list(CODES), added_tokens=tags))
+    plain = episode_rows(tok, episodes)
+    masked = episode_rows(tok, episodes, untrained=guessed_code)
+    guesses = copies = 0
+    for (_, script), (ids, labels), (same_ids, kept) in zip(episodes, plain, masked, strict=True):
+        assert same_ids == ids  # the stream is unchanged: only what is a target differs
+        dropped = tok.decode([t for t, a, b in zip(ids, labels, kept, strict=True) if a != b])
+        answer = script[-1]
+        guesses += "<think>guess</think>" in answer
+        copies += "<think>ok</think>" in answer
+        if "<think>guess</think>" in answer:
+            assert dropped.strip() == answer.split("<answer>")[1].split("</answer>")[0]
+        else:
+            assert dropped == "" and kept == labels
+    assert guesses > 100 and copies > 10  # both kinds checked (a guess ends 9 in 10 mixture episodes)
+    # The rows trained beside the mixture: whole chains of which the copied code alone is a target (and the
+    # end-of-turn token after it), so they teach copying and no choice.
+    chains = reading_episodes(50, seed=5)
+    for (_, script), (_ids, labels) in zip(
+        chains, episode_rows(tok, chains, untrained=all_but_copied_code), strict=True
+    ):
+        targets = [t for t in labels if t != -100]
+        assert targets[-1] == tok.eos_token_id
+        assert tok.decode(targets[:-1]).strip() == reply_code(script[-2])

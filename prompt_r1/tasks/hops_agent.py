@@ -8,9 +8,12 @@ each behaviour is equally likely whatever came before (answer, ask about the que
 the thing the last reply names, or at the first turn ask about nothing). An answer copies the last reply's code
 when it gives one, and guesses otherwise: copying is a skill (how to answer), not a choice (when to answer), so
 the mixture keeps it whole; door codes' mixture copied half the time, which here, with 24 codes, left some seeds'
-agents copying in under a fifth of their answers. The build then checks, on sampled turns, that each skill is
-still there (`SKILL_FLOOR` for the choices' skills, `COPY_FLOOR` for copying) and that no choice is preferred
-(`CHOICE_CEILING`), and fails with `HopsBuildError` otherwise.
+agents copying in under a fifth of their answers. Fewer than one mixture answer in ten copies, though, and the
+stage's drift wore copying down on some seeds (40-70 % sampled): so a guess's code is not trained on (it taught
+random codes), whole chains of which only the copied code is trained go in the same batches (copying without a
+choice), and the rate decays to 0 (a constant one left the agent wherever its last step fell). The build then
+checks, on sampled turns, that each skill is still there (`SKILL_FLOOR` for the choices' skills, `COPY_FLOOR` for
+copying) and that no choice is preferred (`CHOICE_CEILING`), and fails with `HopsBuildError` otherwise.
 What GRPO adds is the chain: when to call, what to name, when to stop. `prompt_r1.tasks.hops_training` trains
 it; `evals/bench/learning.py --task hops` measures it.
 """
@@ -54,6 +57,7 @@ __all__ = [
     "HopsBuildError",
     "build_hops_model",
     "mixture_episodes",
+    "mixture_stage",
     "reading_episodes",
     "skill_shares",
     "whole_chain_stage",
@@ -66,6 +70,25 @@ def _answer(rng: random.Random, last_reply: str | None) -> str:
     if code is not None:
         return ANSWER.format(thought="ok", code=code)
     return ANSWER.format(thought="guess", code=rng.choice(CODES))
+
+
+def _code_in(thought: str) -> re.Pattern[str]:
+    return re.compile(re.escape(ANSWER.format(thought=thought, code="@")).replace("@", "(.*?)"))
+
+
+GUESSED, COPIED = _code_in("guess"), _code_in("ok")
+
+
+def guessed_code(turn: str) -> list[tuple[int, int]]:
+    """The mixture stage's untrained spans: a guess's code (nine in ten of its answers guess; trained on, their
+    uniform codes taught the sampled agent to answer a random code after a code reply too)."""
+    return [m.span(1) for m in GUESSED.finditer(turn)]
+
+
+def all_but_copied_code(turn: str) -> list[tuple[int, int]]:
+    """The copy stage's untrained spans: everything but a copied code (no choice is trained there)."""
+    match = COPIED.search(turn)
+    return [(0, match.start(1)), (match.end(1), len(turn))] if match else [(0, len(turn))]
 
 
 def reading_episodes(n: int = 256, seed: int = 0) -> list[tuple[str, list[str]]]:
@@ -244,6 +267,24 @@ def whole_chain_stage(
     )  # fmt: skip
 
 
+def mixture_stage(
+    path: Path, start_from: Path, *, seed: int, steps: int, episodes: int, batch_size: int
+) -> Path:
+    """The build's second round, from the whole-chain agent at `start_from`: `steps` on `mixture_episodes` (a
+    guess's code untrained) and, in the same batches, `episodes // 2` whole chains of which only the copied code
+    is trained: copying, which fewer than one mixture answer in ten does, stays whole, and no choice is taught by them.
+    The rate decays to 0, so the agent saved is where training settled. Each `seed` draws other episodes as well
+    as another batch order."""
+    from prompt_r1.testing.tiny_models import build_protocol_model
+
+    return build_protocol_model(
+        path, mixture_episodes(episodes, seed=seed), start_from=start_from, seed=seed,
+        batch_size=batch_size * 3 // 2,  # the copy rows are a third of the rows: as many mixture rows a step
+        steps=steps, decay=True, untrained=guessed_code,
+        more=[(reading_episodes(episodes // 2, seed=seed + 1), all_but_copied_code)],
+    )  # fmt: skip
+
+
 def build_hops_model(
     path: str | Path,
     *,
@@ -291,16 +332,8 @@ def build_hops_model(
     shutil.copytree(path, reading_stage)
     try:
         for attempt in range(MIXTURE_ATTEMPTS):
-            build_protocol_model(
-                path,
-                # Each try draws other episodes as well as another batch order: the sampled shares swing with
-                # both (the stop share ranged 8-54 % across seeds and tries); five tries make a lasting miss rare.
-                mixture_episodes(episodes, seed=seed + 7919 * attempt),
-                start_from=reading_stage,
-                seed=seed + 7919 * attempt,
-                batch_size=batch_size,
-                steps=steps,
-            )
+            mixture_stage(path, reading_stage, seed=seed + 7919 * attempt, steps=steps,
+                          episodes=episodes, batch_size=batch_size)  # fmt: skip
             sampled = skill_shares(path, samples=16, seed=seed)
             problems = _mixture_problems(sampled)
             _say(f"seed {seed}: mixture try {attempt + 1}, sampled {_shares(sampled)}")

@@ -7,7 +7,7 @@ hub. Needs the `dev` extra (tokenizers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ __all__ = [
     "QWEN3_SPECIAL_TOKENS",
     "build_protocol_model",
     "build_tiny_model",
+    "episode_rows",
 ]
 
 
@@ -149,6 +150,9 @@ def build_protocol_model(
     batch_size: int | None = None,
     start_from: str | Path | None = None,
     protocol: str = "paper",
+    decay: bool = False,
+    untrained: Callable[[str], Sequence[tuple[int, int]]] | None = None,
+    more: Sequence[tuple[Sequence[tuple[Any, ...]], Callable[[str], Sequence[tuple[int, int]]] | None]] = (),
     **model_shape: int,
 ) -> Path:
     """A tiny model fine-tuned (seconds, on CPU) to play scripted episodes, saved to `path`.
@@ -163,11 +167,67 @@ def build_protocol_model(
     (unset: all); `start_from`: fine-tune that model folder further instead of a new random model; `device` is
     where the fine-tuning runs (the model is saved in float32 either way); `protocol`: the stream is the one
     the graph builds under that protocol (`release`: the release's tools prompt, every turn ending on the
-    end-of-turn token, the response as the release's JSON observation, the second turn after its `<think>\n`).
+    end-of-turn token, the response as the release's JSON observation, the second turn after its `<think>\n`);
+    `decay`: the learning rate falls linearly from `lr` to 0 over the steps, so the model saved is where the
+    optimiser settled rather than wherever a constant rate's last step left it; `untrained`: given an agent
+    turn's text, the character spans (start, end) that are in the stream but not targets (a guessed word the
+    model should not learn to prefer); `more`: further (episodes, untrained) sets, trained in the same batches
+    with their own untrained spans (rows that train one skill alone, beside the others).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if start_from is None:
+        path = build_tiny_model(
+            path, hidden_size=hidden_size, seed=seed, corpus=corpus, added_tokens=added_tokens, **model_shape
+        )
+    tok = AutoTokenizer.from_pretrained(start_from or path)
+    model = AutoModelForCausalLM.from_pretrained(start_from or path).to(device)
+    rows, labels = zip(
+        *(
+            row
+            for part, spans in [(episodes, untrained), *more]
+            for row in episode_rows(tok, part, protocol=protocol, untrained=spans)
+        ),
+        strict=True,
+    )
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    target = torch.full((len(rows), width), -100)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        target[i, : len(label)] = torch.tensor(label)
+        attention[i, : len(row)] = 1
+    ids, target, attention = ids.to(device), target.to(device), attention.to(device)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps if decay else 1.0)
+    model.train()
+    for _ in range(steps):
+        # A random batch of `batch_size` episodes per step (all of them when unset).
+        batch = torch.randperm(len(ids))[:batch_size] if batch_size else slice(None)
+        loss = model(input_ids=ids[batch], attention_mask=attention[batch], labels=target[batch]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.to("cpu").save_pretrained(path)
+    if start_from is not None:
+        tok.save_pretrained(path)
+    return Path(path)
+
+
+def episode_rows(
+    tok: Any,
+    episodes: Sequence[tuple[Any, ...]],
+    *,
+    protocol: str = "paper",
+    untrained: Callable[[str], Sequence[tuple[int, int]]] | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """Each episode (as `build_protocol_model` takes them) as (token ids, labels): the token-exact stream the graph
+    builds under `protocol`, the agent's turns as targets, the prompt and the environment's rendered replies -100,
+    and so are the tokens overlapping a span `untrained` gives for their turn."""
     from prompt_r1.clients.environment import EnvironmentReply
     from prompt_r1.loop.protocols import protocol_for
 
@@ -179,19 +239,22 @@ def build_protocol_model(
         state = {"turns": [{"index": 0}], "completion_ids": row}
         return stream.observe(state, reply, tok, max_total_tokens=1 << 30)[0]["completion_ids"]
 
-    def turn_ids(text: str, last: bool) -> list[int]:
+    def turn_ids(text: str, last: bool) -> tuple[list[int], list[int]]:
         # A turn that ends the episode ends on the end-of-turn token, and so does every turn of a protocol with
         # no stop strings (it is sampled and kept); a stop string ends the others.
-        ids = tok.encode(text, add_special_tokens=False)
-        return ids + [tok.eos_token_id] if last or not stream.stop else ids
+        encoded = tok(text, add_special_tokens=False, return_offsets_mapping=bool(untrained))
+        ids = list(encoded["input_ids"])
+        labels = list(ids)
+        if untrained:
+            spans = untrained(text)
+            for i, (start, end) in enumerate(encoded["offset_mapping"]):
+                if any(start < b and a < end for a, b in spans):
+                    labels[i] = -100
+        if last or not stream.stop:
+            return ids + [tok.eos_token_id], labels + [tok.eos_token_id]
+        return ids, labels
 
-    if start_from is None:
-        path = build_tiny_model(
-            path, hidden_size=hidden_size, seed=seed, corpus=corpus, added_tokens=added_tokens, **model_shape
-        )
-    tok = AutoTokenizer.from_pretrained(start_from or path)
-    model = AutoModelForCausalLM.from_pretrained(start_from or path).to(device)
-    rows, labels = [], []
+    out = []
     for episode in episodes:
         if len(episode) == 2:  # (question, [turn, response, ..., turn]): any number of environment calls
             question, script = episode
@@ -207,30 +270,7 @@ def build_protocol_model(
                 env = response_ids(text, row)
                 row, label = row + env, label + [-100] * len(env)
             else:
-                ids = turn_ids(text, last=k == len(script) - 1)
-                row, label = row + ids, label + ids
-        rows.append(row)
-        labels.append(label)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tok.pad_token_id)
-    target = torch.full((len(rows), width), -100)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
-        ids[i, : len(row)] = torch.tensor(row)
-        target[i, : len(label)] = torch.tensor(label)
-        attention[i, : len(row)] = 1
-    ids, target, attention = ids.to(device), target.to(device), attention.to(device)
-    torch.manual_seed(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        # A random batch of `batch_size` episodes per step (all of them when unset).
-        rows = torch.randperm(len(ids))[:batch_size] if batch_size else slice(None)
-        loss = model(input_ids=ids[rows], attention_mask=attention[rows], labels=target[rows]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.to("cpu").save_pretrained(path)
-    if start_from is not None:
-        tok.save_pretrained(path)
-    return Path(path)
+                ids, targets = turn_ids(text, last=k == len(script) - 1)
+                row, label = row + ids, label + targets
+        out.append((row, label))
+    return out
