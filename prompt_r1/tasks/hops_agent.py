@@ -10,8 +10,8 @@ when it gives one, and guesses otherwise: copying is a skill (how to answer), no
 the mixture keeps it whole; door codes' mixture copied half the time, which here, with 24 codes, left some seeds'
 agents copying in under a fifth of their answers. Fewer than one mixture answer in ten copies, though, and the
 stage's drift wore copying down on some seeds (40-70 % sampled): so a guess's code is not trained on (it taught
-random codes), whole chains of which only the copied code is trained go in the same batches (copying without a
-choice), and the rate decays to 0 (a constant one left the agent wherever its last step fell). The build then
+random codes), whole chains of which only the copied code is trained go in the same batches (copying, with no
+choice a target), and the rate decays to 0 (a constant one left the agent wherever its last step fell). The build then
 checks, on sampled turns, that each skill is still there (`SKILL_FLOOR` for the choices' skills, `COPY_FLOOR` for
 copying) and that no choice is preferred (`CHOICE_CEILING`), and fails with `HopsBuildError` otherwise.
 What GRPO adds is the chain: when to call, what to name, when to stop. `prompt_r1.tasks.hops_training` trains
@@ -55,7 +55,9 @@ __all__ = [
     "READING_TARGET",
     "SKILL_FLOOR",
     "HopsBuildError",
+    "all_but_copied_code",
     "build_hops_model",
+    "guessed_code",
     "mixture_episodes",
     "mixture_stage",
     "reading_episodes",
@@ -86,7 +88,7 @@ def guessed_code(turn: str) -> list[tuple[int, int]]:
 
 
 def all_but_copied_code(turn: str) -> list[tuple[int, int]]:
-    """The copy stage's untrained spans: everything but a copied code (no choice is trained there)."""
+    """The copy rows' untrained spans: everything but a copied code (no choice is a target there)."""
     match = COPIED.search(turn)
     return [(0, match.start(1)), (match.end(1), len(turn))] if match else [(0, len(turn))]
 
@@ -272,16 +274,18 @@ def mixture_stage(
 ) -> Path:
     """The build's second round, from the whole-chain agent at `start_from`: `steps` on `mixture_episodes` (a
     guess's code untrained) and, in the same batches, `episodes // 2` whole chains of which only the copied code
-    is trained: copying, which fewer than one mixture answer in ten does, stays whole, and no choice is taught by them.
-    The rate decays to 0, so the agent saved is where training settled. Each `seed` draws other episodes as well
-    as another batch order."""
+    is trained, so copying (fewer than one mixture answer in ten copies) stays whole; no choice is a target in
+    those rows, though they do shift the answer-after-a-code share up (a third on average on development seeds,
+    about 0.42 against 0.32; `CHOICE_CEILING` is checked after). The rate decays to 0, so the agent saved is where
+    training settled. Each `seed` draws other episodes as well as another batch order."""
     from prompt_r1.testing.tiny_models import build_protocol_model
 
+    mixture, copies = mixture_episodes(episodes, seed=seed), reading_episodes(episodes // 2, seed=seed + 1)
     return build_protocol_model(
-        path, mixture_episodes(episodes, seed=seed), start_from=start_from, seed=seed,
-        batch_size=batch_size * 3 // 2,  # the copy rows are a third of the rows: as many mixture rows a step
-        steps=steps, decay=True, untrained=guessed_code,
-        more=[(reading_episodes(episodes // 2, seed=seed + 1), all_but_copied_code)],
+        path, mixture, start_from=start_from, seed=seed,
+        # Batches grow by the copy rows' share, so a step trains as many mixture rows as without them.
+        batch_size=batch_size * (len(mixture) + len(copies)) // len(mixture),
+        steps=steps, decay=True, untrained=guessed_code, more=[(copies, all_but_copied_code)],
     )  # fmt: skip
 
 
@@ -297,9 +301,10 @@ def build_hops_model(
 ) -> Path:
     """The tiny agent for the task, fine-tuned in two stages (see the module docstring): `reading_episodes` in
     rounds of `steps` until the greedy agent names the question's thing, follows a link and copies a code in
-    `READING_TARGET` of cases (at most `max_reading_steps`), then `steps` on `mixture_episodes`, after which the
-    sampled agent must still have each skill (`SKILL_FLOOR`) and prefer no choice (`CHOICE_CEILING`; the stage is
-    redone with other batches, `MIXTURE_ATTEMPTS` in all, when it does not). Raises HopsBuildError when a check
+    `READING_TARGET` of cases (at most `max_reading_steps`), then `mixture_stage`, after which the sampled agent
+    must still have each skill (`SKILL_FLOOR`; copying `COPY_FLOOR`) and prefer no choice (`CHOICE_CEILING`; the
+    stage is redone with other episodes and batches, `MIXTURE_ATTEMPTS` in all, when it does not: the choice
+    shares swing from try to try, and five make a lasting miss rare). Raises HopsBuildError when a check
     still fails. The figures go to PATH/hops_build.json, written last."""
     import json
 

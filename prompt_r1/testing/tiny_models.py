@@ -171,8 +171,9 @@ def build_protocol_model(
     `decay`: the learning rate falls linearly from `lr` to 0 over the steps, so the model saved is where the
     optimiser settled rather than wherever a constant rate's last step left it; `untrained`: given an agent
     turn's text, the character spans (start, end) that are in the stream but not targets (a guessed word the
-    model should not learn to prefer); `more`: further (episodes, untrained) sets, trained in the same batches
-    with their own untrained spans (rows that train one skill alone, beside the others).
+    model should not learn to prefer; the end-of-turn token after a turn stays a target); `more`: further
+    (episodes, untrained) sets, trained in the same batches with their own untrained spans (rows that train one
+    skill alone, beside the others).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -202,7 +203,9 @@ def build_protocol_model(
     ids, target, attention = ids.to(device), target.to(device), attention.to(device)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps if decay else 1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 1 - step / max(steps, 1) if decay else 1.0
+    )
     model.train()
     for _ in range(steps):
         # A random batch of `batch_size` episodes per step (all of them when unset).
