@@ -77,6 +77,7 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's own modules beside it
 
+import learning_common  # noqa: E402
 import learning_hops  # noqa: E402
 from learning_common import COLLAPSE, GRPO_FIELDS, HELD_OUT_STEP, WINDOW, async_figures  # noqa: E402
 
@@ -448,6 +449,7 @@ def main() -> int:
     suffix = ("-hops" if hops else "") + ("-async" if args.async_grpo else "")
     suffix += f"-{args.processes}p" if args.processes > 1 else ""
     results: list[dict] = []
+    commit = learning_common.checkout_commit()
 
     def done(result: dict) -> None:
         """One seed finished: its line, and the figures so far saved (a run stopped early keeps its seeds)."""
@@ -458,6 +460,7 @@ def main() -> int:
             return
         print(task.seed_line(name, result), flush=True)
         record = {"task": args.task, "settings": shown, "steps": args.steps, "results": results}
+        record["commit"] = commit  # the code the figures came from (`+changes`: not all of it committed)
         if args.async_grpo:
             record["max_staleness"] = args.max_staleness
         (args.out / f"learning{suffix}.json").write_text(json.dumps(record, indent=1))
