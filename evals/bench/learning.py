@@ -77,7 +77,6 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's own modules beside it
 
-import learning_common  # noqa: E402
 import learning_hops  # noqa: E402
 from learning_common import COLLAPSE, GRPO_FIELDS, HELD_OUT_STEP, WINDOW, async_figures  # noqa: E402
 
@@ -430,6 +429,7 @@ def main() -> int:
     hops = args.task == "hops"
     task = learning_hops if hops else sys.modules[__name__]
 
+    from prompt_r1.runs.manifest import git_commit
     from prompt_r1.training.shared.progress import CURVES, draw_curves
 
     settings = {"learning_rate": args.lr, "beta": args.beta, "loss_type": args.loss_type}
@@ -449,7 +449,7 @@ def main() -> int:
     suffix = ("-hops" if hops else "") + ("-async" if args.async_grpo else "")
     suffix += f"-{args.processes}p" if args.processes > 1 else ""
     results: list[dict] = []
-    commit = learning_common.checkout_commit()
+    commit = git_commit(mark_changes=True)
 
     def done(result: dict) -> None:
         """One seed finished: its line, and the figures so far saved (a run stopped early keeps its seeds)."""

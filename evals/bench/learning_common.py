@@ -1,13 +1,10 @@
 """What the learning benchmark's tasks share (`evals/bench/learning.py`, `learning_hops.py`): the windows, the
-held-out table, the GRPO fields recorded per seed, the async run's staleness figures, and the commit the figures
-came from."""
+held-out table, the GRPO fields recorded per seed, and the async run's staleness figures."""
 
 from __future__ import annotations
 
 import math
 import statistics
-import subprocess
-from pathlib import Path
 
 WINDOW = 10  # steps averaged at each end of the curve
 HELD_OUT_STEP = 10**9  # the evaluation's table: one no training run reaches
@@ -36,20 +33,3 @@ def async_figures(log_history: list[dict]) -> dict:
         "dropped_stale": sum(values("sample/dropped_stale_total")),
         "ratio_range": [min(ratio, default=math.nan), max(ratio, default=math.nan)],
     }
-
-
-def checkout_commit() -> str | None:
-    """The checkout's commit, with `+changes` when files differ from it (recorded with the figures), or None."""
-    here = Path(__file__).resolve().parent
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(
-            ["git", *cmd], cwd=here, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        return git("rev-parse", "HEAD") + (
-            "+changes" if git("status", "--porcelain", "--untracked-files=no") else ""
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None

@@ -100,17 +100,25 @@ def manifest_path(*, results_file: Path | None = None, folder: Path | None = Non
     return Path(folder) / FOLDER_MANIFEST
 
 
-def _git_commit() -> str | None:
-    """The commit of the checkout prompt-r1 runs from, or None when it is not one (an installed wheel)."""
+def git_commit(*, mark_changes: bool = False) -> str | None:
+    """The commit of the checkout prompt-r1 runs from, or None when it is not one (an installed wheel);
+    `mark_changes`: with `+changes` after it when tracked files differ from it (a benchmark's figures record it)."""
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists() or shutil.which("git") is None:
         return None
-    try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5, check=False)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                                  timeout=5, check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD") or None
+    if commit and mark_changes and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    return commit
 
 
 def _version(name: str) -> str | None:
@@ -184,7 +192,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The manifest of one run of `command`: the `settings` that change its results and the `operational` ones
     (endpoints, limits, files), as the run resolved them, keys cut out."""
-    code = {"version": _version("prompt-r1"), "commit": _git_commit()}
+    code = {"version": _version("prompt-r1"), "commit": git_commit()}
     line = list(sys.argv if command_line is None else command_line)
     scrub = redaction.Redactor().scrub
     return {

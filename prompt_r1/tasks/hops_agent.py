@@ -11,9 +11,10 @@ the mixture keeps it whole; door codes' mixture copied half the time, which here
 agents copying in under a fifth of their answers. Fewer than one mixture answer in ten copies, though, and the
 stage's drift wore copying down on some seeds (40-70 % sampled): so a guess's code is not trained on (it taught
 random codes), whole chains of which only the copied code is trained go in the same batches (copying, with no
-choice a target), and the rate decays to 0 (a constant one left the agent wherever its last step fell). The build then
-checks, on sampled turns, that each skill is still there (`SKILL_FLOOR` for the choices' skills, `COPY_FLOOR` for
-copying) and that no choice is preferred (`CHOICE_CEILING`), and fails with `HopsBuildError` otherwise.
+choice a target), and the rate decays to 0 (a constant one left the agent wherever its last step fell). The
+build then checks, on sampled turns, that each skill is still there (`SKILL_FLOOR` for the choices' skills,
+`COPY_FLOOR` for copying) and that no choice is preferred (`CHOICE_CEILING`), and fails with `HopsBuildError`
+otherwise.
 What GRPO adds is the chain: when to call, what to name, when to stop. `prompt_r1.tasks.hops_training` trains
 it; `evals/bench/learning.py --task hops` measures it.
 """

@@ -20,6 +20,9 @@ __all__ = [
     "episode_rows",
 ]
 
+# Given an agent turn's text, the (start, end) character spans of it that are not training targets.
+UntrainedSpans = Callable[[str], Sequence[tuple[int, int]]]
+
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -151,8 +154,8 @@ def build_protocol_model(
     start_from: str | Path | None = None,
     protocol: str = "paper",
     decay: bool = False,
-    untrained: Callable[[str], Sequence[tuple[int, int]]] | None = None,
-    more: Sequence[tuple[Sequence[tuple[Any, ...]], Callable[[str], Sequence[tuple[int, int]]] | None]] = (),
+    untrained: UntrainedSpans | None = None,
+    more: Sequence[tuple[Sequence[tuple[Any, ...]], UntrainedSpans | None]] = (),
     **model_shape: int,
 ) -> Path:
     """A tiny model fine-tuned (seconds, on CPU) to play scripted episodes, saved to `path`.
@@ -226,7 +229,7 @@ def episode_rows(
     episodes: Sequence[tuple[Any, ...]],
     *,
     protocol: str = "paper",
-    untrained: Callable[[str], Sequence[tuple[int, int]]] | None = None,
+    untrained: UntrainedSpans | None = None,
 ) -> list[tuple[list[int], list[int]]]:
     """Each episode (as `build_protocol_model` takes them) as (token ids, labels): the token-exact stream the graph
     builds under `protocol`, the agent's turns as targets, the prompt and the environment's rendered replies -100,
