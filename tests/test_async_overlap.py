@@ -9,6 +9,7 @@ whether the weights file was already on disk. The benchmark's argument checks ru
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -103,6 +104,39 @@ def _bench(script: str, *flags: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def test_the_cpu_bound_counts_every_process_of_the_benchmark_and_the_cores_they_share(monkeypatch):
+    """`vs CPU bound` (`async_measure.py`): a child's CPU time is the benchmark's (counted live, and after it
+    ends), and where rollouts and training need the same cores the bound is their CPU seconds over the cores."""
+    sys.path.insert(0, str(ROOT / "evals/bench"))
+    import async_measure
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    before = async_measure.tree_cpu(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        deadline = time.monotonic() + 60
+        while async_measure.tree_cpu(os.getpid()) - before < 0.6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        live = async_measure.tree_cpu(os.getpid()) - before
+    finally:
+        child.kill()
+        child.wait()
+    ended = async_measure.tree_cpu(os.getpid()) - before
+    assert 0.6 <= live < 3 and ended >= live, (live, ended)
+
+    monkeypatch.setattr(async_measure, "cores", lambda: 2)
+    rollout, training = {"step": 1.0, "cpu": 1.6}, {"step": 0.5, "cpu": 1.0}
+    assert async_measure.cpu_bound(rollout, training) == pytest.approx(1.3)  # (1.6 + 1.0) / 2 cores
+    monkeypatch.setattr(async_measure, "cores", lambda: 8)
+    assert async_measure.cpu_bound(rollout, training) == 1.0  # cores to spare: the longer side alone
+    run = {
+        "step_s": [2.0, 3.0, 4.0], "wait_s": [0.0, 0.5, 0.5], "sync_s": [0.1], "tokens": [], "staleness": [],
+        "marks": [(10.0, 1.0, 5.0), (12.0, 1.5, 8.0), (14.0, 2.0, 12.0)],
+    }  # fmt: skip
+    got = async_measure.figures(run)
+    assert got["cpu"] == 3.5 and got["worker_idle"] == 0.25 and got["step"] == 3.0
 
 
 def test_the_benchmarks_refuse_processes_that_do_not_split_the_step_or_the_sync_trainer():

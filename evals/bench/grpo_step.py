@@ -27,7 +27,9 @@ rows are measured in the same run:
   (`ReplayWorker`, none stale), so its step is forward, backward, optimizer and weight sync.
 Printed per async row: seconds per step (median over the steps after the first: the time between optimizer
 steps, rollout waits included), the ratio to TRL's single-turn step (`vs single`), its throughput over sync at the
-same latency, `overlap` = async s/step / max(rollout alone, training alone) (1.00: perfect overlap), the trainer's
+same latency, `overlap` = async s/step / max(rollout alone, training alone) (1.00: perfect overlap), `vs CPU
+bound` = async s/step / max(rollout alone, training alone, CPU seconds of both / cores) (rollouts and training that
+share the machine's cores overlap no better: `async_measure.py`), the benchmark's CPU seconds per step, the trainer's
 idle share (its wait for samples over the steps' time), the rollout worker's idle share (no group generating, or
 the server paused for a weight sync; between the first and the last step's end), the median weight sync in
 seconds, and the mean staleness of the samples trained on. `--processes N` adds the async rows with the trainer
@@ -38,7 +40,6 @@ split across them), labelled `N processes` beside the `1 process` rows.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import queue
 import shutil
@@ -48,8 +49,18 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # async_ranks beside it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # async_ranks and async_measure beside it
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from async_measure import (  # noqa: E402
+    ReplayWorker,
+    figures,
+    measured,
+    print_async,
+    processes_label,
+    step_clock,
+    tree_cpu,
+)
 
 NAME_QUESTION = "Which name does the item have?"
 TURN_1 = "<think>ask</think><interaction_prompt>Which name?</interaction_prompt>"
@@ -155,61 +166,6 @@ def single_turn(model: Path, args, tokens: int, out: Path, vllm: bool = False, *
     return _median_step(trainer)
 
 
-def _step_clock(worker):
-    """A trainer callback keeping, at every step's end, the time and the rollout worker's idle seconds (`marks`)."""
-    from transformers import TrainerCallback
-
-    class StepClock(TrainerCallback):
-        def __init__(self) -> None:
-            self.marks: list[tuple[float, float]] = []
-
-        def on_step_end(self, args, state, control, **kwargs):
-            clock = getattr(worker, "idle", None)
-            self.marks.append((time.monotonic(), clock.idle_s() if clock is not None else 0.0))
-
-    return StepClock()
-
-
-class _Replay:
-    """The queue of `ReplayWorker`: never empty, each sample stamped with the policy version of the moment."""
-
-    def __init__(self, samples: list, version) -> None:
-        self._samples, self._version, self._next = samples, version, 0
-        self.queue: list = []  # what a look into a queue.Queue finds (nothing waiting: samples are made on demand)
-
-    def get(self, timeout: float | None = None):
-        import dataclasses
-
-        sample = self._samples[self._next % len(self._samples)]
-        self._next += 1
-        return dataclasses.replace(sample, model_version=self._version(), enqueued_at=time.time())
-
-    def qsize(self) -> int:
-        return 0
-
-
-class ReplayWorker:
-    """Training alone: in the rollout worker's place, one that hands the trainer, at once and without end, the
-    samples a real worker produced (`rollout_alone`), none of them stale. The trainer's step is then its own work:
-    forward, backward, optimizer and the weight sync to the server."""
-
-    def __init__(self, samples: list) -> None:
-        self.model_version = 0
-        self.rollout_buffer = _Replay(samples, lambda: self.model_version)
-        self.metrics_queue = queue.Queue()
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def drain(self, timeout: float = 0.0) -> None: ...
-
-    def update_model_version(self, model_version: int) -> None:
-        self.model_version = model_version
-
-    def check_health(self, stale_after_s: float) -> None: ...
-
-
 def async_run(
     model: str,
     args,
@@ -219,13 +175,15 @@ def async_run(
     processes: int = 1,
     replay: list | None = None,
     before: bool = False,
+    cpu_root: int | None = None,
 ) -> dict | None:
     """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
     `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`; `before`: as it was before
     the overlap work (the server paused for the whole weight sync, the worker not counting queued samples against
     max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
-    trainer's wait for samples and its weight syncs per step, the worker's idle seconds at each step's end, agent
-    tokens and staleness."""
+    trainer's wait for samples and its weight syncs per step, the worker's idle seconds and the CPU seconds of
+    process `cpu_root`'s tree (this process's by default; the benchmark's own, when run as ranks) at each step's end,
+    agent tokens and staleness."""
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     config = _config(
@@ -247,7 +205,7 @@ def async_run(
     if before and trainer.accelerator.is_main_process:
         trainer.weight_transfer.write_before_pause = False
         trainer.rollout_worker.bound_queued = False
-    clock = _step_clock(trainer.rollout_worker)
+    clock = step_clock(trainer.rollout_worker, cpu_root or os.getpid())
     trainer.add_callback(clock)
     trainer.train()
     if not trainer.accelerator.is_main_process:
@@ -272,10 +230,11 @@ def async_rank(**keywords) -> dict | None:
     return async_run(**keywords)
 
 
-def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tuple[float, list]:
+def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tuple[dict, list]:
     """Rollout time alone: the async trainer's rollout worker producing groups with no trainer training beside it.
-    Returns the seconds per step's worth of samples (from the first step's worth to the last of `args.steps`)
-    and the samples, in the order they came."""
+    Returns the seconds and the CPU seconds (this process's tree: the worker, the environment, the vLLM server)
+    per step's worth of samples (from the first step's worth to the last of `args.steps`), and the samples, in the
+    order they came."""
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     config = _config(
@@ -283,7 +242,7 @@ def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tupl
         vllm_server_base_url=root,
     )  # fmt: skip
     trainer = build_async_trainer(config, train_rows=_rows() * args.batch)
-    worker, samples, arrivals = trainer.rollout_worker, [], []
+    worker, samples, marks = trainer.rollout_worker, [], []  # (time, CPU) at each step's worth
     worker.start()
     try:
         while len(samples) < args.batch * args.steps:
@@ -292,32 +251,12 @@ def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tupl
             except queue.Empty:
                 worker.check_health(300)
                 continue
-            arrivals.append(time.monotonic())
+            if len(samples) % args.batch == 0:
+                marks.append((time.monotonic(), tree_cpu(os.getpid())))
     finally:
         worker.stop()
-    per_step = arrivals[args.batch - 1 :: args.batch]
-    return (per_step[-1] - per_step[0]) / (len(per_step) - 1), samples
-
-
-def _figures(run: dict) -> dict:
-    """s/step (median), the trainer's idle share (its wait for samples over the steps' time), the worker's idle
-    share (between the first and the last step's end), the median weight sync, tokens and staleness."""
-    (t0, idle0), (t1, idle1) = run["marks"][0], run["marks"][-1]
-    return {
-        "step": statistics.median(run["step_s"]),
-        "trainer_idle": sum(run["wait_s"]) / sum(run["step_s"]),
-        "worker_idle": (idle1 - idle0) / (t1 - t0) if t1 > t0 else math.nan,
-        "sync": statistics.median(run["sync_s"]),
-        "tokens": statistics.mean(run["tokens"]) if run["tokens"] else math.nan,
-        "staleness": statistics.mean(run["staleness"]) if run["staleness"] else math.nan,
-        "dropped": run.get("dropped", 0),
-    }
-
-
-def _measured(what: str, figures: dict) -> None:
-    """A row's figures on stderr as soon as they are measured (a run cut short keeps what it measured)."""
-    shown = ", ".join(f"{k} {v:.3f}" for k, v in figures.items() if isinstance(v, float | int))
-    print(f"measured: {what}: {shown}", file=sys.stderr, flush=True)
+    (t0, cpu0), (t1, cpu1) = marks[0], marks[-1]
+    return {"step": (t1 - t0) / (len(marks) - 1), "cpu": (cpu1 - cpu0) / (len(marks) - 1)}, samples
 
 
 def _restore(root: str, model: Path) -> None:
@@ -330,59 +269,6 @@ def _restore(root: str, model: Path) -> None:
         600,
     )
     post_json(f"{root}/reset_prefix_cache", {}, 60)
-
-
-def _processes_label(n: int) -> str:
-    return f"{n} process" + ("es" if n > 1 else "")
-
-
-def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
-    """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: s/step}, `trained` {processes:
-    figures}, `runs` {(latency, processes, before): figures} (`_figures`)."""
-    latencies = sorted(alone)
-    counts = sorted(trained)
-    variants = sorted({before for _, _, before in runs}, reverse=True)
-    print(
-        f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
-        f"(CPU, 2 cores shared and loaded; async: max_staleness {args.max_staleness}). overlap = async s/step / "
-        "max(rollout alone, training alone): 1.00 is perfect"
-    )
-    print(
-        f"{'run':58} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'trainer idle':>12} "
-        f"{'worker idle':>11} {'sync s':>6} {'staleness':>9} {'dropped':>7}"
-    )
-
-    def row(label: str, step: float, *rest: str) -> None:
-        print(f"{label:58} {step:7.3f} {step / base:9.2f} " + " ".join(rest))
-
-    row(f"TRL single-turn GRPO (generate), {n_tokens} tokens per completion", base)
-    for lat in latencies:
-        row(f"Prompt-R1 two-turn, sync (generate), env {lat:.1f} s", sync[lat][0])
-    for lat in latencies:
-        row(f"rollout alone (worker, vLLM server), env {lat:.1f} s", alone[lat])
-    for n in counts:
-        t = trained[n]
-        row(
-            f"training alone (replayed samples), {_processes_label(n)}",
-            t["step"],
-            f"{'':>10} {'':>7} {t['trainer_idle']:12.0%} {'':>11} {t['sync']:6.2f}",
-        )
-    for lat, n, before in [(lat, n, b) for lat in latencies for n in counts for b in variants]:
-        r = runs[lat, n, before]
-        overlap = r["step"] / max(alone[lat], trained[n]["step"])
-        what = ", before" if before else ""
-        row(
-            f"Prompt-R1 two-turn, async, {_processes_label(n)}, env {lat:.1f} s{what}",
-            r["step"],
-            f"{sync[lat][0] / r['step']:10.2f} {overlap:7.2f} {r['trainer_idle']:12.0%} "
-            f"{r['worker_idle']:11.0%} {r['sync']:6.2f} {r['staleness']:9.2f} {r['dropped']:7.0f}",
-        )
-    if args.before:
-        print(
-            "before: as it was before the overlap work: the server paused for the whole weight sync (the weights "
-            "file written while paused), and the worker starting groups whatever the samples queued; the other "
-            "async rows pause it only for the reload, and count queued samples against max_inflight"
-        )
 
 
 def main_async(args) -> int:
@@ -410,7 +296,7 @@ def main_async(args) -> int:
         # float32 throughout: the async trainer computes as the vLLM server does (its importance ratio needs it).
         sync = {lat: multi_turn(model, args, lat, tmp / f"sync-{lat}", bf16=False) for lat in latencies}
         for lat in latencies:
-            _measured(f"sync, env {lat} s", {"step": sync[lat][0], "tokens": sync[lat][1]})
+            measured(f"sync, env {lat} s", {"step": sync[lat][0], "tokens": sync[lat][1]})
         root, process = start_vllm_server(model, tmp / "vllm.log")
         alone, trained, runs = {}, {}, {}
         try:
@@ -418,11 +304,18 @@ def main_async(args) -> int:
             for lat in latencies:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
                     alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
-                    _measured(f"rollout alone, env {lat} s", {"step": alone[lat]})
+                    measured(f"rollout alone, env {lat} s", alone[lat])
                 samples = samples or got
             with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
                 for n in counts:
-                    job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
+                    job = dict(
+                        model=str(model),
+                        args=args,
+                        env_url=env.base_url,
+                        root=root,
+                        processes=n,
+                        cpu_root=os.getpid(),
+                    )
                     job.update(out=str(tmp / f"train-alone-{n}"), replay=samples)
                     run = (
                         async_run(**job)
@@ -431,13 +324,20 @@ def main_async(args) -> int:
                             "grpo_step.async_rank", job, processes=n, folder=tmp / f"ranks-train-{n}"
                         )
                     )
-                    trained[n] = _figures(run)
-                    _measured(f"training alone, {_processes_label(n)}", trained[n])
+                    trained[n] = figures(run)
+                    measured(f"training alone, {processes_label(n)}", trained[n])
                     _restore(root, model)
             for lat in latencies:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
                     for n, before in [(n, b) for n in counts for b in variants]:
-                        job = dict(model=str(model), args=args, env_url=env.base_url, root=root, processes=n)
+                        job = dict(
+                            model=str(model),
+                            args=args,
+                            env_url=env.base_url,
+                            root=root,
+                            processes=n,
+                            cpu_root=os.getpid(),
+                        )
                         job.update(out=str(tmp / f"async-{lat}-{n}-{before}"), before=before)
                         run = (
                             async_run(**job)
@@ -449,9 +349,9 @@ def main_async(args) -> int:
                                 folder=tmp / f"ranks-{lat}-{n}-{before}",
                             )
                         )
-                        runs[lat, n, before] = _figures(run)
-                        _measured(
-                            f"async, {_processes_label(n)}, env {lat} s, before {before}",
+                        runs[lat, n, before] = figures(run)
+                        measured(
+                            f"async, {processes_label(n)}, env {lat} s, before {before}",
                             runs[lat, n, before],
                         )
                         _restore(root, model)
@@ -459,7 +359,7 @@ def main_async(args) -> int:
             stop_vllm_server(process)
         n_tokens = max(1, round(statistics.mean(t for _, t in sync.values())))
         base = single_turn(model, args, n_tokens, tmp / "single", bf16=False)
-        _measured("TRL single-turn", {"step": base})
+        measured("TRL single-turn", {"step": base})
 
     print_async(args, base, n_tokens, sync, alone, trained, runs)
     return 0
