@@ -167,3 +167,38 @@ def test_the_gpu_script_prints_its_plan_without_loading_anything():
     ]
     script = (ROOT / "evals/bench/gpu_async.sh").read_text()
     assert "--dry-run" in script and "timeout" in script and " 570 " in script
+
+
+def test_a_server_start_cut_short_leaves_no_server_behind(tmp_path, monkeypatch):
+    """A test's timeout (pytest-timeout's signal) or Ctrl-C while `start_vllm_server` waits: the server, and any
+    engine it started, stopped, not left running (about 2 GB each) for the rest of the suite."""
+    import signal
+
+    from prompt_r1.testing import vllm_process
+
+    started = []
+    popen = subprocess.Popen
+
+    def keep(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    class CutShort(Exception):
+        pass
+
+    def cut(signum, frame):
+        raise CutShort
+
+    monkeypatch.setattr(vllm_process.subprocess, "Popen", keep)
+    previous = signal.signal(signal.SIGALRM, cut)
+    signal.alarm(3)  # while vLLM still imports: no model is needed to be cut short
+    try:
+        with pytest.raises(CutShort):
+            vllm_process.start_vllm_server(tmp_path / "no-model", tmp_path / "server.log", timeout=120)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    (process,) = started
+    assert process.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # nothing left in its process group

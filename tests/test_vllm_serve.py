@@ -81,17 +81,20 @@ def vllm_server(wide_head_model_path, tmp_path_factory):
     )
     base_url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vllm serve exited: {Path(log.name).read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                break
-        except OSError:
-            time.sleep(1)
-    else:
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited: {Path(log.name).read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            raise RuntimeError("vllm serve did not start in 300 s")
+    except BaseException:  # the test's timeout included: no server left behind
         stop_vllm_server(process, kill=True)
-        raise RuntimeError("vllm serve did not start in 300 s")
+        raise
     yield base_url
     stop_vllm_server(process)
 

@@ -58,17 +58,21 @@ def start_vllm_server(
         )
     root = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            stop_vllm_server(process, kill=True)  # an engine it had started may still run
-            raise RuntimeError(f"vllm serve exited: {Path(log).read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{root}/health", timeout=2):
-                return root, process
-        except OSError:
-            time.sleep(1)
-    stop_vllm_server(process, kill=True)
-    raise RuntimeError(f"vllm serve did not start in {timeout:.0f} s: {Path(log).read_text()[-3000:]}")
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited: {Path(log).read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{root}/health", timeout=2):
+                    return root, process
+            except OSError:
+                time.sleep(1)
+        raise RuntimeError(f"vllm serve did not start in {timeout:.0f} s: {Path(log).read_text()[-3000:]}")
+    except BaseException:
+        # Whatever ends the wait (the server's exit, the timeout, a test's timeout or Ctrl-C), no server is left
+        # behind: an engine it had started may still run, about 2 GB, and a start no one waits for is never stopped.
+        stop_vllm_server(process, kill=True)
+        raise
 
 
 def stop_vllm_server(process: subprocess.Popen, *, kill: bool = False, timeout: float = 30) -> None:
