@@ -9,6 +9,7 @@ agent served by `vllm serve` (vLLM's CPU build)."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import queue
@@ -81,14 +82,15 @@ def _door_tokenizer(tmp_path):
     return path, AutoTokenizer.from_pretrained(path)
 
 
-def _door_agent(tokenizer, *, copy: bool):
+def _door_agent(tokenizer, *, copy: bool, never_answers: bool = False):
     """A served agent (completions on token ids, as vLLM's) that asks about its question's door, then answers
-    with the reply's code (`copy`) or always with the first code, ignoring the reply."""
+    with the reply's code (`copy`) or always with the first code, ignoring the reply; or asks again and again
+    (`never_answers`)."""
 
     def respond(body: dict) -> str:
         text = tokenizer.decode(body["prompt"])
         reply = re.findall(r"door code is (\w+)\.", text)
-        if not reply:  # the first turn
+        if not reply or never_answers:  # the first turn
             door = named_doors(text.split("Which code opens the ")[-1].split("?")[0])[0]
             return f"<think>ask</think><interaction_prompt>{question_for(door)}</interaction_prompt>"
         return f"<think>ok</think><answer>{reply[-1] if copy else CODES[0]}</answer>"
@@ -97,7 +99,9 @@ def _door_agent(tokenizer, *, copy: bool):
 
 
 @contextlib.contextmanager
-def _door_worker(tmp_path, *, copy: bool, groups: int, seed: int = 11, **options):
+def _door_worker(
+    tmp_path, *, copy: bool, groups: int, seed: int = 11, never_answers: bool = False, **options
+):
     """The real rollout worker with the task's options (and `options`), started against a scripted agent server
     and the task's environment; yields (worker, environment server, table), stopped on exit."""
     from prompt_r1.agents.served import ServedAgent
@@ -112,7 +116,7 @@ def _door_worker(tmp_path, *, copy: bool, groups: int, seed: int = 11, **options
     path, tokenizer = _door_tokenizer(tmp_path)
     table = DoorTable(seed)
     agent_server = ScriptedServer(
-        {"agent": _door_agent(tokenizer, copy=copy)},
+        {"agent": _door_agent(tokenizer, copy=copy, never_answers=never_answers)},
         tokenizer=tokenizer,
         vllm_version="0.31.0",
         model_roots={"agent": str(path)},
@@ -222,6 +226,31 @@ def test_an_agent_that_ignores_the_reply_is_right_only_by_chance(tmp_path):
     share = sum(correct) / len(correct)
     assert 0.03 < share < 0.25, share  # 48 groups: 1/8 give or take sampling
     assert json.dumps([s.metrics for s in samples])  # the metrics are plain numbers the trainer can average
+
+
+def test_an_agent_calling_until_max_turns_is_logged_and_the_step_lines_say_it_is_stuck(tmp_path):
+    """The async worker logs each episode's ending as the synchronous rollout does, so the step lines' stuck
+    sign "called the environment until max_turns" fires under the async trainer too."""
+    from types import SimpleNamespace
+
+    from prompt_r1.training.shared.progress import StepLines
+
+    samples = []
+    with _door_worker(tmp_path, copy=True, groups=2, never_answers=True) as (worker, _, _):
+        deadline = time.monotonic() + 120
+        while len(samples) < 8 and time.monotonic() < deadline:
+            worker.check_health(60)
+            with contextlib.suppress(queue.Empty):
+                samples.append(worker.rollout_buffer.get(timeout=1))
+    assert len(samples) == 8
+    assert all(s.metrics["episode/status_max_turns"] == 1.0 for s in samples)
+    assert all(s.metrics["episode/status_answered"] == 0.0 for s in samples)
+    lines, state = StepLines(stream=io.StringIO(), stuck_steps=2), SimpleNamespace(is_world_process_zero=True)
+    logs = {key: sum(s.metrics[key] for s in samples) / len(samples) for key in samples[0].metrics}
+    for step in (1, 2):  # what the trainer logs: the samples' metrics averaged
+        state.global_step, state.max_steps = step, 2
+        lines.on_log(None, state, None, logs=logs)
+    assert any("until max_turns" in warning for warning in lines.warnings)
 
 
 def test_the_benchmark_prints_async_beside_sync_with_the_sync_spread_and_a_verdict_per_seed():

@@ -48,7 +48,7 @@ from typing import Any
 
 from prompt_r1.core.aio import background_loop
 from prompt_r1.core.errors import PromptR1Error
-from prompt_r1.loop.graph import build_graph
+from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.shared.ledger import call_scope
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
@@ -388,6 +388,8 @@ class GraphRolloutWorker:
                 "episode/turns": float(len(episode.turns)),
                 "episode/env_calls": float(episode.usage.get("env_calls", 0)),
                 "episode/agent_completion_tokens": float(episode.usage.get("agent_completion_tokens", 0)),
+                # shares of each ending, as the synchronous rollout logs them (the step lines' stuck signs read them)
+                **{f"episode/status_{status}": float(episode.status == status) for status in STATUSES},
             }
             for f in self.rewards[1:]:
                 value = scores[f.__name__][i]
