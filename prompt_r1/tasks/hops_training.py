@@ -16,8 +16,8 @@ not reach the first call.
 `control` evaluates the policy on a table training never saw: every key, door and room as a question, against
 the honest environment, the `withheld` one (codes secret: chance) and the `lying` one (the first reply lies: a
 chain-follower is then wrong); and how often it answers at once. `first_call_logprob` is the policy's mean
-log-probability of the right first call on held-out questions (taught only through rewards that come at the end
-of the episode). Needs the `train` and `dev` extras.
+log-probability of the right first call on the training questions over an unseen table (taught only through
+rewards that come at the end of the episode). Needs the `train` and `dev` extras.
 """
 
 from __future__ import annotations
