@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
-from prompt_r1.training.asynchronous.weight_transfer import FileWeightTransfer
+from prompt_r1.training.asynchronous.weight_transfer import FileWeightTransfer, WeightSyncError
 from prompt_r1.training.asynchronous.worker import IdleClock
 
 
@@ -43,10 +43,11 @@ def test_the_idle_clock_counts_time_with_no_group_generating_or_the_server_pause
 
 
 class _ControlServer(ThreadingHTTPServer):
-    """The vLLM server's control routes the transfer calls, each recorded with whether `weights` existed."""
+    """The vLLM server's control routes the transfer calls, each recorded with whether `weights` existed;
+    `reload_s`: how long a reload takes; `fail`: the reload answers 500."""
 
-    def __init__(self, weights: Path) -> None:
-        self.weights, self.calls = weights, []
+    def __init__(self, weights: Path, reload_s: float = 0.0, fail: bool = False) -> None:
+        self.weights, self.calls, self.reload_s, self.fail = weights, [], reload_s, fail
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,9 +55,12 @@ class _ControlServer(ThreadingHTTPServer):
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 outer.calls.append((self.path, outer.weights.is_file()))
-                body = {"results": [True]} if self.path == "/collective_rpc" else {}
+                reload = self.path == "/collective_rpc"
+                if reload:
+                    time.sleep(outer.reload_s)
+                body = {"results": [True]} if reload else {}
                 raw = json.dumps(body).encode()
-                self.send_response(200)
+                self.send_response(500 if reload and outer.fail else 200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
@@ -74,19 +78,23 @@ class _ControlServer(ThreadingHTTPServer):
 
 
 @pytest.mark.parametrize("write_before_pause", [True, False])
-def test_the_file_transfer_pauses_the_server_only_for_the_reload(tmp_path, write_before_pause):
+@pytest.mark.parametrize("in_background", [True, False])
+def test_the_file_transfer_pauses_the_server_only_for_the_reload(tmp_path, write_before_pause, in_background):
     import torch
 
     folder = tmp_path / "vllm_weights"
     server = _ControlServer(folder / "weights.safetensors")
     try:
-        transfer = FileWeightTransfer(server.url, folder, write_before_pause=write_before_pause)
+        transfer = FileWeightTransfer(
+            server.url, folder, write_before_pause=write_before_pause, reload_in_background=in_background
+        )
         said = []
         transfer.on_pause = said.append
-        # TRL's order: pause, send, resume.
+        # TRL's order: pause, send, resume; destroy at the end of training.
         transfer.pause()
         transfer.send_weights(iter([("w", torch.ones(3))]))
         transfer.resume()
+        transfer.destroy()
     finally:
         server.shutdown()
     routes = [route for route, _ in server.calls]
@@ -95,6 +103,51 @@ def test_the_file_transfer_pauses_the_server_only_for_the_reload(tmp_path, write
     assert server.calls[0][1] is write_before_pause
     assert said == [True, False] and transfer.paused_s > 0 and not transfer.paused
     assert transfer.syncs == 1
+
+
+def test_the_trainer_goes_on_while_the_server_reloads_and_the_worker_names_the_new_policy_once_paused(
+    tmp_path,
+):
+    """`reload_in_background`: after the first sync (waited for: nothing is sampled yet), `send_weights` returns
+    once the file is written; the rollout worker's version moves on once the server is paused for the reload
+    (every token from then on is the new policy's), before the reload is done; the next sync waits for the reload,
+    and a failed reload is raised there, not lost."""
+    import torch
+
+    folder = tmp_path / "vllm_weights"
+    server = _ControlServer(folder / "weights.safetensors", reload_s=0.6)
+
+    def sync(value: float) -> float:
+        started = time.monotonic()
+        transfer.pause()
+        transfer.send_weights(iter([("w", torch.full((3,), value))]))
+        transfer.resume()
+        return time.monotonic() - started
+
+    try:
+        transfer = FileWeightTransfer(server.url, folder)
+        assert sync(1.0) >= 0.6 and transfer.syncs == 1 and not transfer.paused  # the first: waited for
+        assert sync(2.0) < 0.5  # the trainer goes on while the server reloads
+        seen = []
+        transfer.when_new_weights(lambda: seen.append((transfer.paused, transfer.syncs)))
+        started = time.monotonic()
+        transfer.pause()  # the next sync: waits for the reload, which resumes the server
+        assert seen == [(True, 1)]  # named once paused, before the reload was done
+        assert time.monotonic() - started > 0.1 and transfer.syncs == 2 and not transfer.paused
+        transfer.send_weights(iter([("w", torch.zeros(3))]))
+        transfer.resume()
+        transfer.destroy()  # the end of training: the server holds the last weights
+        assert [route for route, _ in server.calls].count("/collective_rpc") == 3 and transfer.syncs == 3
+        transfer.when_new_weights(lambda: seen.append("now"))  # nothing pending: at once
+        assert seen[-1] == "now"
+
+        server.fail = True
+        assert sync(3.0) < 0.5  # returns: the failure comes back at the next sync
+        with pytest.raises(WeightSyncError, match="refused /collective_rpc"):
+            transfer.pause()
+        assert not transfer.paused and transfer.syncs == 3  # the server resumed all the same
+    finally:
+        server.shutdown()
 
 
 def _bench(script: str, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -202,3 +255,24 @@ def test_a_server_start_cut_short_leaves_no_server_behind(tmp_path, monkeypatch)
     assert process.poll() is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(process.pid, 0)  # nothing left in its process group
+
+
+def test_a_torn_compile_cache_entry_is_found_from_the_failed_start_s_log(tmp_path):
+    """A server killed while vLLM compiled leaves an empty shared object in the compile cache that every later
+    start of that model shape reads; `start_vllm_server` removes the entry the failed start names, then starts
+    once more. The line is vLLM's own, from such a start."""
+    from prompt_r1.testing.vllm_process import torn_compile
+
+    entry = tmp_path / "vllm/torch_compile_cache/torch_aot_compile/43d569"
+    torn = entry / "inductor_cache/ae/cae6nf3r.main.so"
+    line = (
+        "(Worker pid=12231) ERROR 11-27 18:22:36 [multiproc_executor.py:1058] torch._inductor.exc.InductorError: "
+        f"ImportError: {torn}: file too short\n"
+    )
+    assert (
+        torn_compile("Loading weights\n" + line + "RuntimeError: Engine core initialization failed") == entry
+    )
+    assert torn_compile("RuntimeError: Engine core initialization failed. See root cause above.") is None
+    assert (
+        torn_compile(f"ImportError: {tmp_path}/elsewhere/lib.so: file too short") is None
+    )  # not vLLM's cache

@@ -144,10 +144,11 @@ def cpu_bound(alone: dict, trained: dict) -> float:
 
 def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
     """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: {"step", "cpu"}}, `trained`
-    {processes: figures}, `runs` {(latency, processes, before): figures} (`figures`)."""
+    {processes: figures}, `runs` {(latency, processes, variant): figures} (`figures`; variant "" as it is,
+    "reload waited" or "before")."""
     latencies = sorted(alone)
     counts = sorted(trained)
-    variants = sorted({before for _, _, before in runs}, reverse=True)
+    variants = [v for v in ("before", "reload waited", "") if any(key[2] == v for key in runs)]
     print(
         f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
         f"(CPU, {cores()} cores; async: max_staleness {args.max_staleness}). overlap = async s/step / "
@@ -155,12 +156,12 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         "training alone, CPU s of both / cores)"
     )
     print(
-        f"{'run':58} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'vs CPU bound':>12} "
+        f"{'run':66} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'vs CPU bound':>12} "
         f"{'CPU s':>6} {'trainer idle':>12} {'worker idle':>11} {'sync s':>6} {'staleness':>9} {'dropped':>7}"
     )
 
     def row(label: str, step: float, *rest: str) -> None:
-        print(f"{label:58} {step:7.3f} {step / base:9.2f} " + " ".join(rest))
+        print(f"{label:66} {step:7.3f} {step / base:9.2f} " + " ".join(rest))
 
     blank = f"{'':>10} {'':>7} {'':>12}"
     row(f"TRL single-turn GRPO (generate), {n_tokens} tokens per completion", base)
@@ -179,11 +180,11 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
             t["step"],
             f"{blank} {t['cpu']:6.2f} {t['trainer_idle']:12.0%} {'':>11} {t['sync']:6.2f}",
         )
-    for lat, n, before in [(lat, n, b) for lat in latencies for n in counts for b in variants]:
-        r = runs[lat, n, before]
+    for lat, n, variant in [(lat, n, v) for lat in latencies for n in counts for v in variants]:
+        r = runs[lat, n, variant]
         overlap = r["step"] / max(alone[lat]["step"], trained[n]["step"])
         bound = r["step"] / cpu_bound(alone[lat], trained[n])
-        what = ", before" if before else ""
+        what = f", {variant}" if variant else ""
         row(
             f"Prompt-R1 two-turn, async, {processes_label(n)}, env {lat:.1f} s{what}",
             r["step"],
@@ -195,9 +196,15 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         "CPU s: CPU seconds per step of every process of the benchmark (trainer ranks, rollout worker, vLLM "
         "server, scripted environment)"
     )
-    if args.before:
+    if "reload waited" in variants:
+        print(
+            "reload waited: the trainer waiting, at each weight sync, for the server to reload the weights (before "
+            "the reload went to the background); the other rows train on while the server reloads"
+        )
+    if "before" in variants:
         print(
             "before: as it was before the overlap work: the server paused for the whole weight sync (the weights "
-            "file written while paused), and the worker starting groups whatever the samples queued; the other "
-            "async rows pause it only for the reload, and count queued samples against max_inflight"
+            "file written while paused), the worker starting groups whatever the samples queued, and the trainer "
+            "waiting for the reload; the other async rows pause it only for the reload, and count queued samples "
+            "against max_inflight"
         )

@@ -174,13 +174,14 @@ def async_run(
     root: str,
     processes: int = 1,
     replay: list | None = None,
-    before: bool = False,
+    variant: str = "",
     cpu_root: int | None = None,
 ) -> dict | None:
     """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
-    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`; `before`: as it was before
-    the overlap work (the server paused for the whole weight sync, the worker not counting queued samples against
-    max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
+    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`. `variant`: "" as it is;
+    "reload waited": the trainer waiting for the server's reload (before the reload went to the background);
+    "before": as before the overlap work too (the server paused for the whole weight sync, the worker not counting
+    queued samples against max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
     trainer's wait for samples and its weight syncs per step, the worker's idle seconds and the CPU seconds of
     process `cpu_root`'s tree (this process's by default; the benchmark's own, when run as ranks) at each step's end,
     agent tokens and staleness."""
@@ -202,7 +203,9 @@ def async_run(
         trainer.rollout_worker.stop()  # built, never started
         trainer.rollout_worker = ReplayWorker(replay)
         trainer.rollout_queue = trainer.rollout_worker.rollout_buffer
-    if before and trainer.accelerator.is_main_process:
+    if variant and trainer.accelerator.is_main_process:
+        trainer.weight_transfer.reload_in_background = False
+    if variant == "before" and trainer.accelerator.is_main_process:
         trainer.weight_transfer.write_before_pause = False
         trainer.rollout_worker.bound_queued = False
     clock = step_clock(trainer.rollout_worker, cpu_root or os.getpid())
@@ -280,7 +283,11 @@ def main_async(args) -> int:
 
     latencies = args.latencies
     counts = (1, args.processes) if args.processes > 1 else (1,)
-    variants = (True, False) if args.before else (False,)
+    variants = (
+        *(("before",) if args.before else ()),
+        *(("reload waited",) if args.reload_waited else ()),
+        "",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         episodes = [
@@ -329,7 +336,7 @@ def main_async(args) -> int:
                     _restore(root, model)
             for lat in latencies:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
-                    for n, before in [(n, b) for n in counts for b in variants]:
+                    for n, variant in [(n, v) for n in counts for v in variants]:
                         job = dict(
                             model=str(model),
                             args=args,
@@ -338,7 +345,7 @@ def main_async(args) -> int:
                             processes=n,
                             cpu_root=os.getpid(),
                         )
-                        job.update(out=str(tmp / f"async-{lat}-{n}-{before}"), before=before)
+                        job.update(out=str(tmp / f"async-{lat}-{n}-{variant}"), variant=variant)
                         run = (
                             async_run(**job)
                             if n == 1
@@ -346,13 +353,13 @@ def main_async(args) -> int:
                                 "grpo_step.async_rank",
                                 job,
                                 processes=n,
-                                folder=tmp / f"ranks-{lat}-{n}-{before}",
+                                folder=tmp / f"ranks-{lat}-{n}-{variant}",
                             )
                         )
-                        runs[lat, n, before] = figures(run)
+                        runs[lat, n, variant] = figures(run)
                         measured(
-                            f"async, {processes_label(n)}, env {lat} s, before {before}",
-                            runs[lat, n, before],
+                            f"async, {processes_label(n)}, env {lat} s, {variant or 'now'}",
+                            runs[lat, n, variant],
                         )
                         _restore(root, model)
         finally:
@@ -396,7 +403,13 @@ def main() -> int:
         "--before",
         action="store_true",
         help="async: also each async row as it was before the overlap work (server paused for the whole weight "
-        "sync, queued samples not counted against max_inflight)",
+        "sync, queued samples not counted against max_inflight, the trainer waiting for the server's reload)",
+    )
+    parser.add_argument(
+        "--reload-waited",
+        action="store_true",
+        help="async: also each async row with the trainer waiting for the server's reload of its weights (before "
+        "the reload went to the background)",
     )
     parser.add_argument(
         "--latencies",

@@ -12,7 +12,9 @@ loaded machine it has taken more than 5).
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -34,7 +36,42 @@ def start_vllm_server(
 ) -> tuple[str, subprocess.Popen]:
     """Start the server, wait until it answers `/health`, and return its root URL and process (the caller
     terminates it). `seed`: the server's sampling seed (`--seed`; requests sampled together still draw in
-    arrival order). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s."""
+    arrival order). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s.
+
+    A server that fails on a torn entry of vLLM's compile cache (`torn_compile`) is started once more with that
+    entry removed."""
+    try:
+        return _start_once(model, log, served_name, max_model_len, timeout, seed)
+    except RuntimeError:
+        entry = torn_compile(Path(log).read_text(errors="replace"))
+        if entry is None:
+            raise
+    shutil.rmtree(entry, ignore_errors=True)
+    return _start_once(model, log, served_name, max_model_len, timeout, seed)
+
+
+_TORN = re.compile(r"ImportError: (/\S+?\.so): file too short")
+
+
+def torn_compile(log_text: str) -> Path | None:
+    """The compile-cache entry a failed start names as torn, if any. vLLM compiles the model into a cache every
+    later start of the same model shape reads (VLLM_CACHE_ROOT, by default ~/.cache/vllm); a server killed while
+    it compiled leaves an empty shared object there, and every later start then fails with "file too short". The
+    entry is the folder under `torch_compile_cache/<kind>/` that holds the file (the whole compile, rebuilt at the
+    next start)."""
+    found = _TORN.search(log_text)
+    if found is None:
+        return None
+    path = Path(found.group(1))
+    for parent in path.parents:
+        if parent.parent.parent.name == "torch_compile_cache":
+            return parent
+    return None
+
+
+def _start_once(
+    model: str | Path, log: str | Path, served_name: str, max_model_len: int, timeout: float, seed: int | None
+) -> tuple[str, subprocess.Popen]:
     from prompt_r1.training.shared.vllm_reload import CPU_SERVER_FLAGS
 
     with socket.socket() as sock:

@@ -69,6 +69,19 @@ def trainer_class() -> type:
             super()._save_checkpoint(model, trial)
 
         def _sync_weight(self):
+            transfer, worker = self.weight_transfer, self.rollout_worker
+            if worker is None or not hasattr(transfer, "when_new_weights"):
+                return self._sync_weight_timed()
+            # The file transfer may reload in the background while the next step trains: the worker stamps its
+            # episodes with the new version only once the server samples with it (until then: the old policy).
+            update = worker.update_model_version
+            worker.update_model_version = lambda version: transfer.when_new_weights(lambda: update(version))
+            try:
+                self._sync_weight_timed()
+            finally:
+                del worker.update_model_version  # the method again
+
+        def _sync_weight_timed(self):
             # The server takes no request from the pause to the resume: the worker's idle clock counts it. The
             # file transfer says when it pauses (only for the reload); TRL's NCCL one pauses for the whole sync.
             clock = getattr(self.rollout_worker, "idle", None)

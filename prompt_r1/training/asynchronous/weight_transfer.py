@@ -20,15 +20,25 @@ steps. Two implementations, picked by `weight_transfer_for`:
 Both pause the server with `/pause?mode=keep` before the swap: requests in flight are frozen, not aborted, and go
 on with the new weights after `/resume`. TRL's pauses it for the whole sync; `FileWeightTransfer` only for the
 reload (`write_before_pause`): the parameters are gathered and the file written while the server still samples
-with the old weights, which is what it would sample with anyway until the reload. Their tokens sampled before the sync keep the log-probabilities of the
-policy that sampled them, and the trainer's importance ratio accounts for them. A server that does not answer
-fails the sync with a `WeightSyncError` that names it, never a hang: every request has a timeout.
+with the old weights, which is what it would sample with anyway until the reload. Their tokens sampled before the
+sync keep the log-probabilities of the policy that sampled them, and the trainer's importance ratio accounts for
+them. A server that does not answer fails the sync with a `WeightSyncError` that names it, never a hang: every
+request has a timeout.
+
+The reload itself goes on in the background (`reload_in_background`): once the file is written the trainer trains
+its next step while the server pauses, reloads and resumes, so the trainer waits for the gather and the write,
+not for the server. The policy version the rollout worker stamps on its episodes moves on only once the server is
+paused for the reload (`when_new_weights`: every token sampled from then on is the new policy's; until then it is
+the old one's), and the next sync first waits for the last reload, whose failure it raises. The first sync, before
+anything is sampled, is waited for. On a machine where the server and the trainer share cores the reload still
+takes its CPU time; what it saves is the trainer's wait.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -61,7 +71,9 @@ def _request(url: str, body: dict | None, timeout: float, method: str = "POST") 
 
 class FileWeightTransfer:
     """`WeightTransferProtocol` through a safetensors file and the server's `/collective_rpc` (CPU; see the module
-    docstring). `folder`: where the weights file is written (the trainer's OUTPUT_DIR/vllm_weights)."""
+    docstring). `folder`: where the weights file is written (the trainer's OUTPUT_DIR/vllm_weights);
+    `write_before_pause`: pause the server only for the reload (else from `pause`, for the whole sync);
+    `reload_in_background`: the trainer goes on once the file is written (else it waits for the reload)."""
 
     def __init__(
         self,
@@ -71,6 +83,7 @@ class FileWeightTransfer:
         timeout: float = 600.0,
         control_timeout: float = 60.0,
         write_before_pause: bool = True,
+        reload_in_background: bool = True,
     ):
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.folder = Path(folder).resolve()
@@ -78,9 +91,18 @@ class FileWeightTransfer:
         # The server is paused only for the reload: the gather and the file's writing happen while it samples
         # (False: paused from the trainer's `pause`, as TRL's NCCL transfer is, for the whole sync).
         self.write_before_pause = write_before_pause
+        self.reload_in_background = reload_in_background
         self._pause_due = self.paused = False
         self.syncs = 0
-        self.last_sync_s: float | None = None
+        self.last_sync_s: float | None = (
+            None  # the trainer's share of the last sync: gather and write, or all of it
+        )
+        self.last_reload_s: float | None = None  # the server's: pause, reload and resume
+        self._lock = threading.Lock()
+        self._reloading = False  # a reload in the background whose server is not paused for it yet
+        self._reload: threading.Thread | None = None
+        self._reload_error: BaseException | None = None
+        self._after: list[Any] = []  # called once the server samples with the weights last sent
         self.paused_s = 0.0  # seconds the server was paused, all syncs
         self._paused_at = 0.0
         self.on_pause: Any = None  # called with True when the server is paused, False when it resumes
@@ -120,6 +142,7 @@ class FileWeightTransfer:
             )
 
     def pause(self) -> None:
+        self.wait()  # the last sync's reload first: it resumes the server when it is done
         if self.write_before_pause:
             self._pause_due = True  # paused in send_weights, once the file is written
         else:
@@ -135,14 +158,33 @@ class FileWeightTransfer:
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
         from safetensors.torch import save_file
 
+        self.wait()
         started = time.monotonic()
         tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in iterator}
         self.folder.mkdir(parents=True, exist_ok=True)
         path, part = self.folder / "weights.safetensors", self.folder / f"weights.{os.getpid()}.part"
         save_file(tensors, str(part))
         os.replace(part, path)
-        if self._pause_due:
+        pause_due, self._pause_due = self._pause_due, False
+        if not self.reload_in_background or self.syncs == 0:  # the first: nothing sampled yet to overlap with
+            self._reload_from(path, pause_due)
+            self.last_sync_s = time.monotonic() - started
+            return
+        self.last_sync_s = time.monotonic() - started
+        self._reloading, self._reload_error = True, None
+        self._reload = threading.Thread(
+            target=self._reload_then_resume, args=(path, pause_due), name="vllm-weight-reload", daemon=True
+        )
+        self._reload.start()
+
+    def _reload_from(self, path: Path, pause_due: bool) -> None:
+        started = time.monotonic()
+        if pause_due:
             self._pause_now()
+        if (
+            self.paused
+        ):  # requests wait for the new weights from here: what is sampled now is the new policy's
+            self._new_weights_live()
         answer = self._post("/collective_rpc", {"method": RELOAD, "args": [str(path)]}, timeout=self.timeout)
         if not answer.get("results"):
             raise WeightSyncError(
@@ -151,10 +193,56 @@ class FileWeightTransfer:
             )
         self._post("/reset_prefix_cache")  # cached prefixes were computed by the old weights
         self.syncs += 1
-        self.last_sync_s = time.monotonic() - started
+        self.last_reload_s = time.monotonic() - started
+
+    def _reload_then_resume(self, path: Path, pause_due: bool) -> None:
+        try:
+            self._reload_from(path, pause_due)
+        except Exception as exc:  # raised to the trainer by the next sync, or at the end
+            self._reload_error = exc
+        try:
+            self._resume_now()
+        except WeightSyncError as exc:
+            self._reload_error = self._reload_error or exc
+        if self._reload_error is None:
+            self._new_weights_live()  # not paused for it (never asked to pause): the reload is done
+        with self._lock:
+            self._reloading, self._after = False, []  # a failed reload's calls are dropped with it
+
+    def _new_weights_live(self) -> None:
+        with self._lock:
+            self._reloading, after = False, self._after
+            self._after = []
+        for call in after:
+            call()
+
+    def when_new_weights(self, call: Any) -> None:
+        """`call()` once the server samples only with the weights last sent (paused for their reload, or
+        holding them): now, or from the reload in the background (not at all if it fails before: the trainer
+        hears of that at the next sync)."""
+        with self._lock:
+            if self._reloading:
+                self._after.append(call)
+                return
+        call()
+
+    def wait(self) -> None:
+        """Wait for the reload in the background, if one is going on, and raise its failure."""
+        if self._reload is not None:
+            self._reload.join()
+            self._reload = None
+        error, self._reload_error = self._reload_error, None
+        if error is not None:
+            raise error
 
     def resume(self) -> None:
         self._pause_due = False
+        with self._lock:
+            if self._reloading:
+                return  # the reload resumes the server when it is done
+        self._resume_now()
+
+    def _resume_now(self) -> None:
         if self.paused:
             self._post("/resume")
             self.paused = False
@@ -163,7 +251,9 @@ class FileWeightTransfer:
                 self.on_pause(False)
 
     def destroy(self) -> None:
-        """Nothing to release: no process group, and the file is the last synced policy (kept for inspection)."""
+        """Wait for the last reload (the server then holds the trained weights). Nothing else to release: no
+        process group, and the file is the last synced policy (kept for inspection)."""
+        self.wait()
 
 
 def _logprobs_mode(base_url: str, timeout: float) -> str | None:
