@@ -108,7 +108,7 @@ def test_the_file_transfer_pauses_the_server_only_for_the_reload(tmp_path, write
 def test_the_trainer_goes_on_while_the_server_reloads_and_the_worker_names_the_new_policy_once_paused(
     tmp_path,
 ):
-    """`reload_in_background`: after the first sync (waited for: nothing is sampled yet), `send_weights` returns
+    """`reload_in_background=True`: after the first sync (waited for: nothing is sampled yet), `send_weights` returns
     once the file is written; the rollout worker's version moves on once the server is paused for the reload
     (every token from then on is the new policy's), before the reload is done; the next sync waits for the reload,
     and a failed reload is raised there, not lost."""
@@ -125,7 +125,7 @@ def test_the_trainer_goes_on_while_the_server_reloads_and_the_worker_names_the_n
         return time.monotonic() - started
 
     try:
-        transfer = FileWeightTransfer(server.url, folder)
+        transfer = FileWeightTransfer(server.url, folder, reload_in_background=True)
         assert sync(1.0) >= 0.6 and transfer.syncs == 1 and not transfer.paused  # the first: waited for
         assert sync(2.0) < 0.5  # the trainer goes on while the server reloads
         seen = []

@@ -145,10 +145,10 @@ def cpu_bound(alone: dict, trained: dict) -> float:
 def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
     """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: {"step", "cpu"}}, `trained`
     {processes: figures}, `runs` {(latency, processes, variant): figures} (`figures`; variant "" as it is,
-    "reload waited" or "before")."""
+    "reload in background" or "before")."""
     latencies = sorted(alone)
     counts = sorted(trained)
-    variants = [v for v in ("before", "reload waited", "") if any(key[2] == v for key in runs)]
+    variants = [v for v in ("before", "", "reload in background") if any(key[2] == v for key in runs)]
     print(
         f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
         f"(CPU, {cores()} cores; async: max_staleness {args.max_staleness}). overlap = async s/step / "
@@ -156,12 +156,12 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         "training alone, CPU s of both / cores)"
     )
     print(
-        f"{'run':66} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'vs CPU bound':>12} "
+        f"{'run':72} {'s/step':>7} {'vs single':>9} {'async/sync':>10} {'overlap':>7} {'vs CPU bound':>12} "
         f"{'CPU s':>6} {'trainer idle':>12} {'worker idle':>11} {'sync s':>6} {'staleness':>9} {'dropped':>7}"
     )
 
     def row(label: str, step: float, *rest: str) -> None:
-        print(f"{label:66} {step:7.3f} {step / base:9.2f} " + " ".join(rest))
+        print(f"{label:72} {step:7.3f} {step / base:9.2f} " + " ".join(rest))
 
     blank = f"{'':>10} {'':>7} {'':>12}"
     row(f"TRL single-turn GRPO (generate), {n_tokens} tokens per completion", base)
@@ -196,15 +196,14 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         "CPU s: CPU seconds per step of every process of the benchmark (trainer ranks, rollout worker, vLLM "
         "server, scripted environment)"
     )
-    if "reload waited" in variants:
+    if "reload in background" in variants:
         print(
-            "reload waited: the trainer waiting, at each weight sync, for the server to reload the weights (before "
-            "the reload went to the background); the other rows train on while the server reloads"
+            "reload in background: the trainer training its next step while the server reloads the weights; the "
+            "other rows wait for the reload"
         )
     if "before" in variants:
         print(
             "before: as it was before the overlap work: the server paused for the whole weight sync (the weights "
-            "file written while paused), the worker starting groups whatever the samples queued, and the trainer "
-            "waiting for the reload; the other async rows pause it only for the reload, and count queued samples "
-            "against max_inflight"
+            "file written while paused) and the worker starting groups whatever the samples queued; the other "
+            "async rows pause it only for the reload, and count queued samples against max_inflight"
         )

@@ -178,9 +178,9 @@ def async_run(
     cpu_root: int | None = None,
 ) -> dict | None:
     """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
-    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`. `variant`: "" as it is;
-    "reload waited": the trainer waiting for the server's reload (before the reload went to the background);
-    "before": as before the overlap work too (the server paused for the whole weight sync, the worker not counting
+    `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`. `variant`: "" as it is (the
+    trainer waits for the server's reload of its weights); "reload in background": the trainer training on while the
+    server reloads; "before": as before the overlap work (the server paused for the whole weight sync, the worker not counting
     queued samples against max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
     trainer's wait for samples and its weight syncs per step, the worker's idle seconds and the CPU seconds of
     process `cpu_root`'s tree (this process's by default; the benchmark's own, when run as ranks) at each step's end,
@@ -203,8 +203,8 @@ def async_run(
         trainer.rollout_worker.stop()  # built, never started
         trainer.rollout_worker = ReplayWorker(replay)
         trainer.rollout_queue = trainer.rollout_worker.rollout_buffer
-    if variant and trainer.accelerator.is_main_process:
-        trainer.weight_transfer.reload_in_background = False
+    if variant == "reload in background" and trainer.accelerator.is_main_process:
+        trainer.weight_transfer.reload_in_background = True
     if variant == "before" and trainer.accelerator.is_main_process:
         trainer.weight_transfer.write_before_pause = False
         trainer.rollout_worker.bound_queued = False
@@ -285,7 +285,7 @@ def main_async(args) -> int:
     counts = (1, args.processes) if args.processes > 1 else (1,)
     variants = (
         *(("before",) if args.before else ()),
-        *(("reload waited",) if args.reload_waited else ()),
+        *(("reload in background",) if args.reload_in_background else ()),
         "",
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -403,13 +403,13 @@ def main() -> int:
         "--before",
         action="store_true",
         help="async: also each async row as it was before the overlap work (server paused for the whole weight "
-        "sync, queued samples not counted against max_inflight, the trainer waiting for the server's reload)",
+        "sync, queued samples not counted against max_inflight)",
     )
     parser.add_argument(
-        "--reload-waited",
+        "--reload-in-background",
         action="store_true",
-        help="async: also each async row with the trainer waiting for the server's reload of its weights (before "
-        "the reload went to the background)",
+        help="async: also each async row with the trainer training on while the server reloads its weights "
+        "(FileWeightTransfer(reload_in_background=True))",
     )
     parser.add_argument(
         "--latencies",

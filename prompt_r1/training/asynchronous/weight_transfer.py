@@ -25,13 +25,15 @@ sync keep the log-probabilities of the policy that sampled them, and the trainer
 them. A server that does not answer fails the sync with a `WeightSyncError` that names it, never a hang: every
 request has a timeout.
 
-The reload itself goes on in the background (`reload_in_background`): once the file is written the trainer trains
-its next step while the server pauses, reloads and resumes, so the trainer waits for the gather and the write,
-not for the server. The policy version the rollout worker stamps on its episodes moves on only once the server is
+The reload can go on in the background (`reload_in_background=True`; off by default): once the file is written the
+trainer trains its next step while the server pauses, reloads and resumes, so the trainer waits for the gather and
+the write, not for the server. The policy version the rollout worker stamps on its episodes moves on only once the server is
 paused for the reload (`when_new_weights`: every token sampled from then on is the new policy's; until then it is
 the old one's), and the next sync first waits for the last reload, whose failure it raises. The first sync, before
-anything is sampled, is waited for. On a machine where the server and the trainer share cores the reload still
-takes its CPU time; what it saves is the trainer's wait.
+anything is sampled, is waited for. Where the server and the trainer share cores it does not pay: on 2 CPU cores
+it made the async step slower in 7 of 8 rows measured (`evals/bench/grpo_step.py --async --reload-in-background`,
+docs/async-grpo.md), the trainer's next step and the server's reload taking the same cores. It is for a server
+with resources of its own; it has not been measured on one.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class FileWeightTransfer:
     """`WeightTransferProtocol` through a safetensors file and the server's `/collective_rpc` (CPU; see the module
     docstring). `folder`: where the weights file is written (the trainer's OUTPUT_DIR/vllm_weights);
     `write_before_pause`: pause the server only for the reload (else from `pause`, for the whole sync);
-    `reload_in_background`: the trainer goes on once the file is written (else it waits for the reload)."""
+    `reload_in_background`: the trainer goes on once the file is written (by default it waits for the reload)."""
 
     def __init__(
         self,
@@ -83,7 +85,7 @@ class FileWeightTransfer:
         timeout: float = 600.0,
         control_timeout: float = 60.0,
         write_before_pause: bool = True,
-        reload_in_background: bool = True,
+        reload_in_background: bool = False,
     ):
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.folder = Path(folder).resolve()
