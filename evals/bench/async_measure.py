@@ -11,7 +11,9 @@ both need the same cores, a step cannot take less than the CPU seconds of both o
 rollout alone and the training alone are also measured in CPU seconds per step (every process of the benchmark
 counted: the trainer's ranks, the rollout worker, the vLLM server's engine and the scripted environment), and
 each async row is shown against `max(rollout alone, training alone, (CPU of both) / cores)` as well (`vs CPU
-bound`). Other programs on the machine are not counted: they slow the steps, not the bound.
+bound`). Other programs on the machine are not counted: they slow the steps, not the bound. It is an estimate:
+the CPU seconds of a run alone include spinning (vLLM's OpenMP threads) and idle work an overlapped run need not
+repeat, so a row can come in under it.
 """
 
 from __future__ import annotations
@@ -137,8 +139,9 @@ def processes_label(n: int) -> str:
 
 
 def cpu_bound(alone: dict, trained: dict) -> float:
-    """The least a step can take when the rollouts and the training share this machine's cores: the longer of
-    the two alone, or the CPU seconds of both over the cores, whichever is more."""
+    """An estimate of the least a step can take when the rollouts and the training share this machine's cores:
+    the longer of the two alone, or the CPU seconds of both over the cores, whichever is more. An estimate, not a
+    bound: the CPU seconds alone include spinning and idle work that overlapped runs need not repeat."""
     return max(alone["step"], trained["step"], (alone["cpu"] + trained["cpu"]) / cores())
 
 

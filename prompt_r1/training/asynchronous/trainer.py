@@ -74,12 +74,16 @@ def trainer_class() -> type:
                 return self._sync_weight_timed()
             # The file transfer may reload in the background while the next step trains: the worker stamps its
             # episodes with the new version only once the server samples with it (until then: the old policy).
+            own = vars(worker).get("update_model_version")  # an instance's own, if it has one: put back after
             update = worker.update_model_version
             worker.update_model_version = lambda version: transfer.when_new_weights(lambda: update(version))
             try:
                 self._sync_weight_timed()
             finally:
-                del worker.update_model_version  # the method again
+                if own is not None:
+                    worker.update_model_version = own
+                else:
+                    del worker.update_model_version  # the method again
 
         def _sync_weight_timed(self):
             # The server takes no request from the pause to the resume: the worker's idle clock counts it. The

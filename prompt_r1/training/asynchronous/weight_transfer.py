@@ -199,17 +199,19 @@ class FileWeightTransfer:
 
     def _reload_then_resume(self, path: Path, pause_due: bool) -> None:
         try:
-            self._reload_from(path, pause_due)
-        except Exception as exc:  # raised to the trainer by the next sync, or at the end
-            self._reload_error = exc
-        try:
-            self._resume_now()
-        except WeightSyncError as exc:
-            self._reload_error = self._reload_error or exc
-        if self._reload_error is None:
-            self._new_weights_live()  # not paused for it (never asked to pause): the reload is done
-        with self._lock:
-            self._reloading, self._after = False, []  # a failed reload's calls are dropped with it
+            try:
+                self._reload_from(path, pause_due)
+            except Exception as exc:  # raised to the trainer by the next sync, or at the end
+                self._reload_error = exc
+            try:
+                self._resume_now()  # this thread alone resumes the server it paused (`resume` leaves it)
+            except Exception as exc:
+                self._reload_error = self._reload_error or exc
+            if self._reload_error is None:
+                self._new_weights_live()  # not paused for it (never asked to pause): the reload is done
+        finally:
+            with self._lock:
+                self._reloading, self._after = False, []  # a failed reload's calls are dropped with it
 
     def _new_weights_live(self) -> None:
         with self._lock:
@@ -239,18 +241,19 @@ class FileWeightTransfer:
 
     def resume(self) -> None:
         self._pause_due = False
-        with self._lock:
-            if self._reloading:
-                return  # the reload resumes the server when it is done
+        if self._reload is not None:
+            return  # a reload in the background: its thread resumes the server once the reload is done
         self._resume_now()
 
     def _resume_now(self) -> None:
-        if self.paused:
-            self._post("/resume")
+        with self._lock:
+            if not self.paused:
+                return
             self.paused = False
-            self.paused_s += time.monotonic() - self._paused_at
-            if self.on_pause is not None:
-                self.on_pause(False)
+        self._post("/resume")
+        self.paused_s += time.monotonic() - self._paused_at
+        if self.on_pause is not None:
+            self.on_pause(False)
 
     def destroy(self) -> None:
         """Wait for the last reload (the server then holds the trained weights). Nothing else to release: no
