@@ -7,9 +7,6 @@ The tiny model has attention heads 64 wide, as vLLM's CPU attention requires (co
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,6 @@ from conftest import NAME_QUESTION  # noqa: E402
 from helpers import (  # noqa: E402
     GREEDY,
     LOGPROB_GAP,
-    free_port,
     greedy_transformers_agent,
     name_environment,
     name_episodes,
@@ -39,63 +35,20 @@ from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 @pytest.fixture(scope="module")
 def vllm_server(wide_head_model_path, tmp_path_factory):
     """`vllm serve` of the wide-head model on 127.0.0.1 (vLLM's OpenAI-compatible server, CPU build), in dev mode
-    with the project's worker extension, as server-mode training on CPU starts it."""
-    import time
-    import urllib.request
-
-    from prompt_r1.testing.vllm_process import stop_vllm_server
+    with the project's worker extension, as server-mode training on CPU starts it. Yields its /v1 URL."""
+    from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
     from prompt_r1.training.shared.vllm_reload import SERVER_EXTENSION
 
-    port = free_port()
-    log = (tmp_path_factory.mktemp("vllm-serve") / "server.log").open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.cli.main",
-            "serve",
-            str(wide_head_model_path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "2048",
-            "--served-model-name",
-            "agent",
-            "--worker-extension-cls",
-            SERVER_EXTENSION,
-        ],  # fmt: skip
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # stop_vllm_server stops its engine and worker with it
-        # /collective_rpc: the weight sync without CUDA. The KV cache gets an explicit size, as the README says to
-        # on CPU: sized as a share of the NUMA node's memory minus the process's own, it can come out below zero.
-        env={
-            **os.environ,
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        },
+    log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    # /collective_rpc: the weight sync without CUDA; the KV cache gets an explicit size (start_vllm_server), as
+    # the README says to on CPU.
+    root, process = start_vllm_server(
+        wide_head_model_path,
+        log,
+        timeout=300,
+        flags=f"--dtype float32 --worker-extension-cls {SERVER_EXTENSION}",
     )
-    base_url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited: {Path(log.name).read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                time.sleep(1)
-        else:
-            raise RuntimeError("vllm serve did not start in 300 s")
-    except BaseException:  # the test's timeout included: no server left behind
-        stop_vllm_server(process, kill=True)
-        raise
-    yield base_url
+    yield f"{root}/v1"
     stop_vllm_server(process)
 
 

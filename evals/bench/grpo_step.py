@@ -274,8 +274,19 @@ def _restore(root: str, model: Path) -> None:
     post_json(f"{root}/reset_prefix_cache", {}, 60)
 
 
-def main_async(args) -> int:
+def run_async(processes: int, folder: Path, **job) -> dict:
+    """`async_run(**job)` in this process, or on `processes` FSDP2 ranks (`async_ranks.launch_ranks`, its spec and
+    log kept in `folder`); the main process's figures."""
     from async_ranks import launch_ranks
+
+    if processes == 1:
+        return async_run(**job, processes=1)
+    return launch_ranks(
+        "grpo_step.async_rank", {**job, "processes": processes}, processes=processes, folder=folder
+    )
+
+
+def main_async(args) -> int:
 
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.testing.tiny_models import build_protocol_model
@@ -306,6 +317,7 @@ def main_async(args) -> int:
             measured(f"sync, env {lat} s", {"step": sync[lat][0], "tokens": sync[lat][1]})
         root, process = start_vllm_server(model, tmp / "vllm.log")
         alone, trained, runs = {}, {}, {}
+        common = dict(model=str(model), args=args, root=root, cpu_root=os.getpid())
         try:
             samples = None
             for lat in latencies:
@@ -315,47 +327,20 @@ def main_async(args) -> int:
                 samples = samples or got
             with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
                 for n in counts:
-                    job = dict(
-                        model=str(model),
-                        args=args,
-                        env_url=env.base_url,
-                        root=root,
-                        processes=n,
-                        cpu_root=os.getpid(),
-                    )
-                    job.update(out=str(tmp / f"train-alone-{n}"), replay=samples)
-                    run = (
-                        async_run(**job)
-                        if n == 1
-                        else launch_ranks(
-                            "grpo_step.async_rank", job, processes=n, folder=tmp / f"ranks-train-{n}"
-                        )
-                    )
+                    run = run_async(
+                        n, tmp / f"ranks-train-{n}", **common, env_url=env.base_url,
+                        out=str(tmp / f"train-alone-{n}"), replay=samples,
+                    )  # fmt: skip
                     trained[n] = figures(run)
                     measured(f"training alone, {processes_label(n)}", trained[n])
                     _restore(root, model)
             for lat in latencies:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
                     for n, variant in [(n, v) for n in counts for v in variants]:
-                        job = dict(
-                            model=str(model),
-                            args=args,
-                            env_url=env.base_url,
-                            root=root,
-                            processes=n,
-                            cpu_root=os.getpid(),
-                        )
-                        job.update(out=str(tmp / f"async-{lat}-{n}-{variant}"), variant=variant)
-                        run = (
-                            async_run(**job)
-                            if n == 1
-                            else launch_ranks(
-                                "grpo_step.async_rank",
-                                job,
-                                processes=n,
-                                folder=tmp / f"ranks-{lat}-{n}-{variant}",
-                            )
-                        )
+                        run = run_async(
+                            n, tmp / f"ranks-{lat}-{n}-{variant}", **common, env_url=env.base_url,
+                            out=str(tmp / f"async-{lat}-{n}-{variant}"), variant=variant,
+                        )  # fmt: skip
                         runs[lat, n, variant] = figures(run)
                         measured(
                             f"async, {processes_label(n)}, env {lat} s, {variant or 'now'}",

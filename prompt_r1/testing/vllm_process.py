@@ -11,6 +11,7 @@ loaded machine it has taken more than 5).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -33,21 +34,34 @@ def start_vllm_server(
     max_model_len: int = 2048,
     timeout: float = 900,
     seed: int | None = None,
+    flags: str | None = None,
 ) -> tuple[str, subprocess.Popen]:
     """Start the server, wait until it answers `/health`, and return its root URL and process (the caller
     terminates it). `seed`: the server's sampling seed (`--seed`; requests sampled together still draw in
-    arrival order). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s.
+    arrival order). `flags`: the server's own flags (by default the async trainer's, `CPU_SERVER_FLAGS`). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s.
 
     A server that fails on a torn entry of vLLM's compile cache (`torn_compile`) is started once more with that
     entry removed."""
+    from prompt_r1.training.shared.vllm_reload import CPU_SERVER_FLAGS
+
+    start = functools.partial(
+        _start_once,
+        model,
+        log,
+        served_name,
+        max_model_len,
+        timeout,
+        seed,
+        CPU_SERVER_FLAGS if flags is None else flags,
+    )
     try:
-        return _start_once(model, log, served_name, max_model_len, timeout, seed)
+        return start()
     except RuntimeError:
         entry = torn_compile(Path(log).read_text(errors="replace"))
         if entry is None:
             raise
     shutil.rmtree(entry, ignore_errors=True)
-    return _start_once(model, log, served_name, max_model_len, timeout, seed)
+    return start()
 
 
 _TORN = re.compile(r"ImportError: (/\S+?\.so): file too short")
@@ -70,17 +84,21 @@ def torn_compile(log_text: str) -> Path | None:
 
 
 def _start_once(
-    model: str | Path, log: str | Path, served_name: str, max_model_len: int, timeout: float, seed: int | None
+    model: str | Path,
+    log: str | Path,
+    served_name: str,
+    max_model_len: int,
+    timeout: float,
+    seed: int | None,
+    flags: str,
 ) -> tuple[str, subprocess.Popen]:
-    from prompt_r1.training.shared.vllm_reload import CPU_SERVER_FLAGS
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
         "--port", str(port), "--max-model-len", str(max_model_len), "--served-model-name", served_name,
-        *shlex.split(CPU_SERVER_FLAGS), *(["--seed", str(seed)] if seed is not None else []),
+        *shlex.split(flags), *(["--seed", str(seed)] if seed is not None else []),
     ]  # fmt: skip
     env = {
         **os.environ,

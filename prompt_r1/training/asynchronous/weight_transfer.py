@@ -170,14 +170,16 @@ class FileWeightTransfer:
         pause_due, self._pause_due = self._pause_due, False
         if not self.reload_in_background or self.syncs == 0:  # the first: nothing sampled yet to overlap with
             self._reload_from(path, pause_due)
-            self.last_sync_s = time.monotonic() - started
-            return
+        else:
+            self._reloading, self._reload_error = True, None
+            self._reload = threading.Thread(
+                target=self._reload_then_resume,
+                args=(path, pause_due),
+                name="vllm-weight-reload",
+                daemon=True,
+            )
+            self._reload.start()
         self.last_sync_s = time.monotonic() - started
-        self._reloading, self._reload_error = True, None
-        self._reload = threading.Thread(
-            target=self._reload_then_resume, args=(path, pause_due), name="vllm-weight-reload", daemon=True
-        )
-        self._reload.start()
 
     def _reload_from(self, path: Path, pause_due: bool) -> None:
         started = time.monotonic()
