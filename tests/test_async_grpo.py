@@ -326,6 +326,11 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
             weight_decay=1.0,  # the weights move at every step, whatever the advantages
         )
         trainer = build_async_trainer(config, train_rows=_rows())
+        # max_inflight_tasks left to TRL: the worker keeps one step's samples of it free.
+        assert (
+            trainer.rollout_worker.headroom
+            == config.per_device_train_batch_size * config.gradient_accumulation_steps
+        )
         recorder = RecordingWorker(trainer.rollout_worker)
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         trainer.train()

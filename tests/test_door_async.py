@@ -190,6 +190,21 @@ def test_the_worker_starts_no_group_beyond_max_inflight_counting_the_samples_que
         assert worker.groups_done == 3 and worker.rollout_buffer.qsize() == 8
 
 
+@pytest.mark.parametrize(("max_inflight", "headroom"), [(12, 4), (8, 8)])
+def test_the_worker_keeps_its_headroom_free_but_always_a_steps_worth(tmp_path, max_inflight, headroom):
+    """`headroom` samples of max_inflight stay free (groups in flight that come back late are dropped as stale),
+    but never below one step's worth: 12 - 4 and max(8 - 8, 8) both leave room for two groups of 4."""
+    with _door_worker(tmp_path, copy=True, groups=40, max_inflight=max_inflight, headroom=headroom) as (
+        worker,
+        _,
+        _,
+    ):
+        wait_for(lambda: worker.rollout_buffer.qsize() >= 8, timeout=60)
+        time.sleep(2.0)  # time enough for more groups against a scripted server answering at once
+        worker.check_health(60)
+        assert worker.rollout_buffer.qsize() == 8 and worker.groups_done + len(worker.running) == 2
+
+
 def test_every_episode_is_answered_and_scored_from_its_own_groups_table(tmp_path):
     from transformers import AutoTokenizer
 

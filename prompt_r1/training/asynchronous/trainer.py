@@ -270,6 +270,9 @@ def build_async_trainer(
         max_in_flight=1024,
     )
     rows = list(train_rows)
+    samples_per_step = (
+        config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
+    )
     # TRL's async config has no shuffle_dataset (its own loader does not shuffle); the rows are shuffled from the
     # seed as the synchronous trainer's sampler does, unless a config says otherwise.
     if getattr(config, "shuffle_dataset", True):
@@ -288,7 +291,8 @@ def build_async_trainer(
         queue_maxsize=args.queue_maxsize,
         # The same price table as the synchronous trainer's env/cost (--prices over the bundled one).
         price=partial(environment_cost, prices=PriceTable.load(config.prices)),
-        **(worker_options or {}),
+        # Left to TRL (max_staleness steps of samples), one step's worth is kept free: see GraphRolloutWorker.
+        **{"headroom": samples_per_step if config.max_inflight_tasks < 0 else 0, **(worker_options or {})},
     )
     import torch
 

@@ -114,7 +114,8 @@ class GraphRolloutWorker:
     `ServedAgent` with its tokenizer); environment: the environment client; rollout: a `Trajectories` (its loop
     settings and its `to_trajectories`, shared with sync training); rewards: the reward functions, the first the
     total (trained on), the others logged; max_inflight: most episodes in flight, an int or a callable read at
-    `start` (the trainer resolves its `max_inflight_tasks` after the worker is built).
+    `start` (the trainer resolves its `max_inflight_tasks` after the worker is built); headroom: samples of it kept
+    free, at most down to one step's worth (the trainer passes one step's samples when TRL sized the bound).
 
     Each group has an index, counted from 0 in the order groups start; its episodes carry it in their run config's
     metadata (`rollout_group`), which every environment call sees. A task whose facts differ per group (the
@@ -139,6 +140,7 @@ class GraphRolloutWorker:
         episode_metrics: Callable[[int, dict[str, Any], Episode], dict[str, float]] | None = None,
         may_start: Callable[[set[int]], str | None] | None = None,
         bound_queued: bool = True,
+        headroom: int = 0,
     ) -> None:
         if getattr(agent, "tokenizer", None) is None:
             raise RolloutFailed(
@@ -158,6 +160,10 @@ class GraphRolloutWorker:
         # behind more than that would come too late to be trained (TRL sizes max_inflight_tasks as max_staleness
         # steps of samples), and where the trainer is the slower side it would take the CPU or GPU from it.
         self.bound_queued = bound_queued
+        # Samples of `max_inflight` kept free (floored at one step's worth, so a small bound still fills a step).
+        # Groups in flight finish at different times: with a full `max_staleness` steps of them started, the slowest
+        # come back more than `max_staleness` versions late and the trainer drops them, their calls paid for nothing.
+        self.headroom = headroom
         # The spend caps' gate (`prompt_r1.training.asynchronous.spend`): given the groups in flight, why the next
         # group must not start (None: it may). `capped` is that reason once no group can start any more.
         self.may_start, self.capped = may_start, None
@@ -235,6 +241,7 @@ class GraphRolloutWorker:
 
     async def _produce(self) -> None:
         limit = self._max_inflight() if callable(self._max_inflight) else self._max_inflight
+        limit = max(limit - self.headroom, min(limit, self.headroom))
         slots = asyncio.Semaphore(max(1, limit // self.num_generations))  # whole groups
         graph = build_graph(self.agent, self.environment, loop=self.rollout.loop, token_exact=True)
         runner = EpisodeRunner(
