@@ -180,8 +180,9 @@ def async_run(
     """One async training run of the two-turn task (in this process, or as one rank of `processes`: see
     `async_ranks`), with the real worker or, given `replay` samples, the `ReplayWorker`. `variant`: "" as it is (the
     trainer waits for the server's reload of its weights); "reload in background": the trainer training on while the
-    server reloads; "before": as before the overlap work (the server paused for the whole weight sync, the worker not counting
-    queued samples against max_inflight). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
+    server reloads; "no headroom": the worker using all of max_inflight; "before": as before the overlap work (the
+    server paused for the whole weight sync, the worker not counting queued samples against max_inflight, no
+    headroom). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
     trainer's wait for samples and its weight syncs per step, the worker's idle seconds and the CPU seconds of
     process `cpu_root`'s tree (this process's by default; the benchmark's own, when run as ranks) at each step's end,
     agent tokens and staleness."""
@@ -208,6 +209,8 @@ def async_run(
     if variant == "before" and trainer.accelerator.is_main_process:
         trainer.weight_transfer.write_before_pause = False
         trainer.rollout_worker.bound_queued = False
+    if variant in ("before", "no headroom") and trainer.accelerator.is_main_process:
+        trainer.rollout_worker.headroom = 0
     clock = step_clock(trainer.rollout_worker, cpu_root or os.getpid())
     trainer.add_callback(clock)
     trainer.train()
@@ -297,6 +300,7 @@ def main_async(args) -> int:
     variants = (
         *(("before",) if args.before else ()),
         *(("reload in background",) if args.reload_in_background else ()),
+        *(("no headroom",) if args.no_headroom else ()),
         "",
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -388,13 +392,18 @@ def main() -> int:
         "--before",
         action="store_true",
         help="async: also each async row as it was before the overlap work (server paused for the whole weight "
-        "sync, queued samples not counted against max_inflight)",
+        "sync, queued samples not counted against max_inflight, no headroom)",
     )
     parser.add_argument(
         "--reload-in-background",
         action="store_true",
         help="async: also each async row with the trainer training on while the server reloads its weights "
         "(FileWeightTransfer(reload_in_background=True))",
+    )
+    parser.add_argument(
+        "--no-headroom",
+        action="store_true",
+        help="async: also each async row with the worker using all of max_inflight (no step's samples kept free)",
     )
     parser.add_argument(
         "--latencies",
