@@ -148,10 +148,12 @@ def cpu_bound(alone: dict, trained: dict) -> float:
 def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
     """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: {"step", "cpu"}}, `trained`
     {processes: figures}, `runs` {(latency, processes, variant): figures} (`figures`; variant "" as it is,
-    "reload in background" or "before")."""
+    "reload in background", "no headroom" or "before")."""
     latencies = sorted(alone)
     counts = sorted(trained)
-    variants = [v for v in ("before", "", "reload in background") if any(key[2] == v for key in runs)]
+    variants = [
+        v for v in ("before", "no headroom", "", "reload in background") if any(key[2] == v for key in runs)
+    ]
     print(
         f"\nGRPO step time, sync vs async, {args.batch} episodes per step, median of steps 2..{args.steps} "
         f"(CPU, {cores()} cores; async: max_staleness {args.max_staleness}). overlap = async s/step / "
@@ -203,6 +205,11 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         print(
             "reload in background: the trainer training its next step while the server reloads the weights; the "
             "other rows wait for the reload"
+        )
+    if "no headroom" in variants:
+        print(
+            "no headroom: the worker keeping max_inflight_tasks samples in flight or queued; the other rows keep one "
+            "step's samples of it free"
         )
     if "before" in variants:
         print(
