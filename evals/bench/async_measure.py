@@ -146,10 +146,10 @@ def cpu_bound(alone: dict, trained: dict) -> float:
 
 
 def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
-    """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency: {"step", "cpu"}}, `trained`
+    """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency or (latency, variant): {"step", "cpu"}}, `trained`
     {processes: figures}, `runs` {(latency, processes, variant): figures} (`figures`; variant "" as it is,
     "reload in background", "no headroom" or "before")."""
-    latencies = sorted(alone)
+    latencies = sorted(lat for lat in alone if not isinstance(lat, tuple))  # (lat, variant): a variant's own
     counts = sorted(trained)
     variants = [
         v for v in ("before", "no headroom", "", "reload in background") if any(key[2] == v for key in runs)
@@ -173,11 +173,13 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
     for lat in latencies:
         row(f"Prompt-R1 two-turn, sync (generate), env {lat:.1f} s", sync[lat][0])
     for lat in latencies:
-        row(
-            f"rollout alone (worker, vLLM server), env {lat:.1f} s",
-            alone[lat]["step"],
-            f"{blank} {alone[lat]['cpu']:6.2f}",
-        )
+        for key, what in ((lat, ""), ((lat, "no headroom"), ", no headroom")):
+            if key in alone:
+                row(
+                    f"rollout alone (worker, vLLM server), env {lat:.1f} s{what}",
+                    alone[key]["step"],
+                    f"{blank} {alone[key]['cpu']:6.2f}",
+                )
     for n in counts:
         t = trained[n]
         row(
@@ -187,8 +189,9 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         )
     for lat, n, variant in [(lat, n, v) for lat in latencies for n in counts for v in variants]:
         r = runs[lat, n, variant]
-        overlap = r["step"] / max(alone[lat]["step"], trained[n]["step"])
-        bound = r["step"] / cpu_bound(alone[lat], trained[n])
+        ceiling = alone.get((lat, variant), alone[lat])
+        overlap = r["step"] / max(ceiling["step"], trained[n]["step"])
+        bound = r["step"] / cpu_bound(ceiling, trained[n])
         what = f", {variant}" if variant else ""
         row(
             f"Prompt-R1 two-turn, async, {processes_label(n)}, env {lat:.1f} s{what}",

@@ -236,7 +236,9 @@ def async_rank(**keywords) -> dict | None:
     return async_run(**keywords)
 
 
-def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tuple[dict, list]:
+def rollout_alone(
+    model: Path, args, env_url: str, out: Path, root: str, headroom: bool = True
+) -> tuple[dict, list]:
     """Rollout time alone: the async trainer's rollout worker producing groups with no trainer training beside it.
     Returns the seconds and the CPU seconds (this process's tree: the worker, the environment, the vLLM server)
     per step's worth of samples (from the first step's worth to the last of `args.steps`), and the samples, in the
@@ -249,6 +251,8 @@ def rollout_alone(model: Path, args, env_url: str, out: Path, root: str) -> tupl
     )  # fmt: skip
     trainer = build_async_trainer(config, train_rows=_rows() * args.batch)
     worker, samples, marks = trainer.rollout_worker, [], []  # (time, CPU) at each step's worth
+    if not headroom:
+        worker.headroom = 0
     worker.start()
     try:
         while len(samples) < args.batch * args.steps:
@@ -328,6 +332,11 @@ def main_async(args) -> int:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
                     alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
                     measured(f"rollout alone, env {lat} s", alone[lat])
+                    if args.no_headroom:  # the no-headroom rows' own ceiling: the worker as they run it
+                        alone[lat, "no headroom"], _ = rollout_alone(
+                            model, args, env.base_url, tmp / f"alone-{lat}-nh", root, headroom=False
+                        )
+                        measured(f"rollout alone, env {lat} s, no headroom", alone[lat, "no headroom"])
                 samples = samples or got
             with ScriptedServer({"env": lambda body: RESPONSE}, record=False) as env:
                 for n in counts:
