@@ -281,3 +281,19 @@ def test_a_torn_compile_cache_entry_is_found_from_the_failed_start_s_log(tmp_pat
     assert (
         torn_compile(f"ImportError: {tmp_path}/elsewhere/lib.so: file too short") is None
     )  # not vLLM's cache
+
+
+def test_the_worker_keeps_one_steps_samples_free_only_when_trl_sizes_the_bound(tmp_path):
+    """`worker_headroom`: one step's samples (per device x accumulation x processes) of `max_inflight_tasks` when
+    it is left to TRL (-1), none when the user set it."""
+    from helpers import tiny_grpo_config
+
+    from prompt_r1.training.asynchronous.trainer import worker_headroom
+
+    def config(**overrides):
+        settings = dict(per_device_train_batch_size=8, num_generations=8, bf16=False, async_grpo=True)
+        return tiny_grpo_config(tmp_path / "out", **{**settings, **overrides})
+
+    assert worker_headroom(config()) == 8
+    assert worker_headroom(config(gradient_accumulation_steps=2)) == 16
+    assert worker_headroom(config(max_inflight_tasks=24)) == 0

@@ -189,7 +189,12 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
         )
     for lat, n, variant in [(lat, n, v) for lat in latencies for n in counts for v in variants]:
         r = runs[lat, n, variant]
-        ceiling = alone.get((lat, variant), alone[lat])
+        # The rows whose worker keeps no headroom are set against the rollout alone measured the same way.
+        ceiling = (
+            alone.get((lat, "no headroom"), alone[lat])
+            if variant in ("before", "no headroom")
+            else alone[lat]
+        )
         overlap = r["step"] / max(ceiling["step"], trained[n]["step"])
         bound = r["step"] / cpu_bound(ceiling, trained[n])
         what = f", {variant}" if variant else ""
@@ -217,6 +222,6 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
     if "before" in variants:
         print(
             "before: as it was before the overlap work: the server paused for the whole weight sync (the weights "
-            "file written while paused) and the worker starting groups whatever the samples queued; the other "
-            "async rows pause it only for the reload, and count queued samples against max_inflight"
+            "file written while paused) and the worker starting groups whatever the samples queued, with no headroom; "
+            "the other async rows pause it only for the reload, and count queued samples against max_inflight"
         )

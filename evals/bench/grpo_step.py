@@ -332,7 +332,7 @@ def main_async(args) -> int:
                 with ScriptedServer({"env": lambda body: RESPONSE}, latency=lat, record=False) as env:
                     alone[lat], got = rollout_alone(model, args, env.base_url, tmp / f"alone-{lat}", root)
                     measured(f"rollout alone, env {lat} s", alone[lat])
-                    if args.no_headroom:  # the no-headroom rows' own ceiling: the worker as they run it
+                    if args.no_headroom or args.before:  # those rows' own ceiling: the worker as they run it
                         alone[lat, "no headroom"], _ = rollout_alone(
                             model, args, env.base_url, tmp / f"alone-{lat}-nh", root, headroom=False
                         )

@@ -207,6 +207,15 @@ def same_model(served: str, trained: str) -> bool:
         return False
 
 
+def worker_headroom(config: PromptR1AsyncGRPOConfig) -> int:
+    """The samples of `max_inflight_tasks` the rollout worker keeps free (`GraphRolloutWorker(headroom=...)`): one
+    step's samples when TRL sizes the bound (`max_inflight_tasks` -1: max_staleness steps), none when the user set
+    it. Read before the trainer is built: TRL's constructor replaces -1 with the number."""
+    if config.max_inflight_tasks >= 0:
+        return 0
+    return config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
+
+
 def build_async_trainer(
     config: PromptR1AsyncGRPOConfig,
     *,
@@ -270,9 +279,6 @@ def build_async_trainer(
         max_in_flight=1024,
     )
     rows = list(train_rows)
-    samples_per_step = (
-        config.per_device_train_batch_size * config.gradient_accumulation_steps * config.world_size
-    )
     # TRL's async config has no shuffle_dataset (its own loader does not shuffle); the rows are shuffled from the
     # seed as the synchronous trainer's sampler does, unless a config says otherwise.
     if getattr(config, "shuffle_dataset", True):
@@ -291,8 +297,7 @@ def build_async_trainer(
         queue_maxsize=args.queue_maxsize,
         # The same price table as the synchronous trainer's env/cost (--prices over the bundled one).
         price=partial(environment_cost, prices=PriceTable.load(config.prices)),
-        # Left to TRL (max_staleness steps of samples), one step's worth is kept free: see GraphRolloutWorker.
-        **{"headroom": samples_per_step if config.max_inflight_tasks < 0 else 0, **(worker_options or {})},
+        **{"headroom": worker_headroom(config), **(worker_options or {})},
     )
     import torch
 

@@ -6,9 +6,11 @@
 
 Episodes keep flowing while the trainer trains. The worker runs on the process-wide event loop
 (`prompt_r1.core.aio`), so the environment client's rate limiter, retries and connections are those of every
-other surface. It keeps up to `max_inflight` episodes in flight or queued and not yet trained, as whole groups of
-`num_generations` episodes of one question, each through the shared `EpisodeRunner`. The agent is served by vLLM on the token-exact completions
-path (`ServedAgent` with a tokenizer), so every turn's sampled ids and their sampling log-probabilities are kept.
+other surface. It keeps up to `max_inflight` episodes, less its `headroom`, in flight or queued and not yet
+trained, as whole groups of `num_generations` episodes of one question, each through the shared
+`EpisodeRunner`. The headroom narrows the groups in flight too, with or without the bound on queued samples. The
+agent is served by vLLM on the token-exact completions path (`ServedAgent` with a tokenizer), so every turn's
+sampled ids and their sampling log-probabilities are kept.
 
 A finished group is scored with the project's reward (the same reward functions as synchronous training, on
 the same columns). Each episode becomes one `RolloutSample`:
