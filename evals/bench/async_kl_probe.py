@@ -1,12 +1,12 @@
 """A probe, not the product: `learning.py` with a KL term added to the async trainer's loss.
 
-    KL_BETA=0.04 python evals/bench/async_kl_probe.py --async --seed0 S --seeds 1 [learning.py's flags]   (from the repository root)
+    KL_BETA=0.04 python evals/bench/async_kl_probe.py --async --seed0 S --seeds 1 [learning.py's flags]
 
-The term is the synchronous trainer's (TRL's k3 estimator, `beta` times the per-token KL to the starting policy,
-normalised as the policy loss is), against a frozen copy of the policy taken at the first step. One process only:
-under FSDP2 the copy would be of one rank's shards. It tests whether the missing KL term is why the async trainer
-learns less than the synchronous one on some agents (docs/benchmarks.md); the async trainer itself refuses `beta`
-until the term is built into it."""
+Run from the repository root. The term is the synchronous trainer's (TRL's k3 estimator, `beta` times the per-token
+KL to the starting policy, normalised as the policy loss is), against a frozen copy of the policy taken at the first
+step. One process only: under FSDP2 the copy would be of one rank's shards. It tests whether the missing KL term is
+why the async trainer learns less than the synchronous one on some agents (docs/benchmarks.md); the async trainer
+itself refuses `beta` until the term is built into it."""
 
 import copy
 import os
@@ -28,14 +28,11 @@ def trainer_class():
 
     class WithKL(base):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if (
-                getattr(self, "_ref", None) is None
-            ):  # the first step: the weights are still the starting policy's
-                bare = self.accelerator.unwrap_model(model)
-                ref = copy.deepcopy(bare)
-                ref.__dict__.pop(
-                    "forward", None
-                )  # the fused forward closes over the trained model: rebuild it
+            # The first step: the weights are still the starting policy's.
+            if getattr(self, "_ref", None) is None:
+                ref = copy.deepcopy(self.accelerator.unwrap_model(model))
+                # The fused forward closes over the trained model: rebuild it on the copy.
+                ref.__dict__.pop("forward", None)
                 add_fused_lm_head(ref, temperature=self.temperature, outputs=("log_probs", "entropy"))
                 ref.requires_grad_(False)
                 ref.eval()
@@ -62,10 +59,11 @@ def trainer_class():
             d = ref - logp
             kl = torch.exp(d) - d - 1
             tokens = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
-            self._metrics["train"]["ref_kl"].append(kl.detach().mean().item())
+            mean_kl = kl.detach().mean().item()
+            self._metrics["train"]["ref_kl"].append(mean_kl)
             if self.state.global_step % 10 == 0:
                 print(
-                    f"kl_diag: step {self.state.global_step} beta {BETA} ref_kl {kl.detach().mean().item():.5f} "
+                    f"kl_diag: step {self.state.global_step} beta {BETA} ref_kl {mean_kl:.5f} "
                     f"tokens {kl.numel()}",
                     file=sys.stderr,
                     flush=True,

@@ -294,7 +294,6 @@ def run_async(processes: int, folder: Path, **job) -> dict:
 
 
 def main_async(args) -> int:
-
     from prompt_r1.testing.servers import ScriptedServer
     from prompt_r1.testing.tiny_models import build_protocol_model
     from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server

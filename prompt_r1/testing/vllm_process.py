@@ -38,7 +38,8 @@ def start_vllm_server(
 ) -> tuple[str, subprocess.Popen]:
     """Start the server, wait until it answers `/health`, and return its root URL and process (the caller
     terminates it). `seed`: the server's sampling seed (`--seed`; requests sampled together still draw in
-    arrival order). `flags`: the server's own flags (by default the async trainer's, `CPU_SERVER_FLAGS`). Raises RuntimeError with the log's tail when it exits or does not come up in `timeout` s.
+    arrival order). `flags`: the server's own flags (by default the async trainer's, `CPU_SERVER_FLAGS`). Raises
+    RuntimeError with the log's tail when it exits or does not come up in `timeout` s.
 
     A server that fails on a torn entry of vLLM's compile cache (`torn_compile`) is started once more with that
     entry removed."""

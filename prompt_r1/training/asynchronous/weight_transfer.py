@@ -27,13 +27,13 @@ request has a timeout.
 
 The reload can go on in the background (`reload_in_background=True`; off by default): once the file is written the
 trainer trains its next step while the server pauses, reloads and resumes, so the trainer waits for the gather and
-the write, not for the server. The policy version the rollout worker stamps on its episodes moves on only once the server is
-paused for the reload (`when_new_weights`: every token sampled from then on is the new policy's; until then it is
-the old one's), and the next sync first waits for the last reload, whose failure it raises. The first sync, before
-anything is sampled, is waited for. Where the server and the trainer share cores it does not pay: on 2 CPU cores
-it made the async step slower in 7 of 8 rows measured (`evals/bench/grpo_step.py --async --reload-in-background`,
-docs/async-grpo.md), the trainer's next step and the server's reload taking the same cores. It is for a server
-with resources of its own; it has not been measured on one.
+the write, not for the server. The policy version the rollout worker stamps on its episodes moves on only once the
+server is paused for the reload (`when_new_weights`: every token sampled from then on is the new policy's; until
+then it is the old one's), and the next sync first waits for the last reload, whose failure it raises. The first
+sync, before anything is sampled, is waited for. Where the server and the trainer share cores it does not pay: on 2
+CPU cores it made the async step slower in 7 of 8 rows measured (`evals/bench/grpo_step.py --async
+--reload-in-background`, docs/async-grpo.md), the trainer's next step and the server's reload taking the same cores.
+It is for a server with resources of its own; it has not been measured on one.
 """
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ class FileWeightTransfer:
         self.reload_in_background = reload_in_background
         self._pause_due = self.paused = False
         self.syncs = 0
-        self.last_sync_s: float | None = (
-            None  # the trainer's share of the last sync: gather and write, or all of it
-        )
-        self.last_reload_s: float | None = None  # the server's: pause, reload and resume
+        # The trainer's share of the last sync (gather and write, or all of it), and the server's (pause, reload
+        # and resume).
+        self.last_sync_s: float | None = None
+        self.last_reload_s: float | None = None
         self._lock = threading.Lock()
         self._reloading = False  # a reload in the background whose server is not paused for it yet
         self._reload: threading.Thread | None = None
@@ -185,9 +185,8 @@ class FileWeightTransfer:
         started = time.monotonic()
         if pause_due:
             self._pause_now()
-        if (
-            self.paused
-        ):  # requests wait for the new weights from here: what is sampled now is the new policy's
+        # Requests wait for the new weights from here: what is sampled now is the new policy's.
+        if self.paused:
             self._new_weights_live()
         answer = self._post("/collective_rpc", {"method": RELOAD, "args": [str(path)]}, timeout=self.timeout)
         if not answer.get("results"):
