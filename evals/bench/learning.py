@@ -29,9 +29,9 @@ and thread count. `--work DIR` keeps the agents, so that a later run with other 
 
 `--async` trains the same agents with the asynchronous trainer (`prompt_r1.tasks.door_async`): a vLLM CPU server
 per seed (started for the seed, always stopped after it), each group of episodes playing a table of its own (groups
-run across steps), no KL term (the async trainer has none; `--beta`, `--loss-type` and `--mask-truncated` are
-refused), and `--max-staleness` (default 4, the async trainer's own default, at which its throughput was measured).
-Its figures go to OUT/learning-async.json and OUT/curves-async.png, beside a synchronous run's; when OUT/learning.json
+run across steps), the same KL term (`--beta`; `--loss-type` and `--mask-truncated` are refused, the async
+trainer has neither), and `--max-staleness` (default 4, the async trainer's own default, at which its throughput
+was measured). Its figures go to OUT/learning-async.json and OUT/curves-async.png, beside a synchronous run's; when OUT/learning.json
 (or `--compare FILE`) holds one, the two are printed side by side: each seed's gain, sync and async, the sync
 run's spread of gains, and a verdict per seed (within, above or below that spread; collapsed or not). An async run
 is not reproducible: the trainer and the rollout worker interleave by timing (which policy version samples which
@@ -187,7 +187,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         "seed": seed,
         "trainer": "async" if args.async_grpo else "sync",
         "build": build,
-        "grpo": {k: getattr(config, k, None) for k in GRPO_FIELDS},  # the async config has no beta
+        "grpo": {k: getattr(config, k, None) for k in GRPO_FIELDS},  # None: a field the async config has not
         "series": series,
         "first": first,
         "last": last,
@@ -412,8 +412,8 @@ def main() -> int:
         parser.error("--jobs must be at least 1")
     if args.seeds < 1 or args.batch < 1 or args.group < 2 or args.batch % args.group:
         parser.error("need --seeds >= 1, --group >= 2 and --batch a multiple of --group")
-    if args.async_grpo and (args.beta or args.loss_type or args.mask_truncated):
-        parser.error("--beta, --loss-type and --mask-truncated are settings the async trainer does not have")
+    if args.async_grpo and (args.loss_type or args.mask_truncated):
+        parser.error("--loss-type and --mask-truncated are settings the async trainer does not have")
     if args.processes < 1 or (args.processes > 1 and not args.async_grpo):
         parser.error("--processes N (N > 1) trains the async trainer across processes: add --async")
     if args.batch % args.processes or (args.batch // args.processes) < 1:

@@ -126,7 +126,7 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
         "task": "hops",
         "trainer": "async" if args.async_grpo else "sync",
         "build": build,
-        "grpo": {k: getattr(config, k, None) for k in GRPO_FIELDS},  # the async config has no beta
+        "grpo": {k: getattr(config, k, None) for k in GRPO_FIELDS},  # None: a field the async config has not
         "series": series,
         "first": first,
         "last": last,

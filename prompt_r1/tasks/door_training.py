@@ -125,9 +125,8 @@ def control(trainer: Any, rollout: DoorRollout, *, step: int, samples: int = 8) 
 def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **settings: Any) -> Any:
     """The GRPO settings the learning benchmark and its CI test train with (the `train` extra): two turns, the
     `reference` reward preset (its gate lets a two-turn episode through); `settings` override them.
-    `async_grpo=True` in `settings` gives the async trainer's config (`PromptR1AsyncGRPOConfig`), without the
-    defaults that trainer does not have (the KL term `beta`). The choices and the runs behind them are in docs
-    (the learning benchmark)."""
+    `async_grpo=True` in `settings` gives the async trainer's config (`PromptR1AsyncGRPOConfig`), with the same
+    defaults. The choices and the runs behind them are in docs (the learning benchmark)."""
     from prompt_r1.training.run import trainer_config
 
     defaults: dict[str, Any] = dict(
@@ -153,8 +152,6 @@ def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **
         seed=0,
         data_seed=0,
     )
-    if settings.get("async_grpo"):
-        del defaults["beta"]  # the async trainer has no KL term
     return trainer_config(**{**defaults, **settings})
 
 

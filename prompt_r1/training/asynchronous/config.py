@@ -4,8 +4,8 @@ both trainers share (`prompt_r1.training.shared.config.PromptR1Fields`).
     config = PromptR1AsyncGRPOConfig(output_dir="runs/x", model_name_or_path="path/to/agent", max_staleness=2,
                                      vllm_server_base_url="http://127.0.0.1:8000", env_model="gpt-4o-mini")
 
-It has only the keys this trainer honours. A key of the synchronous trainer it does not have (`beta`, `loss_type`,
-`use_vllm`, reproducible rollouts, ...) is refused when the config is built, in one line naming it and what to do instead;
+It has only the keys this trainer honours. A key of the synchronous trainer it does not have (`loss_type`,
+`num_iterations`, `use_vllm`, reproducible rollouts, ...) is refused when the config is built, in one line naming it and what to do instead;
 so is a key TRL's async config has but the Prompt-R1 rollout worker does not use (`top_k`, ...), when set.
 `agent_dtype` is the model's dtype (TRL's `dtype` follows it), and `max_total_tokens` the trajectory's length.
 """
@@ -31,7 +31,6 @@ __all__ = ["ASYNC_UNSUPPORTED", "UNUSED_BY_THE_WORKER", "PromptR1AsyncGRPOConfig
 
 # Keys of the synchronous trainer this one does not have, each with what to do instead.
 ASYNC_UNSUPPORTED: dict[str, str] = {
-    "beta": "it has no reference model and no KL term: drop beta",
     "loss_type": "its loss is dapo's (token-level, normalised over the step): drop loss_type",
     "num_iterations": "it takes one gradient step per batch: drop num_iterations",
     "scale_rewards": "it scales advantages by the group's std: drop scale_rewards",
@@ -73,6 +72,12 @@ class PromptR1AsyncGRPOConfig(AsyncGRPOConfig, PromptR1Fields):
         "(per_device_train_batch_size x processes x accumulation), as the synchronous trainer takes, rather than "
         "TRL's default of as many as fit the vLLM server's context.",
         default=0,
+    )
+
+    beta: float = field_help(
+        "KL coefficient: beta times the per-token KL (TRL's k3 estimator) from the trained policy to the starting "
+        "one, as the synchronous trainer's beta. 0: no reference model and no term.",
+        default=0.0,
     )
 
     # Spending on the environment (prompt_r1/training/asynchronous/spend.py; docs: asynchronous GRPO).

@@ -10,10 +10,11 @@ against a vLLM server, which serves the agent and takes the trainer's weights af
 are trained with TRL's clipped importance ratio against the log-probabilities they were sampled with.
 
 The config is the trainer's own, `PromptR1AsyncGRPOConfig` (TRL's `AsyncGRPOConfig` with the Prompt-R1 fields),
-handed to TRL as it is: the settings of the synchronous trainer it does not have (a KL term `beta`, other loss
-types, several iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built. The
-environment is priced, counted and recorded in the call ledger for the spend caps
-(`prompt_r1.training.asynchronous.spend`). A vLLM server that loaded another model than `model_name_or_path` is
+handed to TRL as it is: the settings of the synchronous trainer it does not have (other loss types, several
+iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built. The synchronous
+trainer's KL term (`beta`), which TRL's async trainer does not have, is added to its loss
+(`prompt_r1.training.asynchronous.reference`). The environment is priced, counted and recorded in the call ledger
+for the spend caps (`prompt_r1.training.asynchronous.spend`). A vLLM server that loaded another model than `model_name_or_path` is
 refused before anything loads.
 
 Across processes (`accelerate launch --config_file training/accelerate/fsdp2.yaml`) TRL shards with FSDP2: rank 0
@@ -53,9 +54,22 @@ def trainer_class() -> type:
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
+    from prompt_r1.training.asynchronous.reference import ReferencePolicy
     from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
 
     class PromptR1AsyncTrainer(AsyncGRPOTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # The KL term to the starting policy (`beta`), which TRL's async trainer does not have.
+            self.reference = ReferencePolicy(self) if getattr(self.args, "beta", 0.0) else None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self.reference is None:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            with self.reference.capture(model) as seen:  # the policy's forward, run once, by TRL's loss
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return loss + self.reference.kl_loss(model, inputs, seen)
+
         def _save_checkpoint(self, model, trial):
             worker = self.rollout_worker
             if self.accelerator.is_main_process and isinstance(worker, GraphRolloutWorker):
