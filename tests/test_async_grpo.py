@@ -130,9 +130,15 @@ def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_re
     # A key the chosen trainer does not have: one line naming it, its value and what to do instead.
     with pytest.raises(
         ConfigError,
-        match=r"^the async trainer does not support beta: 0.001 \(it has no reference model.*drop beta\)$",
+        match=r"^the async trainer does not support num_iterations: 2 \(it takes one gradient step per batch: "
+        r"drop num_iterations\)$",
     ):
-        _config(tmp_path, async_grpo=True, beta=0.001)
+        _config(tmp_path, async_grpo=True, num_iterations=2)
+    # Both trainers have the KL term, with the same default (none) and the same range.
+    assert _config(tmp_path, async_grpo=True, beta=0.001).beta == 0.001
+    assert _config(tmp_path, async_grpo=True).beta == _config(tmp_path).beta == 0.0
+    with pytest.raises(ConfigError, match=r"^beta must be a finite number ≥ 0, got -0.1$"):
+        _config(tmp_path, async_grpo=True, beta=-0.1)
     with pytest.raises(
         ConfigError, match=r"vllm_sync_check: True \(its sync is checked by its importance ratio"
     ):
@@ -147,7 +153,6 @@ def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_re
         match=r"the synchronous trainer does not support max_staleness: 2 \(a setting of the async",
     ):
         _config(tmp_path, max_staleness=2)
-    assert _config(tmp_path, beta=0.001).beta == 0.001  # the sync trainer has a KL term
     # Checked when built, whichever trainer: the async builder no longer skips the range checks.
     with pytest.raises(ConfigError, match="max_staleness must be"):
         _config(tmp_path, async_grpo=True, max_staleness=-1)
@@ -169,7 +174,7 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
     """`--async` and `async: true` both pick the async trainer; its refusals come before any model loads."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        "model_name_or_path: unused\noutput_dir: out\nenv_base_url: http://127.0.0.1:9/v1\nbeta: 0.001\n"
+        "model_name_or_path: unused\noutput_dir: out\nenv_base_url: http://127.0.0.1:9/v1\nnum_iterations: 2\n"
         "use_cpu: true\nbf16: false\n"
     )
 
@@ -183,10 +188,10 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
     assert (
         done.stderr.strip()
         .splitlines()[-1]
-        .startswith("prompt-r1: error: the async trainer does not support beta")
+        .startswith("prompt-r1: error: the async trainer does not support num_iterations")
     )
     recipe.write_text(recipe.read_text() + "async: true\n")
-    assert "the async trainer does not support beta" in train().stderr
+    assert "the async trainer does not support num_iterations" in train().stderr
     recipe.write_text(recipe.read_text().replace("async: true\n", "max_staleness: 1\n"))
     done = train()
     assert done.returncode == 2, done.stderr[-2000:]
@@ -367,6 +372,106 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
     assert sum(_logged(trainer, "rollout/cost_usd_total")) > 0  # priced by the table the sync trainer uses
 
 
+def _packed_forward(model, inputs):
+    """`model`'s log-probability of each trained token of a packed micro-batch, computed as TRL's async loss reads
+    it: the fused head over the tree-packed row, picked by `token_index`."""
+    import torch
+
+    mask = inputs["attention_mask"].bool()
+    tree = {k: inputs[k][inputs[k] >= 0] for k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
+    tree["tree_max_seqlen_q"], tree["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
+    with torch.no_grad():
+        out = model(
+            input_ids=inputs["input_ids"][mask].unsqueeze(0),
+            position_ids=inputs["position_ids"][mask].unsqueeze(0),
+            shift_labels=inputs["shift_labels"][mask].unsqueeze(0),
+            fused_lm_head=True,
+            **tree,
+        )
+    return out.log_probs.flatten()[inputs["token_index"][inputs["token_index"] >= 0]]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_beta_adds_the_kl_to_the_starting_policy_to_the_async_loss(
+    agent_server, agent_model, tmp_path, monkeypatch, lora
+):
+    """`beta` > 0: the loss gains beta times TRL's k3 KL from the trained policy to the starting one (a frozen copy;
+    under LoRA the policy with its adapter off), normalised as the policy loss. Checked against the starting model
+    loaded again from its folder, on a batch the run trained on, after the policy moved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION
+    from trl.trainer.utils import add_fused_lm_head
+
+    import prompt_r1.training.shared.lora as lora_module
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
+
+    if lora:
+        plain = lora_module.peft_config
+
+        def away_from_zero(config):
+            # The adapter starts away from zero: the policy differs from the starting one from the first step.
+            adapter = plain(config)
+            adapter.init_lora_weights = False
+            return adapter
+
+        monkeypatch.setattr(lora_module, "peft_config", away_from_zero)
+    root, _ = agent_server
+    beta = 0.5
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.05) as env:
+        config = _config(
+            tmp_path,
+            model_name_or_path=str(agent_model),
+            env_base_url=env.base_url,
+            async_grpo=True,
+            max_steps=3,
+            vllm_server_base_url=root,
+            weight_decay=1.0,  # the weights move at every step, whatever the advantages
+            beta=beta,
+            use_peft=lora,
+            lora_dropout=0.0,
+        )
+        trainer = build_async_trainer(config, train_rows=_rows())
+        batches = []
+        loss = trainer.compute_loss
+        trainer.compute_loss = lambda model, inputs, *a, **k: (
+            batches.append(inputs) or loss(model, inputs, *a, **k)
+        )
+        trainer.train()
+    assert trainer.state.global_step == 3
+    assert (trainer.reference.model is None) == lora  # LoRA: no second copy of the model
+    if not lora:
+        frozen = list(trainer.reference.model.parameters())
+        assert frozen and not any(p.requires_grad for p in frozen)
+    kl = _logged(trainer, "ref_kl")
+    assert len(kl) == 3
+    if lora:
+        assert all(k > 0 for k in kl)
+    else:  # the first step trains the starting policy itself; the next ones a policy that has moved
+        assert kl[0] == pytest.approx(0.0, abs=1e-6) and all(k > 0 for k in kl[1:])
+
+    # The last batch again, with and without the term, against the starting model loaded again from its folder.
+    inputs = batches[-1]
+    trainer.model.eval()
+    with torch.no_grad():
+        with_term = trainer.compute_loss(trainer.model, inputs).item()
+        reference, trainer.reference = trainer.reference, None
+        without = trainer.compute_loss(trainer.model, inputs).item()
+        trainer.reference = reference
+    start = AutoModelForCausalLM.from_pretrained(
+        agent_model, attn_implementation=TREE_ATTENTION, dtype=torch.float32
+    )
+    add_fused_lm_head(start, temperature=trainer.temperature)
+    delta = _packed_forward(start, inputs) - _packed_forward(trainer.model, inputs)
+    k3 = torch.exp(delta) - delta - 1
+    tokens = inputs["global_n_tokens"][0].clamp(min=1.0).item()
+    expected = beta * k3.sum().item() / tokens / trainer.current_gradient_accumulation_steps
+    assert expected > 0
+    assert with_term - without == pytest.approx(expected, rel=1e-3, abs=1e-7)
+
+
 def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
     """A group dropped as stale, or with no scored episode, is never trained: the saved place must go past it, or
     every later resume would replay all the groups trained after it."""
@@ -424,6 +529,7 @@ num_generations: 4
 learning_rate: 1.0e-4
 weight_decay: 1.0
 max_staleness: 2
+beta: 0.5
 max_turns: 2
 max_turn_tokens: 24
 max_total_tokens: 96
@@ -444,9 +550,9 @@ def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_
     agent_server, agent_model, tmp_path
 ):
     """The docs' command: accelerate launch with training/accelerate/fsdp2.yaml, 2 CPU processes (gloo), the loop
-    as the rollout worker on rank 0 and the weights going to the vLLM server after every step. Then --resume across
-    the two processes with a max_env_calls cap: it stops with a checkpoint (exit 4) before passing it, having
-    counted every call the environment was paid for, and the totals go on from the first run's."""
+    as the rollout worker on rank 0, the weights going to the vLLM server after every step, and the KL term. Then
+    --resume across the two processes with a max_env_calls cap: it stops with a checkpoint (exit 4) before passing
+    it, having counted every call the environment was paid for, and the totals go on from the first run's."""
     import torch
     from safetensors.torch import load_file
 
@@ -488,6 +594,9 @@ def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_
     assert any(not torch.equal(saved[k], start[k]) for k in served)
     ratios = [row["ratio"] for row in state["log_history"] if "ratio" in row]
     assert ratios and all(abs(r - 1.0) < 0.05 for r in ratios)
+    # The KL term across the ranks: a sharded starting policy, 0 away at the first step, then further.
+    kl = [row["ref_kl"] for row in state["log_history"] if "ref_kl" in row]
+    assert len(kl) == 2 and kl[0] == pytest.approx(0.0, abs=1e-6) and kl[1] > 0
     assert re.search(r"\$0\.\d{4} this step, \$0\.\d{4} total", first.stderr)
     # Every call the worker paid for is in the total the checkpoint logged, trained or not.
     assert total_first == paid_first

@@ -364,9 +364,9 @@ def test_a_short_async_door_run_trains_on_each_groups_table_and_stops_its_server
     for asked, correct, from_reply in zip(*(series[name] for name in DOOR_METRICS), strict=True):
         assert from_reply <= min(asked, correct)
     assert sum(series["door/correct_from_reply"]) > 0  # the reading agent asks and copies, some of the time
-    assert run["config"].async_grpo and not hasattr(
-        run["config"], "beta"
-    )  # the async trainer's config: no KL term
+    # The async trainer's config, with the synchronous benchmark's KL term, logged every step.
+    assert run["config"].async_grpo and run["config"].beta == 0.04
+    assert len([row["ref_kl"] for row in run["log_history"] if "ref_kl" in row]) == 3
     # Evaluated as the synchronous benchmark evaluates, on a held-out table.
     for figures in (run["before"], run["after"]):
         assert set(figures) == {"honest", "withheld", "lying", "asked_right", "from_reply"}
