@@ -66,7 +66,19 @@ def main(spec_path: str) -> int:
     value = getattr(importlib.import_module(module), function)(**spec["keywords"])
     if int(os.environ.get("RANK", "0")) == 0:
         Path(spec["result"]).write_bytes(pickle.dumps(value))
+    _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """Every rank waits for the others, then leaves the process group, as `prompt-r1 train` does: a rank that exits
+    while its gloo group is alive can abort ("terminate called without an active exception"), and the launch then
+    fails after the run succeeded (seen once, a rank done while rank 0 still evaluated)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -173,7 +173,8 @@ def train_seed(seed: int, args: argparse.Namespace, work: Path, **settings) -> d
             seconds = time.monotonic() - started
             after = control(trainer, trainer.rollout_func, step=HELD_OUT_STEP)
             log_history = trainer.state.log_history
-    series = step_series(log_history, extra=SERIES)
+    # The KL to the starting policy, per step: `ref_kl` from the async trainer, `kl` from the synchronous one.
+    series = step_series(log_history, extra=SERIES + (("ref_kl",) if args.async_grpo else ("kl",)))
 
     def ends(key: str) -> tuple[float, float]:
         values = series[key]
