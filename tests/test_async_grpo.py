@@ -9,6 +9,7 @@ server failing the run with one line instead of a hang."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -92,6 +93,53 @@ def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_pat
             ]
     assert len(theirs) == len(mine) == 20
     assert (mine - torch.tensor(theirs)).abs().max().item() < 1e-5
+
+
+def test_the_kl_term_is_normalised_as_the_async_policy_loss_across_ranks_and_accumulation():
+    """`ReferencePolicy.kl_loss` on hand-made log-probabilities: beta times the summed k3 KL of the selected tokens,
+    over the step's trained tokens per rank (all ranks' tokens / processes) and the accumulation steps, as TRL's
+    async policy loss is normalised; the gradient reaches the policy's log-probabilities; `ref_kl` is the mean over
+    the tokens of every rank (the reduce sums them). The trainer is a stand-in: only its arithmetic is under test
+    here (the real trainer's term is checked against a reloaded starting model below)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from prompt_r1.training.asynchronous.reference import ReferencePolicy
+
+    policy = torch.tensor([[-1.0, -2.0, -0.5, -3.0, -0.1]], requires_grad=True)
+    reference = torch.tensor([[-1.5, -2.0, -0.4, -1.0, -0.1]])
+    reduced = []
+
+    def reduce(tensor, reduction):
+        assert reduction == "sum"
+        reduced.append(tensor.clone())
+        return tensor * 2  # the other rank holds the same sums
+
+    accelerator = SimpleNamespace(
+        num_processes=2, reduce=reduce, autocast=contextlib.nullcontext, unwrap_model=lambda m: m
+    )
+    trainer = SimpleNamespace(
+        accelerator=accelerator,
+        current_gradient_accumulation_steps=4,
+        _metrics={"train": defaultdict(list)},
+        args=SimpleNamespace(beta=0.5),
+    )
+    term = ReferencePolicy.__new__(ReferencePolicy)
+    term.trainer, term.beta = trainer, 0.5
+    term.model = lambda **kwargs: SimpleNamespace(log_probs=reference)
+    # Tokens 0, 2 and 3 are trained (-1: padding); the step trained 12 tokens over the two ranks.
+    inputs = {"token_index": torch.tensor([[0, 2, 3, -1, -1]]), "global_n_tokens": torch.tensor([12.0, 12.0])}
+    loss = term.kl_loss(None, inputs, {"output": SimpleNamespace(log_probs=policy), "kwargs": {}})
+
+    d = torch.tensor([-0.5, 0.1, 2.0])  # reference - policy on the trained tokens
+    k3 = torch.exp(d) - d - 1
+    assert loss.item() == pytest.approx(0.5 * k3.sum().item() / (12 / 2) / 4, rel=1e-6)
+    loss.backward()
+    assert policy.grad[0, [0, 2, 3]].abs().min() > 0 and policy.grad[0, [1, 4]].abs().max() == 0
+    assert reduced[0].tolist() == pytest.approx([k3.sum().item(), 3.0])
+    assert trainer._metrics["train"]["ref_kl"] == [pytest.approx(k3.mean().item())]
 
 
 def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
@@ -391,15 +439,16 @@ def _packed_forward(model, inputs):
     return out.log_probs.flatten()[inputs["token_index"][inputs["token_index"] >= 0]]
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full-bf16", "lora"])
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
 def test_beta_adds_the_kl_to_the_starting_policy_to_the_async_loss(
     agent_server, agent_model, tmp_path, monkeypatch, lora
 ):
     """`beta` > 0: the loss gains beta times TRL's k3 KL from the trained policy to the starting one (a frozen copy;
-    under LoRA the policy with its adapter off), normalised as the policy loss. Checked against the starting model
-    loaded again from its folder, on a batch the run trained on, after the policy moved."""
+    under LoRA the policy with its adapter off), normalised as the policy loss, and its gradient reaches the policy.
+    Checked against the starting model loaded again from its folder, on a batch the run trained on, after the policy
+    moved. The full fine-tuning run is in bf16 mixed precision: the copy must be run in the policy's autocast."""
     import torch
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.packing import TREE_ATTENTION
@@ -432,6 +481,7 @@ def test_beta_adds_the_kl_to_the_starting_policy_to_the_async_loss(
             beta=beta,
             use_peft=lora,
             lora_dropout=0.0,
+            bf16=not lora,
         )
         trainer = build_async_trainer(config, train_rows=_rows())
         batches = []
@@ -455,21 +505,27 @@ def test_beta_adds_the_kl_to_the_starting_policy_to_the_async_loss(
     # The last batch again, with and without the term, against the starting model loaded again from its folder.
     inputs = batches[-1]
     trainer.model.eval()
-    with torch.no_grad():
-        with_term = trainer.compute_loss(trainer.model, inputs).item()
-        reference, trainer.reference = trainer.reference, None
-        without = trainer.compute_loss(trainer.model, inputs).item()
-        trainer.reference = reference
+    reference = trainer.reference
+    with_term = trainer.compute_loss(trainer.model, inputs)
+    trainer.reference = None
+    without = trainer.compute_loss(trainer.model, inputs)
+    trainer.reference = reference
+    # The policy loss is the same in both: the difference's gradient is the term's, and it reaches the policy.
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(with_term - without, trained, allow_unused=True)
+    assert sum(g.abs().sum().item() for g in grads if g is not None) > 0
     start = AutoModelForCausalLM.from_pretrained(
         agent_model, attn_implementation=TREE_ATTENTION, dtype=torch.float32
     )
     add_fused_lm_head(start, temperature=trainer.temperature)
-    delta = _packed_forward(start, inputs) - _packed_forward(trainer.model, inputs)
+    # The policy's forward is in bf16 autocast when the run was (accelerate wraps it); the reloaded model's too.
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        delta = _packed_forward(start, inputs) - _packed_forward(trainer.model, inputs)
     k3 = torch.exp(delta) - delta - 1
     tokens = inputs["global_n_tokens"][0].clamp(min=1.0).item()
     expected = beta * k3.sum().item() / tokens / trainer.current_gradient_accumulation_steps
     assert expected > 0
-    assert with_term - without == pytest.approx(expected, rel=1e-3, abs=1e-7)
+    assert (with_term - without).item() == pytest.approx(expected, rel=1e-3, abs=1e-7)
 
 
 def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
@@ -613,6 +669,10 @@ def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_
     assert paid <= cap and logged[-1]["env/total_calls"] == paid  # never past the cap, every call counted
     back = next(row for row in logged if row["step"] == 2)
     assert back["env/total_calls"] == total_first  # the first run's steps came back with their totals
+    # The resumed run's reference is the starting model again, not the checkpoint's policy: its first step is away.
+    resumed = next(row for row in json.loads((last / "trainer_state.json").read_text())["log_history"]
+                   if row.get("step") == 3 and "ref_kl" in row)  # fmt: skip
+    assert resumed["ref_kl"] > 0
 
 
 @pytest.mark.vllm

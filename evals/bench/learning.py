@@ -381,7 +381,7 @@ def main() -> int:
         "--async",
         dest="async_grpo",
         action="store_true",
-        help="train with the async trainer (a vLLM CPU server per seed; no KL term)",
+        help="train with the async trainer (a vLLM CPU server per seed)",
     )
     parser.add_argument(
         "--max-staleness",

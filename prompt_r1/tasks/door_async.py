@@ -161,7 +161,7 @@ def run_async(
     """A task's async training run: `measure(model)` before, the async trainer of `build(configure(**settings))`
     trained with the policy served by a `vllm serve` of its own (seeded with `seed`, always stopped at the end),
     then `measure` of the trained agent. `configure` gets `settings` with `async_grpo` and the server's address
-    (it builds the async trainer's config, which has no KL term). `launch(keywords, final)`, for a run across
+    (it builds the async trainer's config). `launch(keywords, final)`, for a run across
     processes, trains instead of this process: each rank builds the config from `configure`'s `keywords` (a config
     is built once per process), and the model goes to `final`; it returns `log_history` and `seconds`. Returns the
     trainer's `log_history`, the figures before and after, the training's seconds, the config, and the stopped

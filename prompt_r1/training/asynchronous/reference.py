@@ -11,8 +11,8 @@ ranks, and the accumulation steps).
 
 The reference is the starting policy, whatever the run resumes from:
 - full fine-tuning: a second copy of the model loaded from `model_name_or_path` as TRL loads the policy (its tree
-  attention, its dtype), frozen; under FSDP2 it is sharded across the ranks as the policy is (TRL's `prepare_fsdp`),
-  so each rank holds its share and every rank takes part in each forward;
+  attention, its dtype), frozen, and run in the policy's autocast under mixed precision; under FSDP2 it is sharded
+  across the ranks (TRL's `prepare_fsdp`), so each rank holds its share and every rank takes part in each forward;
 - LoRA: the policy itself with its adapter switched off, no second copy.
 
 The reference's forward reads the same packed rows as the policy's: `ReferencePolicy.capture` keeps the keywords and
@@ -47,6 +47,7 @@ class ReferencePolicy:
         from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
 
         args = trainer.args
+        # The trainer was built from model_name_or_path (`build_async_trainer`): the same folder or hub id.
         init = dict(args.model_init_kwargs or {})
         init.setdefault("trust_remote_code", args.trust_remote_code)
         init.setdefault("dtype", args.dtype)
@@ -61,8 +62,9 @@ class ReferencePolicy:
         model.to(trainer.accelerator.device)
         return model.eval()
 
+    @staticmethod
     @contextlib.contextmanager
-    def capture(self, model: Any) -> Iterator[dict[str, Any]]:
+    def capture(model: Any) -> Iterator[dict[str, Any]]:
         """While open: the keywords and outputs of `model`'s last forward, in the dict yielded."""
         seen: dict[str, Any] = {}
 
@@ -79,11 +81,14 @@ class ReferencePolicy:
         """The reference's log-probability of every token the policy's forward scored (shaped as its output)."""
         import torch
 
-        kwargs = {k: v for k, v in kwargs.items() if k != "output_router_logits"}
-        with torch.no_grad():
+        kwargs = {k: v for k, v in kwargs.items() if k != "output_router_logits"}  # its aux loss is not used
+        accelerator = self.trainer.accelerator
+        # Under mixed precision accelerate runs the policy's forward in autocast: the copy's forward too, or the
+        # two differ by precision alone (a KL above 0 at the first step, and a bias in every one after).
+        with torch.no_grad(), accelerator.autocast():
             if self.model is not None:
                 return self.model(**kwargs).log_probs
-            with self.trainer.accelerator.unwrap_model(model).disable_adapter():
+            with accelerator.unwrap_model(model).disable_adapter():
                 return model(**kwargs).log_probs
 
     def kl_loss(self, model: Any, inputs: dict[str, Any], seen: dict[str, Any]) -> Any:
