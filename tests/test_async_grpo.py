@@ -97,9 +97,9 @@ def test_the_cpu_tree_attention_computes_what_the_plain_forward_computes(tmp_pat
 
 def test_the_kl_term_is_normalised_as_the_async_policy_loss_across_ranks_and_accumulation():
     """`ReferencePolicy.kl_loss` on hand-made log-probabilities: beta times the summed k3 KL of the selected tokens,
-    over the step's trained tokens per rank (all ranks' tokens / processes) and the accumulation steps, as TRL's
-    async policy loss is normalised; the gradient reaches the policy's log-probabilities; `ref_kl` is the mean over
-    the tokens of every rank (the reduce sums them). The trainer is a stand-in: only its arithmetic is under test
+    over the micro-batch's trained tokens per rank (all ranks' tokens / processes) and the accumulation steps, as
+    TRL's async policy loss is normalised; the gradient reaches the policy's log-probabilities; `ref_kl` is the mean
+    over the tokens of every rank (the reduce sums them). The trainer is a stand-in: only its arithmetic is under test
     here (the real trainer's term is checked against a reloaded starting model below)."""
     from collections import defaultdict
     from types import SimpleNamespace
@@ -115,7 +115,9 @@ def test_the_kl_term_is_normalised_as_the_async_policy_loss_across_ranks_and_acc
     def reduce(tensor, reduction):
         assert reduction == "sum"
         reduced.append(tensor.clone())
-        return tensor * 2  # the other rank holds the same sums
+        return tensor + torch.tensor(
+            [0.3, 9.0]
+        )  # the other rank's: a KL sum of 0.3 over its 9 trained tokens
 
     accelerator = SimpleNamespace(
         num_processes=2, reduce=reduce, autocast=contextlib.nullcontext, unwrap_model=lambda m: m
@@ -139,7 +141,7 @@ def test_the_kl_term_is_normalised_as_the_async_policy_loss_across_ranks_and_acc
     loss.backward()
     assert policy.grad[0, [0, 2, 3]].abs().min() > 0 and policy.grad[0, [1, 4]].abs().max() == 0
     assert reduced[0].tolist() == pytest.approx([k3.sum().item(), 3.0])
-    assert trainer._metrics["train"]["ref_kl"] == [pytest.approx(k3.mean().item())]
+    assert trainer._metrics["train"]["ref_kl"] == [pytest.approx((k3.sum().item() + 0.3) / 12)]
 
 
 def test_group_advantages_leave_episodes_without_a_reward_out_of_the_baseline():
@@ -420,7 +422,7 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
     assert sum(_logged(trainer, "rollout/cost_usd_total")) > 0  # priced by the table the sync trainer uses
 
 
-def _packed_forward(model, inputs):
+def _packed_forward(model, inputs, grad: bool = False):
     """`model`'s log-probability of each trained token of a packed micro-batch, computed as TRL's async loss reads
     it: the fused head over the tree-packed row, picked by `token_index`."""
     import torch
@@ -428,7 +430,7 @@ def _packed_forward(model, inputs):
     mask = inputs["attention_mask"].bool()
     tree = {k: inputs[k][inputs[k] >= 0] for k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
     tree["tree_max_seqlen_q"], tree["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         out = model(
             input_ids=inputs["input_ids"][mask].unsqueeze(0),
             position_ids=inputs["position_ids"][mask].unsqueeze(0),
@@ -510,22 +512,34 @@ def test_beta_adds_the_kl_to_the_starting_policy_to_the_async_loss(
     trainer.reference = None
     without = trainer.compute_loss(trainer.model, inputs)
     trainer.reference = reference
-    # The policy loss is the same in both: the difference's gradient is the term's, and it reaches the policy.
-    trained = [p for p in trainer.model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(with_term - without, trained, allow_unused=True)
-    assert sum(g.abs().sum().item() for g in grads if g is not None) > 0
     start = AutoModelForCausalLM.from_pretrained(
         agent_model, attn_implementation=TREE_ATTENTION, dtype=torch.float32
     )
     add_fused_lm_head(start, temperature=trainer.temperature)
     # The policy's forward is in bf16 autocast when the run was (accelerate wraps it); the reloaded model's too.
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-        delta = _packed_forward(start, inputs) - _packed_forward(trainer.model, inputs)
+        delta = _packed_forward(start, inputs) - _packed_forward(trainer.model, inputs, grad=True)
     k3 = torch.exp(delta) - delta - 1
     tokens = inputs["global_n_tokens"][0].clamp(min=1.0).item()
-    expected = beta * k3.sum().item() / tokens / trainer.current_gradient_accumulation_steps
-    assert expected > 0
-    assert (with_term - without).item() == pytest.approx(expected, rel=1e-3, abs=1e-7)
+    expected = beta * k3.sum() / tokens / trainer.current_gradient_accumulation_steps
+    assert expected.item() > 0
+    assert (with_term - without).item() == pytest.approx(expected.item(), rel=1e-3, abs=1e-7)
+    # The gradient: the policy loss is the same in both runs, so the difference's gradient is the term's, and it
+    # is the gradient of the term computed here.
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def gradient(value):
+        grads = torch.autograd.grad(value, trained, allow_unused=True)
+        return torch.cat(
+            [(torch.zeros_like(p) if g is None else g).flatten() for p, g in zip(trained, grads, strict=True)]
+        )
+
+    got, want = gradient(with_term - without), gradient(expected)
+    # In bf16 the difference carries the rounding of the policy loss's gradient (about 17% of the term's here), so
+    # the two are compared by direction and size: a term without gradient leaves only that rounding.
+    assert want.norm() > 0
+    assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.95
+    assert 0.8 < (got.norm() / want.norm()).item() < 1.25
 
 
 def test_a_checkpoint_resumes_past_the_groups_that_will_never_be_trained():
@@ -672,7 +686,7 @@ def test_two_fsdp2_processes_train_async_sync_the_server_resume_and_stop_at_the_
     # The resumed run's reference is the starting model again, not the checkpoint's policy: its first step is away.
     resumed = next(row for row in json.loads((last / "trainer_state.json").read_text())["log_history"]
                    if row.get("step") == 3 and "ref_kl" in row)  # fmt: skip
-    assert resumed["ref_kl"] > 0
+    assert resumed["ref_kl"] > kl[1] / 10  # a checkpoint's policy as the reference: 0 but for noise (< 1e-6)
 
 
 @pytest.mark.vllm

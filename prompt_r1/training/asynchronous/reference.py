@@ -6,8 +6,8 @@ TRL's async trainer has no reference model. Its samples are up to `max_staleness
 clipped only against the policy that sampled them, so nothing holds the policy near where it started; on some agents
 that costs what it learns (docs/benchmarks.md, "The KL term is the lead"). The term here is the synchronous
 trainer's: TRL's k3 estimator, exp(r - p) - (r - p) - 1 with p the policy's and r the reference's log-probability of
-each trained token, summed and normalised as the async policy loss is (over the step's trained tokens across the
-ranks, and the accumulation steps).
+each trained token, summed and normalised as the async policy loss is (over the micro-batch's trained tokens
+across the ranks, then over the accumulation steps).
 
 The reference is the starting policy, whatever the run resumes from:
 - full fine-tuning: a second copy of the model loaded from `model_name_or_path` as TRL loads the policy (its tree
@@ -93,7 +93,7 @@ class ReferencePolicy:
 
     def kl_loss(self, model: Any, inputs: dict[str, Any], seen: dict[str, Any]) -> Any:
         """`beta` times the summed k3 KL of this micro-batch's trained tokens, normalised as TRL's async policy loss;
-        logs the mean KL over the step's trained tokens of every rank as `ref_kl`."""
+        logs the mean KL per trained token of the micro-batch, every rank's, as `ref_kl`."""
         import torch
 
         trainer = self.trainer
