@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prompt_r1.training.run import leave_process_group
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FSDP2 = ROOT / "training" / "accelerate" / "fsdp2.yaml"
@@ -66,19 +68,9 @@ def main(spec_path: str) -> int:
     value = getattr(importlib.import_module(module), function)(**spec["keywords"])
     if int(os.environ.get("RANK", "0")) == 0:
         Path(spec["result"]).write_bytes(pickle.dumps(value))
-    _leave_process_group()
+    # As `prompt-r1 train` does: a rank done while rank 0 still worked once aborted at exit and failed the launch.
+    leave_process_group()
     return 0
-
-
-def _leave_process_group() -> None:
-    """Every rank waits for the others, then leaves the process group, as `prompt-r1 train` does: a rank that exits
-    while its gloo group is alive can abort ("terminate called without an active exception"), and the launch then
-    fails after the run succeeded (seen once, a rank done while rank 0 still evaluated)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

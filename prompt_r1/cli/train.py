@@ -208,7 +208,7 @@ def cmd_train(argv: list[str]) -> int:
         return cmd_train_task(argv)
 
     from prompt_r1.clients.environment import OPENAI_BASE_URL
-    from prompt_r1.training.run import train
+    from prompt_r1.training.run import leave_process_group, train
     from prompt_r1.training.shared.checks import check_train_data
 
     if any(a.split("=")[0] in ("--dry_run", "--dry-run") for a in argv):
@@ -255,7 +255,7 @@ def cmd_train(argv: list[str]) -> int:
                 saved = "no checkpoint was written"
             print(f"prompt-r1: stopped by {interrupted.signal} after step {interrupted.step}; {saved}",
                   file=sys.stderr)  # fmt: skip
-        _leave_process_group(trainer)
+        leave_process_group()
         return signals.exit_code(interrupted.signal)
     if trainer.accelerator.is_main_process:
         steps = trainer.state.global_step
@@ -265,18 +265,8 @@ def cmd_train(argv: list[str]) -> int:
         if stopped:
             print(f"prompt-r1: stopped by the spend cap: {stopped}; resume with --resume and a higher cap",
                   file=sys.stderr)  # fmt: skip
-    _leave_process_group(trainer)
+    leave_process_group()
     return EXIT_SPEND_CAP if stopped else EXIT_OK
-
-
-def _leave_process_group(trainer) -> None:
-    """Under accelerate launch, leave the process group before exiting: a gloo group still alive at interpreter
-    exit can abort a rank ("terminate called without an active exception") after the run succeeded."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        trainer.accelerator.wait_for_everyone()
-        dist.destroy_process_group()
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

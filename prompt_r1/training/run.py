@@ -6,7 +6,8 @@ runs; and `trainer_config`, the config of the trainer asked for.
     train(trainer_config(async_grpo=True, output_dir=..., vllm_server_base_url=...))   # the same, by a flag
 
 One run per output folder; a damaged checkpoint refused in one line before anything loads; Ctrl-C or SIGTERM
-stops after the step in flight with a checkpoint; the model saved to output_dir at the end.
+stops after the step in flight with a checkpoint; the model saved to output_dir at the end. Under `accelerate
+launch`, each rank calls `leave_process_group()` before it exits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["train", "trainer_config"]
+__all__ = ["leave_process_group", "train", "trainer_config"]
 
 
 def trainer_config(*, async_grpo: bool = False, **values: Any) -> Any:
@@ -121,3 +122,14 @@ def _builder(config: Any) -> Callable[..., Any]:
     from prompt_r1.training.sync.trainer import build_trainer
 
     return build_trainer
+
+
+def leave_process_group() -> None:
+    """Under `accelerate launch` (or any torch process group), wait for every rank, then leave the group, before the
+    process exits: a gloo group still alive at interpreter exit can abort a rank ("terminate called without an
+    active exception") after the run succeeded, and the launch then fails. Nothing outside a process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
