@@ -163,6 +163,19 @@ def _config(tmp_path: Path, **overrides):
     return tiny_grpo_config(tmp_path / "out", **{**settings, **overrides})
 
 
+def _served_config(tmp_path: Path, agent_model: Path, root: str, env, **overrides):
+    """The async trainer's `_config` for the served agent (the vLLM server at `root`) against the scripted
+    environment `env`."""
+    return _config(
+        tmp_path,
+        model_name_or_path=str(agent_model),
+        env_base_url=env.base_url,
+        async_grpo=True,
+        vllm_server_base_url=root,
+        **overrides,
+    )
+
+
 def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_refused_key(tmp_path):
     from trl import GRPOConfig
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -369,15 +382,14 @@ def test_a_short_async_run_bounds_staleness_masks_the_environment_and_advances_t
         "env: {input: 1.0, output: 2.0}\n"
     )  # dollars per 1M tokens: the environment is paid for
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.2) as env:
-        config = _config(
+        config = _served_config(
             tmp_path,
-            model_name_or_path=str(agent_model),
-            env_base_url=env.base_url,
+            agent_model,
+            root,
+            env,
             prices=str(prices),
-            async_grpo=True,
             max_staleness=max_staleness,
             max_steps=4,
-            vllm_server_base_url=root,
             weight_decay=1.0,  # the weights move at every step, whatever the advantages
         )
         trainer = build_async_trainer(config, train_rows=_rows())
@@ -472,13 +484,12 @@ def test_beta_adds_the_kl_to_the_starting_policy_to_the_async_loss(
     root, _ = agent_server
     beta = 0.5
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.05) as env:
-        config = _config(
+        config = _served_config(
             tmp_path,
-            model_name_or_path=str(agent_model),
-            env_base_url=env.base_url,
-            async_grpo=True,
+            agent_model,
+            root,
+            env,
             max_steps=3,
-            vllm_server_base_url=root,
             weight_decay=1.0,  # the weights move at every step, whatever the advantages
             beta=beta,
             use_peft=lora,
@@ -569,10 +580,16 @@ def test_a_resumed_async_run_goes_on_from_the_first_untrained_group_and_its_poli
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as env:
 
         def trainer_for(steps: int):
-            config = _config(
-                tmp_path, model_name_or_path=str(agent_model), env_base_url=env.base_url, async_grpo=True,
-                max_staleness=2, max_steps=steps, save_strategy="steps", save_steps=2, vllm_server_base_url=root,
-            )  # fmt: skip
+            config = _served_config(
+                tmp_path,
+                agent_model,
+                root,
+                env,
+                max_staleness=2,
+                max_steps=steps,
+                save_strategy="steps",
+                save_steps=2,
+            )
             trainer = build_async_trainer(config, train_rows=rows)
             return trainer, RecordingWorker(trainer.rollout_worker)
 
@@ -704,15 +721,8 @@ def test_an_environment_killed_mid_run_fails_the_run_with_one_line(agent_server,
         def on_step_end(self, args, state, control, **kwargs):
             env.stop()
 
-    config = _config(
-        tmp_path,
-        model_name_or_path=str(agent_model),
-        env_base_url=env.base_url,
-        env_max_retries=1,
-        env_backoff_initial=0.05,
-        async_grpo=True,
-        max_steps=50,
-        vllm_server_base_url=root,
+    config = _served_config(
+        tmp_path, agent_model, root, env, env_max_retries=1, env_backoff_initial=0.05, max_steps=50
     )
     trainer = build_async_trainer(config, train_rows=_rows(), callbacks=[KillEnvironment()])
     started = time.monotonic()
@@ -742,14 +752,7 @@ def test_a_vllm_server_killed_mid_run_fails_the_run_with_one_line(agent_server, 
                 stop_vllm_server(process, kill=True)  # the server, its engine and its worker, as a crash
 
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.1) as env:
-        config = _config(
-            tmp_path,
-            model_name_or_path=str(agent_model),
-            env_base_url=env.base_url,
-            async_grpo=True,
-            max_steps=50,
-            vllm_server_base_url=root,
-        )
+        config = _served_config(tmp_path, agent_model, root, env, max_steps=50)
         trainer = build_async_trainer(config, train_rows=_rows(), callbacks=[KillServer()])
         started = time.monotonic()
         with pytest.raises(PromptR1Error, match=f"the vLLM server at {root}|{root}") as raised:

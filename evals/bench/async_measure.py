@@ -147,8 +147,8 @@ def cpu_bound(alone: dict, trained: dict) -> float:
 
 def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, trained: dict, runs: dict) -> None:
     """The async table: `sync` {latency: (s/step, tokens)}, `alone` {latency or (latency, variant): {"step",
-    "cpu"}}, `trained` {processes: figures}, `runs` {(latency, processes, variant): figures} (`figures`; variant "" as it is,
-    "reload in background", "no headroom" or "before")."""
+    "cpu"}}, `trained` {processes: figures}, `runs` {(latency, processes, variant): figures} (`figures`; variant
+    "" as it is, "reload in background", "no headroom" or "before")."""
     latencies = sorted(lat for lat in alone if not isinstance(lat, tuple))  # (lat, variant): a variant's own
     counts = sorted(trained)
     variants = [

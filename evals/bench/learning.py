@@ -31,11 +31,12 @@ and thread count. `--work DIR` keeps the agents, so that a later run with other 
 per seed (started for the seed, always stopped after it), each group of episodes playing a table of its own (groups
 run across steps), the same KL term (`--beta`; `--loss-type` and `--mask-truncated` are refused, the async
 trainer has neither), and `--max-staleness` (default 4, the async trainer's own default, at which its throughput
-was measured). Its figures go to OUT/learning-async.json and OUT/curves-async.png, beside a synchronous run's; when OUT/learning.json
-(or `--compare FILE`) holds one, the two are printed side by side: each seed's gain, sync and async, the sync
-run's spread of gains, and a verdict per seed (within, above or below that spread; collapsed or not). An async run
-is not reproducible: the trainer and the rollout worker interleave by timing (which policy version samples which
-group, which samples come too late and are dropped), and the server samples concurrent requests in arrival order.
+was measured). Its figures go to OUT/learning-async.json and OUT/curves-async.png, beside a synchronous run's;
+when OUT/learning.json (or `--compare FILE`) holds one, the two are printed side by side: each seed's gain, sync
+and async, the sync run's spread of gains, and a verdict per seed (within, above or below that spread; collapsed
+or not). An async run is not reproducible: the trainer and the rollout worker interleave by timing (which policy
+version samples which group, which samples come too late and are dropped), and the server samples concurrent
+requests in arrival order.
 What can be seeded is: the agents, every group's table (the seed and the group's index), the training rows' order,
 the trainer, and the server's sampling seed. `--async --processes N` trains across N processes (`accelerate launch`
 with training/accelerate/fsdp2.yaml, `async_ranks.py`: rank 0 runs the rollout worker, each step's `--batch`

@@ -14,8 +14,8 @@ handed to TRL as it is: the settings of the synchronous trainer it does not have
 iterations per batch, the colocated engine, DeepSpeed, ...) were refused when it was built. The synchronous
 trainer's KL term (`beta`), which TRL's async trainer does not have, is added to its loss
 (`prompt_r1.training.asynchronous.reference`). The environment is priced, counted and recorded in the call ledger
-for the spend caps (`prompt_r1.training.asynchronous.spend`). A vLLM server that loaded another model than `model_name_or_path` is
-refused before anything loads.
+for the spend caps (`prompt_r1.training.asynchronous.spend`). A vLLM server that loaded another model than
+`model_name_or_path` is refused before anything loads.
 
 Across processes (`accelerate launch --config_file training/accelerate/fsdp2.yaml`) TRL shards with FSDP2: rank 0
 runs the worker and sends the weights, each parameter gathered once across the ranks; the model is saved whole
