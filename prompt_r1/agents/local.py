@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria, StopStringCriteria
+from transformers import LogitsProcessorList, StoppingCriteria, StopStringCriteria
 
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest
 from prompt_r1.agents.model_source import check_model_source
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.protocol import STOP_SEQUENCES
 
 __all__ = ["TransformersAgent", "load_transformers_model"]
 
@@ -26,9 +27,12 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
     """(model, tokenizer) through the real `from_pretrained` path; a clear ConfigError when it cannot load."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from prompt_r1.agents.builtin import resolve_model
+
     check_model_source(
         name_or_path, "agent model (--agent-model)"
     )  # one line from any caller, not only the CLI
+    name_or_path = resolve_model(name_or_path)  # a built-in model: its folder, made on first use
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype, None)
     if torch_dtype is None:
@@ -121,6 +125,12 @@ class TransformersAgent(BatchingBackend):
             input_ids[row, width - len(item.prompt_ids) :] = torch.tensor(item.prompt_ids)
             attention[row, width - len(item.prompt_ids) :] = 1
         recorder = _StopRecorder(self.tokenizer, batch[0].stop, self.eos_ids, width, len(batch))
+        guide = []
+        if cfg.guide_calls is not None and self.sampling is None and batch[0].stop == STOP_SEQUENCES:
+            from prompt_r1.agents.guide import ProtocolGuide, guided_plan
+
+            plans = [guided_plan(self.tokenizer, item.prompt_ids, cfg.guide_calls) for item in batch]
+            guide = LogitsProcessorList([ProtocolGuide(self.tokenizer, plans, width)])
         if self.sampling is not None:
             sampling = self.sampling
         elif cfg.temperature > 0:
@@ -132,6 +142,7 @@ class TransformersAgent(BatchingBackend):
             attention_mask=attention.to(device),
             max_new_tokens=max(item.max_new_tokens for item in batch),
             stopping_criteria=[recorder],
+            logits_processor=guide or None,
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_scores=True,

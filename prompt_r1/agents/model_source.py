@@ -1,5 +1,5 @@
-"""Where an agent model is loaded from, checked in seconds before anything loads it: a local model folder, or a
-Hugging Face hub id that is cached or downloadable here.
+"""Where an agent model is loaded from, checked in seconds before anything loads it: a built-in model
+(agents/builtin.py), a local model folder, or a Hugging Face hub id that is cached or downloadable here.
 
     check_model_source("./my-trained-agent", "--agent-model")   # ConfigError: no such folder
 
@@ -33,16 +33,22 @@ def check_model_source(name: str, flag: str) -> None:
     """A `ConfigError` naming `flag` when `name` is neither a local model folder nor a hub id that can be
     loaded here (cached, or the hub reachable). A hub id that is reachable but wrong is left to the loader, whose
     error says so."""
+    from prompt_r1.agents.builtin import BUILTIN_MODELS, ModelNameError, check_builtin, is_builtin
+
+    if is_builtin(name):
+        check_builtin(name)
+        return
     path = Path(name).expanduser()
     if path.is_dir():
         return
     if path.exists():
         raise ConfigError(f"{flag} {name}: is a file; a model is a folder (config.json, weights, tokenizer)")
     looks_local = name.startswith((".", "/", "~")) or _hub_id_error(name) is not None
+    builtin = ", ".join(BUILTIN_MODELS)
     if looks_local:
         raise ConfigError(
             f"{flag} {name}: no such model folder (and it cannot be a Hugging Face hub id); give the folder a "
-            "trained model was saved to, or a hub id such as Qwen/Qwen3-4B"
+            f"trained model was saved to, a hub id such as Qwen/Qwen3-4B, or a built-in model ({builtin})"
         )
     from huggingface_hub import try_to_load_from_cache
 
@@ -52,6 +58,9 @@ def check_model_source(name: str, flag: str) -> None:
     reason = "downloads are off (HF_HUB_OFFLINE)" if endpoint is None else unreachable_reason(endpoint)
     if reason is not None:
         local = Path(name.split("/")[0]).is_dir()
+        if "/" not in name:  # a bare name is far more often a built-in model mistyped than a legacy hub id
+            raise ModelNameError(f"{flag} {name}: not a built-in model ({builtin}), a local folder, nor a cached "
+                              f"Hugging Face model (the hub cannot be reached: {reason})")  # fmt: skip
         raise ConfigError(
             f"{flag} {name}: "
             + (f"no such model folder (there is no {name} under {Path.cwd()}); nor" if local else "not a local "

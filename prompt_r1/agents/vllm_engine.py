@@ -12,6 +12,7 @@ vLLM's own log lines go to stderr (`VLLM_LOGGING_STREAM`), never into a command'
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from typing import Any
@@ -87,6 +88,10 @@ class VLLMAgent:
     ) -> None:
         """`engine_kwargs` go to `vllm.AsyncEngineArgs` (e.g. max_model_len, gpu_memory_utilization)."""
         vllm = _import_vllm()
+        from prompt_r1.agents.builtin import is_builtin, resolve_model
+
+        if is_builtin(config.model):  # vLLM loads the built-in model's folder (made on first use)
+            config = dataclasses.replace(config, model=resolve_model(config.model))
         self.config = config
         if engine is None:
             settings = {**_engine_defaults(vllm, config), **engine_kwargs}

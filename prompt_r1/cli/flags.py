@@ -256,8 +256,10 @@ def check_run_flags(args: argparse.Namespace) -> None:
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EnvironmentConfig, LoopConfig]:
+    """The typed configs from --config and the flags; where no environment was named and its key is not set, the
+    built-in model in place of the paper's defaults, with one line on stderr saying so (core/defaults.py)."""
     values: dict[str, dict[str, Any]] = load_config_file(args.config) if args.config else {}
-    built = []
+    built, named = [], set()
     for section, cls, _ in _SECTIONS:
         merged = dict(values.get(section, {}))
         for f in fields(cls):
@@ -267,11 +269,17 @@ def configs_from_args(args: argparse.Namespace) -> tuple[AgentConfig, Environmen
                 flag_value = flag_value[0]
             if flag_value is not None:
                 merged[f.name] = flag_value
+        named.update(f"{section}.{name}" for name in merged)
         try:
             built.append(cls(**merged))
         except TypeError as exc:
             raise ConfigError(f"bad {section} settings: {exc}") from exc
-    return built[0], built[1], built[2]
+    from prompt_r1.core.defaults import offline_default
+
+    agent, environment, why = offline_default(built[0], built[1], named=named)
+    if why is not None:
+        print(f"prompt-r1: {why}", file=sys.stderr, flush=True)
+    return agent, environment, built[2]
 
 
 def check_reachable(url: str, what: str, flag: str, timeout: float = 5.0) -> None:
@@ -305,20 +313,38 @@ def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | No
     None comes back in its place), cheapest checks first: keys, sockets, then model loading. An unreachable
     endpoint or model is a `CommandFailure` with exit code 3."""
     from prompt_r1.agents import load_agent
+    from prompt_r1.agents.builtin import ModelNameError, is_builtin
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
 
+    def check_model(name: str, flag: str) -> None:
+        try:
+            check_model_source(name, flag)
+        except ModelNameError as exc:  # a name to fix or a package to install
+            raise CommandFailure(str(exc), EXIT_USAGE) from exc
+        except ConfigError as exc:  # a hub that cannot be reached
+            raise CommandFailure(str(exc), EXIT_UNREACHABLE) from exc
+
     environment = agent = None
-    if env_cfg is not None:
+    builtin_env = env_cfg is not None and is_builtin(env_cfg.model) and env_cfg.base_url is None
+    if env_cfg is not None and not builtin_env:
         environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
+    if agent_cfg is not None and agent_cfg.resolved_backend != "served":
+        check_model(agent_cfg.model, "--agent-model")  # built in, a folder or a hub id, in seconds
+    if builtin_env:
+        # Served on 127.0.0.1 by this process (agents/model_server.py) for as long as the command runs.
+        from prompt_r1.agents.model_server import local_environment
+
+        check_model(env_cfg.model, "--env-model")
+        env_cfg = local_environment(env_cfg)
+        environment = EnvironmentClient(env_cfg)
+    if env_cfg is not None:
         check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
         check_rate_store(env_cfg.rate_store)
     if agent_cfg is not None:
         if agent_cfg.resolved_backend == "served":
             check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
         try:
-            if agent_cfg.resolved_backend != "served":  # a local model: its folder or hub id, in seconds
-                check_model_source(agent_cfg.model, "--agent-model")
             agent = load_agent(agent_cfg)
         except ConfigError as exc:
             raise CommandFailure(str(exc), EXIT_UNREACHABLE) from exc

@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         with signals.sigterm_as_sigint():
             return _run_command(command, args)
     finally:
+        if "prompt_r1.agents.model_server" in sys.modules:  # a built-in environment served for this command
+            sys.modules["prompt_r1.agents.model_server"].stop_shared_model_servers()
         sys.stdout.flush()
         sys.stdout, sys.stderr = stdout, stderr
 

@@ -197,6 +197,12 @@ class AgentConfig:
         "model name when it is a local folder.",
         default=None,
     )
+    guide_calls: int | None = _help(
+        "Guide an untrained local agent into the protocol's tags (constrained decoding: the tags are written for "
+        "it, the words inside are its own): it prompts the environment N times, then answers. Unset: unguided.",
+        default=None,
+        check=AT_LEAST_0,
+    )
     token_exact: str = _help(
         "A served agent's turns as token ids through vLLM's completions API, as in training: auto (when the server "
         "is vLLM and a tokenizer is found), on (required), off (chat messages).",
