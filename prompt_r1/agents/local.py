@@ -130,7 +130,10 @@ class TransformersAgent(BatchingBackend):
             from prompt_r1.agents.guide import ProtocolGuide, guided_plan
 
             plans = [guided_plan(self.tokenizer, item.prompt_ids, cfg.guide_calls) for item in batch]
-            guide = LogitsProcessorList([ProtocolGuide(self.tokenizer, plans, width)])
+            # Room for both tags' words within the turn's budget (their own tokens take about 20).
+            room = max(4, (min(item.max_new_tokens for item in batch) - 24) // 2)
+            guide = LogitsProcessorList([ProtocolGuide(self.tokenizer, plans, width, think_tokens=min(48, room),
+                                                       body_tokens=min(64, room))])  # fmt: skip
         if self.sampling is not None:
             sampling = self.sampling
         elif cfg.temperature > 0:

@@ -346,6 +346,8 @@ def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | No
             check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
         try:
             agent = load_agent(agent_cfg)
+        except ModelNameError as exc:  # e.g. a .gguf file that holds no model
+            raise CommandFailure(str(exc), EXIT_USAGE) from exc
         except ConfigError as exc:
             raise CommandFailure(str(exc), EXIT_UNREACHABLE) from exc
     return agent, environment

@@ -4,6 +4,7 @@
     prompt-r1 run "QUESTION" --config run.yaml --json
     prompt-r1 batch questions.jsonl --out results.jsonl [--concurrency N] [--checkpoint results.sqlite] [run flags]
     prompt-r1 serve --host 127.0.0.1 --port 8000 [--served-model-name N] [--concurrency N] [run flags]
+    prompt-r1 serve-model smollm2-135m --port 8001      (one local model as an OpenAI-compatible chat endpoint)
     prompt-r1 eval --suite paper-main --method prompt-r1 --method env-only [--limit N] [--out DIR] [run flags]
     prompt-r1 score predictions.jsonl [--metric em --metric f1] [--out DIR]
 
@@ -70,10 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from prompt_r1.cli.batch import add_batch_parser
     from prompt_r1.cli.eval import add_eval_parsers
-    from prompt_r1.cli.serve import add_serve_parser
+    from prompt_r1.cli.serve import add_serve_model_parser, add_serve_parser
     from prompt_r1.cli.train import add_train_parsers
 
     add_serve_parser(sub, add_run_flags)
+    add_serve_model_parser(sub)
     add_eval_parsers(sub, add_run_flags)
     add_batch_parser(sub, add_run_flags)
     add_train_parsers(sub)
@@ -189,6 +191,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return cmd_serve(args)
 
 
+def _cmd_serve_model(args: argparse.Namespace) -> int:
+    from prompt_r1.cli.serve import cmd_serve_model
+
+    return cmd_serve_model(args)
+
+
 def _cmd_batch(args: argparse.Namespace) -> int:
     from prompt_r1.cli.batch import cmd_batch
 
@@ -240,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": _cmd_batch,
             "batch-merge": _cmd_batch_merge,
             "serve": _cmd_serve,
+            "serve-model": _cmd_serve_model,
             "eval": _cmd_eval,
             "score": _cmd_score,
             "merge": _cmd_merge,

@@ -1,4 +1,5 @@
-"""`prompt-r1 serve`: the command around `prompt_r1.integrations.server` (flags, key, start-up checks, stopping)."""
+"""`prompt-r1 serve`: the command around `prompt_r1.integrations.server` (flags, key, start-up checks, stopping);
+`prompt-r1 serve-model`: one local model as an OpenAI-compatible chat endpoint (prompt_r1.agents.model_server)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from prompt_r1.core import signals
 from prompt_r1.core.checks import flag_number, number
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["add_serve_parser", "cmd_serve"]
+__all__ = ["add_serve_model_parser", "add_serve_parser", "cmd_serve", "cmd_serve_model"]
 
 
 def add_serve_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
@@ -115,3 +116,75 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"prompt-r1: {name}: stopped", file=sys.stderr)
     # Drained: a clean stop (0). Stopped at once: requests were cut short, so the signal's own code (143/130).
     return signals.exit_code(aborted[-1]) if aborted else EXIT_OK
+
+
+def add_serve_model_parser(sub: argparse._SubParsersAction) -> None:
+    sm = sub.add_parser(
+        "serve-model",
+        help="serve one local model (a built-in one, e.g. smollm2-135m, or a model folder) as an OpenAI-compatible "
+        "chat endpoint, e.g. as the environment of other runs",
+        description="Requests that arrive together are answered by one batched generate call. Ctrl-C or SIGTERM "
+        "stops it. Point runs at it with --env-base-url URL --env-model NAME.",
+    )
+    sm.add_argument(
+        "model", help="a built-in model (smollm2-135m), a .gguf file, or a model folder or hub id"
+    )
+    sm.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    sm.add_argument(
+        "--port",
+        type=flag_number(integer=True, minimum=0, maximum=65535),
+        default=8001,
+        help="port to listen on (default: 8001; 0: any free port)",
+    )
+    sm.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: MODEL)")
+    sm.add_argument(
+        "--temperature",
+        type=flag_number(minimum=0, maximum=2),
+        default=0.7,
+        metavar="X",
+        help="sampling temperature of requests that name none (default: 0.7)",
+    )
+    sm.add_argument("--seed", type=flag_number(integer=True, minimum=0), metavar="N", help="sampling seed")
+    sm.add_argument("--device", help="cpu or cuda (default: cpu)")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse, in milliseconds and before the model loads, a port another process holds."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def cmd_serve_model(args: argparse.Namespace) -> int:
+    from prompt_r1.agents.builtin import ModelNameError
+    from prompt_r1.agents.model_server import build_model_app, load_served_model
+    from prompt_r1.agents.model_source import check_model_source
+    from prompt_r1.cli.flags import EXIT_UNREACHABLE, CommandFailure
+    from prompt_r1.integrations.server import serve
+
+    _check_port_free(args.host, args.port)
+    try:
+        check_model_source(args.model, "model")
+    except ModelNameError:
+        raise
+    except ConfigError as exc:  # a hub id the hub cannot give
+        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+    server = load_served_model(args.model, name=args.served_model_name, temperature=args.temperature,
+                               seed=args.seed, device=args.device)  # fmt: skip
+
+    def ready(url: str) -> None:
+        print(f"prompt-r1: serving {server.name} on {url}", flush=True)
+
+    try:
+        name = asyncio.run(serve(build_model_app(server), args.host, args.port, ready=ready))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    print(f"prompt-r1: {name}: stopped", file=sys.stderr)
+    return EXIT_OK

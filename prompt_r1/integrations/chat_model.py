@@ -4,6 +4,7 @@
     from prompt_r1 import AgentConfig, PromptR1Chat, load_agent
 
     chat = PromptR1Chat(agent=load_agent(AgentConfig(model="./my-agent")), environment=ChatOpenAI(model="gpt-4o-mini"))
+    chat = PromptR1Chat(agent="smollm2-135m", environment="smollm2-135m")   # the built-in model, offline
     chat.invoke("Which magazine was started first, Arthur's Magazine or First for Women?").content
 
 Each call runs one episode of the loop on the text of the last user message (earlier messages and system
@@ -111,10 +112,17 @@ class PromptR1Chat(BaseChatModel):
     # An unknown keyword is an error: `max_turn=1`, a typo, must not leave max_turns at its default.
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    agent: Any = Field(description="The agent backend (prompt_r1.load_agent(...), or any AgentBackend).")
+    agent: Any = Field(
+        default=None,
+        description="The agent backend (prompt_r1.load_agent(...), or any AgentBackend), or a model name (a built-in "
+        "model such as smollm2-135m, a folder, a hub id). None: as the command line's default (core/defaults.py).",
+    )
     environment: Any = Field(
-        description="The large LLM: an EnvironmentClient or EnvironmentPool, or any LangChain chat model "
-        "(e.g. ChatOpenAI, which is wrapped in an EnvironmentClient)."
+        default=None,
+        description="The large LLM: an EnvironmentClient or EnvironmentPool, any LangChain chat model "
+        "(e.g. ChatOpenAI, which is wrapped in an EnvironmentClient), or a model name (OpenAI's, or a built-in "
+        "model served by this process). None: OpenAI's gpt-4o-mini, or the built-in model where OPENAI_API_KEY "
+        "is not set.",
     )
     loop: LoopConfig | None = Field(
         default=None,
@@ -146,6 +154,26 @@ class PromptR1Chat(BaseChatModel):
     )
     timeout: float | None = Field(default=None, description="Ignored (the environment client has its own).")
     max_retries: int | None = Field(default=None, description="Ignored (the environment client has its own).")
+
+    @model_validator(mode="after")
+    def _players(self) -> PromptR1Chat:
+        """Model names (and nothing) become the agent and the environment they name (runs/players.py)."""
+        if (
+            self.agent is None
+            or isinstance(self.agent, str)
+            or self.environment is None
+            or isinstance(self.environment, str)
+        ):
+            import warnings
+
+            from prompt_r1.runs.players import players
+
+            agent, environment, why = players(self.agent, self.environment)
+            if why is not None:
+                warnings.warn(f"PromptR1Chat: {why}", stacklevel=4)
+            object.__setattr__(self, "agent", agent)
+            object.__setattr__(self, "environment", environment)
+        return self
 
     @model_validator(mode="after")
     def _one_loop(self) -> PromptR1Chat:

@@ -246,6 +246,8 @@ def build_async_trainer(
     from datasets import Dataset
     from transformers import AutoTokenizer
 
+    from prompt_r1.agents.builtin import resolve_model
+    from prompt_r1.agents.model_server import local_environment
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.agents.served import ServedAgent
     from prompt_r1.clients.costs import PriceTable
@@ -269,10 +271,14 @@ def build_async_trainer(
         )
     args = config
     check_model_source(config.model_name_or_path, "model_name_or_path")
+    config.model_name_or_path = resolve_model(config.model_name_or_path)  # a built-in model: its folder
     root = config.vllm_server_base_url.rstrip("/").removesuffix("/v1")
     served = _served_model(root, config.model_name_or_path)  # before anything loads
     if environment is None:
-        environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
+        # A built-in environment model with no base URL: served on 127.0.0.1 by this process.
+        environment = EnvironmentClient(
+            local_environment(config.environment_config(num_processes=config.world_size))
+        )
     # Priced and counted for the spend caps, every call the worker pays for; recorded in this process's ledger.
     environment = paid_environment(config, environment)
     if train_rows is None:

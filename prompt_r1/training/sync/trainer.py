@@ -45,6 +45,8 @@ def build_trainer(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
+    from prompt_r1.agents.builtin import resolve_model
+    from prompt_r1.agents.model_server import local_environment
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.shared import spend
@@ -55,12 +57,16 @@ def build_trainer(
             "prompt_r1.training.asynchronous.trainer.build_async_trainer (or train(config))"
         )
     if environment is None:
-        environment = EnvironmentClient(config.environment_config(num_processes=config.world_size))
+        # A built-in environment model with no base URL: served on 127.0.0.1 by this process.
+        environment = EnvironmentClient(
+            local_environment(config.environment_config(num_processes=config.world_size))
+        )
     environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
     check_rows_per_step(config, len(train_rows))
     check_model_source(config.model_name_or_path, "model_name_or_path")
+    config.model_name_or_path = resolve_model(config.model_name_or_path)  # a built-in model: its folder
     if config.model_init_kwargs is None:
         config.model_init_kwargs = {}
     config.model_init_kwargs.setdefault("dtype", config.agent_dtype)
