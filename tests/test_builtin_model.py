@@ -82,6 +82,8 @@ def test_a_torn_or_old_cache_is_not_used_and_a_missing_package_is_one_line(
 def test_a_torn_cache_is_made_again(builtin_cache, tmp_path, monkeypatch):
     import shutil
 
+    from prompt_r1.agents import builtin
+
     cache = tmp_path / "cache"
     shutil.copytree(builtin_cache / "models", cache / "models")
     monkeypatch.setenv("PROMPT_R1_CACHE", str(cache))
@@ -95,11 +97,7 @@ def test_a_torn_cache_is_made_again(builtin_cache, tmp_path, monkeypatch):
         weights.stat().st_size
         == (builtin_cache / "models" / "smollm2-135m" / "model.safetensors").stat().st_size
     )
-    assert (
-        builtin._complete(folder)
-        if (builtin := __import__("prompt_r1.agents.builtin").agents.builtin)
-        else False
-    )
+    assert builtin._complete(folder)
 
 
 def test_the_first_command_with_no_key_answers_through_the_real_loop(builtin_cache):

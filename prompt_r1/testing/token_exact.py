@@ -95,7 +95,7 @@ def token_exact_problems(
         if len(environment_spans) != len(replies):
             problems.append(f"{where}: {len(environment_spans)} masked spans for {len(replies)} replies")
             continue
-        for (a, b), turn, (p, ids) in zip(environment_spans, replies, mine, strict=False):
+        for (a, b), turn, (_, ids) in zip(environment_spans, replies, mine, strict=False):
             body = turn["response"]
             body = interaction_response(body) if turn.get("response_source") == "environment" else body
             expected = user_turn_ids(tokenizer, body, ids)
