@@ -101,7 +101,8 @@ def test_unknown_config_keys_are_named(tmp_path, capsys):
 
 def test_missing_key_and_unreachable_agent(server, monkeypatch, capsys):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert main(["run", "q"]) == 2
+    # Named, OpenAI's model needs its key (unnamed, the built-in model stands in: tests/test_builtin_model.py).
+    assert main(["run", "q", "--env-model", "gpt-4o-mini"]) == 2
     assert "set OPENAI_API_KEY" in capsys.readouterr().err
     argv = [
         "run",
@@ -126,7 +127,8 @@ def test_console_script_end_to_end(server):
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["answer"] == "Paris"
-    bad = subprocess.run([exe, "run", "q"], capture_output=True, text=True, env=env, timeout=120)
+    bad = subprocess.run([exe, "run", "q", "--env-model", "gpt-4o-mini"], capture_output=True, text=True, env=env,
+                         timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
 

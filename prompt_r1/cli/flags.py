@@ -329,6 +329,8 @@ def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | No
     builtin_env = env_cfg is not None and is_builtin(env_cfg.model) and env_cfg.base_url is None
     if env_cfg is not None and not builtin_env:
         environment = EnvironmentClient(env_cfg)  # raises MissingCredentials before anything expensive
+        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+        check_rate_store(env_cfg.rate_store)
     if agent_cfg is not None and agent_cfg.resolved_backend != "served":
         check_model(agent_cfg.model, "--agent-model")  # built in, a folder or a hub id, in seconds
     if builtin_env:
@@ -336,11 +338,8 @@ def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | No
         from prompt_r1.agents.model_server import local_environment
 
         check_model(env_cfg.model, "--env-model")
-        env_cfg = local_environment(env_cfg)
-        environment = EnvironmentClient(env_cfg)
-    if env_cfg is not None:
-        check_reachable(env_cfg.base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
         check_rate_store(env_cfg.rate_store)
+        environment = EnvironmentClient(local_environment(env_cfg))
     if agent_cfg is not None:
         if agent_cfg.resolved_backend == "served":
             check_reachable(agent_cfg.base_url, "served agent", "--agent-base-url")
