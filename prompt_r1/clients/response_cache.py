@@ -7,10 +7,11 @@
 
 A call is keyed by what decides its answer: the endpoint (its URL as `printable_url` shows it, never a user,
 password or query), the model, every message (role and text, in order) and the sampling settings (temperature,
-max_tokens). Nothing else goes in: no API key is part of a key, a row or the file's meta, and a reply's text was
-already cut of any key by the client. Replaying is right only where the endpoint would give the same answer
-again, so `use_cache` refuses an environment sampled above temperature 0 unless the run asks for replays anyway
-(`always=True`, `--env-cache-always`).
+max_tokens). Nothing else goes in: no API key is part of a key, a row or the file's meta; a reply is stored and
+replayed with every key and URL secret cut (`redaction.scrub`: the endpoint's user part, a secret query
+parameter), so a cache written by another run or user replays none into this run's rows. Replaying is right only
+where the endpoint would give the same answer again, so `use_cache` refuses an environment sampled above
+temperature 0 unless the run asks for replays anyway (`always=True`, `--env-cache-always`).
 
 Two stores, one format:
 - **a file** (SQLite, WAL): made whole before it appears (`clients.sqlite_files`, as training's call ledger).
@@ -44,6 +45,7 @@ from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
+from prompt_r1.core import redaction
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.hashing import message_texts, stable_hash
 from prompt_r1.core.urls import check_store_url, names_store, printable_url
@@ -133,6 +135,8 @@ class ResponseCache:
             reply = json.loads(reply_json) if _checksum(key, reply_json) == checksum else None
         except ValueError:
             reply = None
+        # A cache another run wrote (an older version, another user's) may hold a URL secret: cut on the way out.
+        reply = redaction.scrub(reply)
         if not isinstance(reply, dict) or not isinstance(reply.get("text"), str):
             self.damaged = (
                 f"{FLAG} {self.label}: a stored reply is damaged (its checksum does not match), so it was not "
@@ -155,11 +159,13 @@ class ResponseCache:
             reply = json.loads(found[0]) if _checksum(key, found[0]) == found[1] else None
         except ValueError:
             reply = None
+        reply = redaction.scrub(reply)
         return reply if isinstance(reply, dict) and isinstance(reply.get("text"), str) else None
 
     def put(self, key: str, reply: dict[str, Any]) -> None:
-        """Keep one paid reply (its fields, `cached` left out) under `key`."""
-        reply = {k: v for k, v in reply.items() if k != "cached"}
+        """Keep one paid reply (its fields, `cached` left out) under `key`, every key and URL secret cut (the
+        endpoint's user part, a secret query parameter): the file is shared, and replayed into others' rows."""
+        reply = redaction.scrub({k: v for k, v in reply.items() if k != "cached"})
         reply_json = json.dumps(reply, ensure_ascii=False)
         tokens = (int(reply.get("input_tokens") or 0), int(reply.get("output_tokens") or 0))
         with self._lock:

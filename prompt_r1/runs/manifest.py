@@ -13,7 +13,7 @@ output folder. One file holds:
   (what changes results: compared when a run adds to the output) and `operational` (endpoints, limits, files);
   `seeds`;
 - `prices`: the price table the costs came from (`--prices` or the bundled one), $ per 1M tokens;
-- `command_line`, `machine` (OS, Python, CPU, GPUs), `written_at`;
+- `command_line` (URL secrets and the values of secret-named flags such as `--hub_token` masked), `machine` (OS, Python, CPU, GPUs), `written_at`;
 - `runs`: one entry per run that wrote to the output (its time, command line, code and, when it was allowed to
   differ, which settings changed).
 
@@ -208,7 +208,7 @@ def build_manifest(
         },
         "seeds": scrub(_plain(dict(seeds or {}))),
         "prices": _prices(prices),
-        "command_line": scrub(line),
+        "command_line": scrub(redaction.mask_command_line(line)),
         "machine": machine(),
     }
 
