@@ -39,6 +39,7 @@ from typing import Any
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.core import redaction
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.files import write_whole
 
 __all__ = [
     "FOLDER_MANIFEST",
@@ -283,6 +284,6 @@ def write_manifest(
         run["changed"] = changes
     manifest = {**manifest, "runs": [*runs, run]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".writing")
-    tmp.write_text(redaction.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_whole(
+        path, redaction.dumps(manifest, indent=2) + "\n"
+    )  # its temporary made anew, never through a link

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt_r1.core.errors import OutputError
+from prompt_r1.core.files import open_new, write_whole
 
 __all__ = [
     "FAILED_STATUSES",
@@ -243,7 +244,7 @@ def compact_output(path: str | Path, key: Callable[[dict], Hashable] = row_id) -
     dropped = 0
     keep = set(last.values())
     tmp = path.with_name(path.name + ".compacting")
-    with path.open(encoding="utf-8") as src, tmp.open("w", encoding="utf-8") as dst:
+    with path.open(encoding="utf-8") as src, open_new(tmp) as dst:
         for line_no, line in enumerate(src):
             if line_no in keep:
                 dst.write(line)
@@ -282,12 +283,9 @@ def check_summary_path(path: str | Path, protected: Iterable[tuple[str, Path | N
 def write_text_file(path: str | Path, text: str, what: str) -> None:
     """Write `text` to `path`, atomically (a temporary file then a rename), or raise `OutputError`."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".writing")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_whole(path, text)  # its temporary NAME.writing made anew, never through a link
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt_r1.core.errors import ConfigError, OutputError
+from prompt_r1.core.files import open_new
 from prompt_r1.data.datasets import iter_samples
 from prompt_r1.runs.output_files import FAILED_STATUSES, crc, read_rows
 from prompt_r1.runs.output_lock import hold_output
@@ -174,7 +175,7 @@ def merge_shards(
             parts.append(read.last)
         tmp = out.with_name(out.name + ".merging")
         try:
-            with tmp.open("w", encoding="utf-8") as dst:
+            with open_new(tmp) as dst:  # never through a link left at NAME.merging
                 for rows in parts:
                     for line, row in rows.values():
                         dst.write(line)
