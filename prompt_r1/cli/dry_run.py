@@ -163,6 +163,7 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
     from prompt_r1.clients.costs import PriceTable
     from prompt_r1.data.datasets import iter_samples
     from prompt_r1.loop.protocols import protocol_for
+    from prompt_r1.runs.batch import scan_input
     from prompt_r1.runs.estimate import episode_part
 
     if args.env_pool:
@@ -172,6 +173,8 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
     _refuse_as_the_run_does(args, prices, [env_cfg], agent_cfg)
+    # The input as the run reads it first: no rows, or an id repeated with another question, refused alike.
+    scan_input(settings.source, settings.limit, settings.shard)
     earlier = _rows(settings.out)
     finished = {str(r.get("id")) for r in earlier if r.get("status") not in FAILED}
     samples = iter_samples(settings.source, limit=settings.limit, require_answers=False)
