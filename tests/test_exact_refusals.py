@@ -5,6 +5,8 @@ exit 2. Real files, a real scripted server on 127.0.0.1, the real CLI."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from batch_setup import cli_args
 from helpers import run_cli, tiny_grpo_config, tiny_train_args, write_name_dataset, write_questions
@@ -54,3 +56,83 @@ def test_an_empty_model_folder_is_one_line_exit_2(tmp_path, relay_server):
     code, _, err = run_cli(tiny_train_args(tmp_path / "model", relay_server.base_url, data, tmp_path / "out"))
     lines = [line for line in err.splitlines() if "Triton" not in line]
     assert code == 2 and len(lines) == 1 and "holds no model" in lines[0], err
+
+
+def _rows_file(path, rows, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
+def test_the_dry_runs_counts_agree_with_the_run_under_limit(tmp_path, relay_server):
+    """Issue 51 item 4: the dry run counted a repeated id twice and every finished row of --out (those past
+    --limit, and ids the input lacks) as this run's; it now counts as the run's pool decides."""
+    ids = ["a", "b", "b", "c", "d", "e", "f"]
+    inp = _rows_file(tmp_path / "q.jsonl", [{"id": i, "question": f"question {i}?"} for i in ids])
+    done = [
+        {"id": "a", "question": "question a?", "status": "answered"},  # done
+        {"id": "c", "question": "question c?", "status": "environment_error"},  # failed: run again
+        {"id": "d", "question": "an older question?", "status": "answered"},  # kept for its question
+        {"id": "e", "question": "question e?", "status": "answered"},  # past --limit 5
+        {"id": "z", "question": "question z?", "status": "answered"},  # not in the input
+    ]
+    args = cli_args(relay_server.base_url, inp, tmp_path / "out.jsonl", "--limit", "5")
+    _rows_file(tmp_path / "out.jsonl", done, tail='{"id": "f", "sta')  # a row cut mid-write
+    code, out, err = run_cli([*args, "--dry-run", "json"])
+    assert code == 0, err
+    estimate = json.loads(out)
+    assert relay_server.requests == []
+    code, _, err = run_cli([*args, "--summary", tmp_path / "summary.json"])
+    assert code == 1, err  # d kept for its older question: not every episode finished
+    run = json.loads((tmp_path / "summary.json").read_text())
+    assert run["written"] == 2 and run["skipped"] == 1 and run["duplicates"] == 1 and run["conflicts"] == 1
+    assert estimate["counts"] == {
+        "to_run": run["written"], "already_done": run["skipped"], "duplicates": run["duplicates"],
+        "conflicts": run["conflicts"],
+    }  # fmt: skip
+    assert estimate["parts"][0]["episodes"] == run["written"]
+    assert estimate["header"]["episodes"].startswith("2 to run · 1 already done in ")
+    assert "1 duplicate ids" in estimate["header"]["episodes"]
+
+
+def test_the_dry_run_refuses_a_results_file_with_a_bad_row_as_the_run_does(tmp_path, relay_server):
+    inp = write_questions(tmp_path / "q.jsonl", 3)
+    out = _rows_file(tmp_path / "out.jsonl", [{"id": "q0", "status": "answered"}, {"not": "a row"}])
+    before = out.read_bytes()
+    dry = run_cli(cli_args(relay_server.base_url, inp, out, "--dry-run"))
+    run = run_cli(cli_args(relay_server.base_url, inp, out))
+    assert run[0] == dry[0] == 2 and run[2] == dry[2] and dry[2].count("\n") == 1, (run, dry)
+    assert "line 2 is not a results row" in dry[2] and out.read_bytes() == before
+
+
+def _strict(text: str) -> dict:
+    def refuse(name):
+        raise AssertionError(f"{name} in the dry run's JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_dry_runs_json_never_prints_infinity(tmp_path, relay_server):
+    """Issue 51 item 4: `--env-rate-period 1e308` made the time the limits impose Infinity in the JSON (no JSON
+    reader takes it); a --env-max-tokens past 1e308 tokens, or earlier rows whose usage says Infinity, gave a
+    traceback. Beyond-measure figures are null in JSON and 'beyond measure' in text."""
+    inp = write_questions(tmp_path / "q.jsonl", 3)
+    args = cli_args(relay_server.base_url, inp, tmp_path / "out.jsonl", "--env-rate-period", "1e308",
+                    "--env-rate-limit", "1")  # fmt: skip
+    code, out, err = run_cli([*args, "--dry-run", "json"])
+    assert code == 0, err
+    assert _strict(out)["limit_seconds"] == {"low": None, "expected": None, "high": None}
+    code, out, err = run_cli([*args, "--dry-run"])
+    assert code == 0 and "beyond measure" in out, (out, err)
+    huge = cli_args(relay_server.base_url, inp, tmp_path / "out.jsonl", "--env-max-tokens", "1" + "0" * 310)
+    code, out, err = run_cli([*huge, "--dry-run", "json"])
+    assert code == 0 and "Traceback" not in err, err
+    assert _strict(out)["total"]["high"]["env_in"] is None
+    earlier = _rows_file(tmp_path / "earlier.jsonl", [{
+        "id": "x", "question": "q?", "status": "answered", "usage": {"agent_calls": 2, "agent_completion_tokens": 3},
+        "turns": [{"kind": "prompt", "text": "<think>a</think>", "prompt": "p", "response": "r",
+                   "environment_call": {"output_tokens": float("inf")}}, {"kind": "answer", "text": "a"}],
+    }])  # fmt: skip
+    code, out, err = run_cli([*cli_args(relay_server.base_url, inp, tmp_path / "o.jsonl"), "--expect-from", earlier,
+                              "--dry-run", "json"])  # fmt: skip
+    assert code == 0, err
+    _strict(out)
