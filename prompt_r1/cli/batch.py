@@ -200,10 +200,7 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     else:
         _, environment = build_players(None, env_cfg)
     # The cache and the manifest before the agent loads: a bad one is one line, nothing loaded or sent.
-    cache = open_run_cache(args, [environment], protected=[
-        ("input file", settings.check_files()), ("--out file", settings.out),
-        ("--checkpoint file", settings.checkpoint), ("--summary file", settings.summary),
-    ])  # fmt: skip
+    cache = open_run_cache(args, [environment], protected=settings.own_files())
     use_cache(environment, cache, always=args.env_cache_always)
     write = _manifest(args, settings, agent_cfg, env_cfg, loop_cfg, environment, prices)
     agent, _ = build_players(agent_cfg, None)

@@ -203,7 +203,7 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
         agent_paid=agent_cfg.resolved_backend == "served", counter=counter,
         system_prompt=protocol.environment_system_prompt,
     )  # fmt: skip
-    cache = peek_run_cache(args, [env_cfg])
+    cache = peek_run_cache(args, [env_cfg], protected=settings.own_files())
     estimate = Estimate(
         [part],
         environment=env_cfg,

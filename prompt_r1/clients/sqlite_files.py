@@ -31,11 +31,12 @@ def orphan_log(path: Path) -> Path | None:
     return wal if not path.exists() and wal.is_file() and wal.stat().st_size > 0 else None
 
 
-def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
+def create_whole(path: Path, schema: str, meta: Mapping[str, str], *, wal: bool = False) -> None:
     """Write a new database with `schema` and `meta` rows under a temporary name, then link it to `path` unless a
     file is there by then (another process made it first, and its file is kept): a process killed while creating
     it leaves no file at `path`. A `FileExistsError` (nothing made) when an earlier
-    file's write-ahead log is still there (`orphan_log`)."""
+    file's write-ahead log is still there (`orphan_log`). `wal`: the file is made in WAL mode (kept in the file),
+    so processes sharing it never switch it, which needs the file to themselves."""
     wal = orphan_log(path)
     if wal is not None:
         raise FileExistsError(
@@ -56,6 +57,8 @@ def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
             )
             with connection:
                 connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", sorted(meta.items()))
+            if wal:
+                connection.execute("PRAGMA journal_mode = WAL")
         finally:
             connection.close()
         # Appears only where no file is yet: the first process to finish wins, and a file another process made
@@ -63,7 +66,7 @@ def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
         with contextlib.suppress(FileExistsError):
             os.link(tmp, path)
     finally:
-        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+        for leftover in (tmp, *(tmp.with_name(tmp.name + end) for end in ("-journal", "-wal", "-shm"))):
             leftover.unlink(missing_ok=True)
 
 

@@ -86,6 +86,17 @@ class BatchSettings:
             value = getattr(self, name)
             set_(self, name, Path(value) if value else None)
 
+    def own_files(self) -> list[tuple[str, Path | None]]:
+        """(what, path) of every file the run reads or makes: the input, the results and their lock, the
+        checkpoints, the manifest, the call ledger, the summary and the log. An --env-cache naming one of them is
+        refused before anything is made (it would be written over, or hold a database where they expect text)."""
+        from prompt_r1.runs.output_lock import lock_path
+
+        return [("input file", resolve_source(self.source)[0]), ("--out file", self.out),
+                ("--out file's lock", lock_path(self.out)), ("--checkpoint file", self.checkpoint),
+                ("manifest", manifest_path(results_file=self.out)), ("call ledger", ledger_path_for(self.out)),
+                ("--summary file", self.summary), ("--log-file", self.log_file)]  # fmt: skip
+
     def check_files(self) -> Path:
         """Check, without changing any, every file the run will read or write, before a model is loaded or an
         endpoint contacted: the input exists (or names a bundled set), and the summary and log are not the
