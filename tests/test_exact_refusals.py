@@ -136,3 +136,15 @@ def test_the_dry_runs_json_never_prints_infinity(tmp_path, relay_server):
                               "--dry-run", "json"])  # fmt: skip
     assert code == 0, err
     _strict(out)
+
+
+@pytest.mark.parametrize("extra", [(), ("--dry-run",)])
+def test_an_empty_ray_address_is_refused_not_taken_for_a_local_ray(tmp_path, relay_server, extra):
+    """Issue 51 item 5: `--ray ''` (an unset shell variable) started a local Ray; it is refused in one line, exit
+    2, nothing written or sent. `--ray` alone still means a local Ray (its dry run estimates)."""
+    inp = write_questions(tmp_path / "q.jsonl", 2)
+    code, _, err = run_cli(cli_args(relay_server.base_url, inp, tmp_path / "out.jsonl", "--ray", "", *extra))
+    assert code == 2 and err.count("\n") == 1 and "--ray '' names no cluster" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.jsonl"] and relay_server.requests == []
+    code, _, err = run_cli(cli_args(relay_server.base_url, inp, tmp_path / "out.jsonl", "--ray", "--dry-run"))
+    assert code == 0, err
