@@ -88,3 +88,26 @@ async def test_an_interrupted_episode_resumes_on_its_thread_and_a_new_question_s
         fresh = await graph2.ainvoke({"question": "Capital of Spain?"}, thread2, durability="sync")
     assert [t["kind"] for t in fresh["turns"]] == ["prompt", "answer"] and fresh["usage"]["env_calls"] == 1
     assert "Capital of Spain?" in agent2.requests[-2].messages[0]["content"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_new_question_keeps_the_golden_answers_it_gives_even_when_equal_to_the_last(kind, tmp_path):
+    """Issue 51 item 6: the state once kept none of a second question's golden answers when they equalled the
+    first's (taken for leftovers); every new episode carries exactly the inputs it was given."""
+    _, environment, _ = players()
+    agent = ScriptedAgent(scripted_agent([PROMPT.format(k=1), ANSWER.format(a="Paris")] * 4))
+    async with saver(kind, tmp_path) as checkpointer:
+        graph = build_graph(agent, environment, checkpointer=checkpointer)
+        thread = {"configurable": {"thread_id": "chat-4"}}
+        given = [
+            {"question": "Capital of France?", "golden_answers": ["Paris"]},
+            {"question": "Largest city of France?", "golden_answers": ["Paris"]},  # equal to the first's
+            {"question": "Largest city of France?"},  # none given: none kept
+            {"question": "Capital of France?", "golden_answers": ["Paris"]},
+        ]
+        results = [await graph.ainvoke(i, thread) for i in given]
+        saved = (await graph.aget_state(thread)).values
+    for inputs, result in zip(given, results, strict=True):
+        assert result["question"] == inputs["question"]
+        assert result.get("golden_answers") == inputs.get("golden_answers"), (inputs, result)
+    assert saved["golden_answers"] == ["Paris"] and saved["question"] == "Capital of France?"

@@ -220,3 +220,101 @@ def test_shards_sharing_a_store_keep_one_budget(tmp_path):
     assert calls * dearest >= budget
     assert calls * cheapest <= budget + 4 * dearest
     assert 2 * budget > budget + 4 * dearest
+
+
+def test_batch_help_shows_batch_merge_with_its_input(capsys):
+    """Issue 51 item 7: `batch --help` showed `batch-merge --out NAME.jsonl --shards N`, which batch-merge refuses
+    (it takes the INPUT first)."""
+    assert main(["batch", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "prompt-r1 batch-merge INPUT --out NAME.jsonl --shards N" in text, text
+
+
+def test_a_merged_file_has_the_shards_manifest_and_a_batch_with_other_settings_is_refused(tmp_path, capsys):
+    """Issue 51 item 7: batch-merge wrote no manifest, so a later batch on the merged file with another
+    environment model added rows and a manifest claiming that model for every row. The merged file's manifest
+    comes from the shards'; another model is refused (nothing written), the same settings resume."""
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", [f"q{i}" for i in range(8)])
+    with ScriptedServer(
+        {"env": echo_environment(), "env2": echo_environment(), "agent": relay_agent()}
+    ) as server:
+        flags = ["--agent-model", "agent", "--agent-base-url", server.base_url, "--env-base-url", server.base_url,
+                 "--no-progress"]  # fmt: skip
+        for i in (1, 2):
+            assert (
+                main(
+                    [
+                        "batch",
+                        str(source),
+                        "--out",
+                        str(out),
+                        "--shard",
+                        f"{i}/2",
+                        "--env-model",
+                        "env",
+                        *flags,
+                    ]
+                )
+                == 0
+            )
+        assert main(["batch-merge", str(source), "--out", str(out), "--shards", "2"]) == 0
+        manifest = json.loads((tmp_path / "r.manifest.json").read_text())
+        assert manifest["command"] == "batch-merge" and manifest["settings"]["measured"]["shard"] is None
+        assert manifest["settings"]["measured"]["environment"]["model"] == "env"
+        assert [r.get("shard") for r in manifest["runs"]] == ["1/2", "2/2", None]
+        _input(source, [f"q{i}" for i in range(12)])  # more rows to answer
+        capsys.readouterr()
+        before, calls = _files(tmp_path), dict(server.counts)
+        assert main(["batch", str(source), "--out", str(out), "--env-model", "env2", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "environment.model: 'env' → 'env2'" in err, err
+        assert _files(tmp_path) == before and dict(server.counts) == calls  # nothing written, nothing called
+        assert main(["batch", str(source), "--out", str(out), "--env-model", "env", *flags]) == 0
+    assert sorted(r["id"] for r in _rows(out)) == sorted(f"q{i}" for i in range(12))
+    assert (
+        json.loads((tmp_path / "r.manifest.json").read_text())["settings"]["measured"]["environment"]["model"]
+        == "env"
+    )
+
+
+def test_a_merge_of_shards_without_manifests_records_unknown_settings(tmp_path, capsys):
+    """Shards with no manifest (made before manifests, or moved away) give the merged file unknown settings: a later
+    batch on it is refused unless allowed, never recorded as the later run's."""
+    ids = [f"q{i}" for i in range(6)]
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", ids)
+    _shard_files(out, ids, 2)
+    assert main(["batch-merge", str(source), "--out", str(out), "--shards", "2"]) == 0
+    manifest = json.loads((tmp_path / "r.manifest.json").read_text())
+    assert manifest["settings"]["measured"]["environment"].startswith("unknown")
+    assert len(manifest["settings"]["operational"]["without_manifest"]) == 2
+
+
+def test_a_merge_of_shards_made_with_other_settings_is_refused(tmp_path, capsys):
+    out, source = tmp_path / "r.jsonl", _input(tmp_path / "q.jsonl", [f"q{i}" for i in range(6)])
+    with ScriptedServer(
+        {"env": echo_environment(), "env2": echo_environment(), "agent": relay_agent()}
+    ) as server:
+        flags = ["--agent-model", "agent", "--agent-base-url", server.base_url, "--env-base-url", server.base_url,
+                 "--no-progress"]  # fmt: skip
+        for i, model in ((1, "env"), (2, "env2")):
+            assert (
+                main(
+                    [
+                        "batch",
+                        str(source),
+                        "--out",
+                        str(out),
+                        "--shard",
+                        f"{i}/2",
+                        "--env-model",
+                        model,
+                        *flags,
+                    ]
+                )
+                == 0
+            )
+    capsys.readouterr()
+    before = _files(tmp_path)
+    err = _merge_refused(capsys, source, "--out", out, "--shards", 2)
+    assert "shards 1/2 and 2/2" in err and "environment.model: 'env' → 'env2'" in err, err
+    assert _files(tmp_path) == before

@@ -14,7 +14,12 @@ from pathlib import Path
 from prompt_r1.core.config import hub_endpoint, unreachable_reason
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["check_model_source"]
+__all__ = ["EmptyModelFolder", "check_model_source"]
+
+
+class EmptyModelFolder(ConfigError):
+    """A folder given as a model that holds none (no config.json): the user's to fix (exit 2), not a service
+    that cannot be reached."""
 
 
 def _hub_id_error(name: str) -> str | None:
@@ -40,6 +45,12 @@ def check_model_source(name: str, flag: str) -> None:
         return
     path = Path(name).expanduser()
     if path.is_dir():
+        # An empty or half-copied folder would reach the tokenizer's loader, which ends in a traceback.
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise EmptyModelFolder(
+                f"{flag} {name}: the folder holds no model (no config.json); give the folder a trained model "
+                "was saved to, or a hub id such as Qwen/Qwen3-4B"
+            )
         return
     if path.exists():
         raise ConfigError(f"{flag} {name}: is a file; a model is a folder (config.json, weights, tokenizer)")

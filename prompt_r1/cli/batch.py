@@ -103,7 +103,7 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         metavar="I/N",
         help="run only shard I of N of the input (rows chosen by a stable hash of their id), writing its own "
         "results file beside --out (NAME.shard-I-of-N.jsonl); run every shard, on any machines, then "
-        "`prompt-r1 batch-merge --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
+        "`prompt-r1 batch-merge INPUT --out NAME.jsonl --shards N`. With --env-rate-store they share one limit",
     )
     add_ray_flags(bt, "episodes")
     bt.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -116,7 +116,9 @@ def add_batch_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         description="Writes --out with the last row of each id from NAME.shard-1-of-N.jsonl … "
         "NAME.shard-N-of-N.jsonl beside it; every shard file must exist and --out must not. Each shard file is "
         "checked against INPUT, and only read: one still being written, with a torn row, or made from another "
-        "input or N is refused (exit 2), naming the file and the ids missing or foreign.",
+        "input or N is refused (exit 2), naming the file and the ids missing or foreign. The merged file gets its "
+        "manifest (NAME.manifest.json) from the shards': a later batch on it with other settings is refused as on "
+        "any results file.",
     )
     merge.add_argument(
         "input", metavar="INPUT", help="the input the shards were run on (the INPUT of `prompt-r1 batch`)"
@@ -198,10 +200,7 @@ def _batch(args: argparse.Namespace, settings: BatchSettings) -> int:
     else:
         _, environment = build_players(None, env_cfg)
     # The cache and the manifest before the agent loads: a bad one is one line, nothing loaded or sent.
-    cache = open_run_cache(args, [environment], protected=[
-        ("input file", settings.check_files()), ("--out file", settings.out),
-        ("--checkpoint file", settings.checkpoint), ("--summary file", settings.summary),
-    ])  # fmt: skip
+    cache = open_run_cache(args, [environment], protected=settings.own_files())
     use_cache(environment, cache, always=args.env_cache_always)
     write = _manifest(args, settings, agent_cfg, env_cfg, loop_cfg, environment, prices)
     agent, _ = build_players(agent_cfg, None)

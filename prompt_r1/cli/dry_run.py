@@ -149,9 +149,18 @@ def _refuse_as_the_run_does(
             check_budget_prices(prices, env_cfg, agent_cfg)
 
 
+def _episodes_line(plan: Any, out: Path) -> str:
+    """The episodes the run would start and skip, in the words of the run's own summary."""
+    return (
+        f"{len(plan.to_run):,} to run · {plan.already_done:,} already done in {out}"
+        + (f" · {plan.duplicates:,} duplicate ids" if plan.duplicates else "")
+        + (f" · {plan.conflicts:,} ids with a changed question (kept, not rerun)" if plan.conflicts else "")
+    )
+
+
 def print_estimate(estimate: Estimate, style: str) -> int:
-    if style == "json":
-        print(json.dumps(estimate.to_dict(), indent=2))
+    if style == "json":  # strict JSON: a figure beyond measure is null (Estimate.to_dict), never Infinity
+        print(json.dumps(estimate.to_dict(), indent=2, allow_nan=False))
     else:
         print(render_estimate(estimate))
     return 0
@@ -161,8 +170,9 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
     """`batch --dry-run`: the input's rows not yet finished in --out, estimated."""
     from prompt_r1.cli.flags import configs_from_args
     from prompt_r1.clients.costs import PriceTable
-    from prompt_r1.data.datasets import iter_samples
     from prompt_r1.loop.protocols import protocol_for
+    from prompt_r1.runs.batch import scan_input
+    from prompt_r1.runs.batch_plan import plan_rows
     from prompt_r1.runs.estimate import episode_part
 
     if args.env_pool:
@@ -172,13 +182,14 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
     agent_cfg, env_cfg, loop_cfg = configs_from_args(args)
     prices = PriceTable.load(args.prices)
     _refuse_as_the_run_does(args, prices, [env_cfg], agent_cfg)
+    # The input as the run reads it first: no rows, or an id repeated with another question, refused alike.
+    scan_input(settings.source, settings.limit, settings.shard)
+    # Then the rows as the run's pool takes them: the first --limit, this shard's, each id once, those not done
+    # in --out (read as the run reads it: a file it refuses is refused here in its words).
+    plan = plan_rows(settings.source, settings.out, limit=settings.limit, shard=settings.shard,
+                     checkpoint=settings.checkpoint)  # fmt: skip
+    pending = plan.to_run
     earlier = _rows(settings.out)
-    finished = {str(r.get("id")) for r in earlier if r.get("status") not in FAILED}
-    samples = iter_samples(settings.source, limit=settings.limit, require_answers=False)
-    pending = [
-        s for s in samples
-        if (settings.shard is None or settings.shard.contains(s.id)) and str(s.id) not in finished
-    ]  # fmt: skip
     agent_max = loop_cfg.max_turn_tokens or agent_cfg.max_new_tokens
     shape = shape_for(
         loop_cfg, expect_from=args.expect_from, expect_turns=args.expect_turns, earlier=earlier,
@@ -192,16 +203,15 @@ def batch_dry_run(args: argparse.Namespace, settings: Any) -> int:
         agent_paid=agent_cfg.resolved_backend == "served", counter=counter,
         system_prompt=protocol.environment_system_prompt,
     )  # fmt: skip
-    cache = peek_run_cache(args, [env_cfg])
+    cache = peek_run_cache(args, [env_cfg], protected=settings.own_files())
     estimate = Estimate(
         [part],
         environment=env_cfg,
         title="batch --dry-run",
         shape=shape,
         budget=("--budget", args.budget) if args.budget is not None else None,
-        header=[
-            ("episodes", f"{len(pending):,} to run · {len(finished):,} already finished in {settings.out}")
-        ],
+        header=[("episodes", _episodes_line(plan, settings.out))],
+        counts=plan.counts(),
     )
     if args.env_cache is not None:
         # A loop call's messages are the agent's turns, unknown before it runs: no key to look up.

@@ -158,12 +158,18 @@ def add_stop_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     )
 
 
+# What `--ray` alone stores: this very object, told apart by identity from any ADDRESS typed (an argv string is
+# never it), so that `--ray ''` (an empty address, a shell variable left unset) is refused rather than taken
+# for "start a local Ray".
+LOCAL_RAY = "--ray without ADDRESS"
+
+
 def add_ray_flags(parser: argparse.ArgumentParser, unit: str) -> None:
     """--ray [ADDRESS], --ray-actors, --ray-actor-cpus, --ray-actor-gpus: run the `unit` in Ray actors."""
     parser.add_argument(
         "--ray",
         nargs="?",
-        const="",
+        const=LOCAL_RAY,
         metavar="ADDRESS",
         help=f"run the {unit} in Ray actors: without ADDRESS on a local Ray started for the run, else on the "
         "cluster at auto, ray://HOST:PORT or HOST:PORT (needs --env-rate-store redis://… every node reaches). One "
@@ -199,8 +205,17 @@ def ray_settings_from(args: argparse.Namespace):
         return None
     from prompt_r1.runs.ray_settings import RaySettings
 
+    if args.ray is LOCAL_RAY:
+        address = None
+    elif not args.ray.strip():
+        raise ConfigError(
+            f"--ray {args.ray!r} names no cluster: give --ray alone to start a local Ray for the run, or --ray "
+            "auto, ray://HOST:PORT or HOST:PORT"
+        )
+    else:
+        address = args.ray
     return RaySettings(
-        args.ray or None,
+        address,
         actors=args.ray_actors,
         actor_cpus=args.ray_actor_cpus,
         actor_gpus=args.ray_actor_gpus,

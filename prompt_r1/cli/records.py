@@ -102,9 +102,12 @@ def check_run_cache(
         cache.close()
 
 
-def peek_run_cache(args: argparse.Namespace, configs: Sequence[Any]) -> ResponseCache | None:
+def peek_run_cache(
+    args: argparse.Namespace, configs: Sequence[Any], protected: Iterable[tuple[str, Path | None]] = ()
+) -> ResponseCache | None:
     """The --env-cache opened to look only (`response_cache.peek_cache`; None without one, or with no file yet),
-    refused as the run would refuse it. A dry run's look, and `check_run_cache`'s."""
+    refused as the run would refuse it (one of the run's own `protected` files too). A dry run's look, and
+    `check_run_cache`'s."""
     from prompt_r1.clients.environment import OPENAI_BASE_URL
     from prompt_r1.clients.response_cache import check_replayable, peek_cache
     from prompt_r1.core.urls import printable_url
@@ -114,6 +117,7 @@ def peek_run_cache(args: argparse.Namespace, configs: Sequence[Any]) -> Response
         if getattr(args, "env_cache_always", False):
             raise CacheError("--env-cache-always goes with --env-cache FILE|URL")
         return None
+    _refuse_own_files(where, protected)
     for config in configs:
         check_replayable(config.temperature, always=args.env_cache_always)
     return peek_cache(where, {printable_url(c.base_url or OPENAI_BASE_URL, 10_000) for c in configs})
@@ -123,8 +127,18 @@ def _refuse_own_files(where: str | None, protected: Iterable[tuple[str, Path | N
     if where is None or names_store(where):
         return
     for what, path in protected:
-        if path is not None and Path(path).resolve() == Path(where).resolve():
+        if path is not None and _same(Path(path), Path(where)):
             raise CacheError(f"--env-cache {where} is the {what}; name a file of its own")
+
+
+def _same(a: Path, b: Path) -> bool:
+    """One file by two names: the same path once links are followed, or one file (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
 
 
 def cache_verdict(cache: ResponseCache | None) -> str | None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from prompt_r1.agents.model_source import check_model_source
+from prompt_r1.agents.model_source import EmptyModelFolder, check_model_source
 from prompt_r1.cli.flags import (
     EXIT_OK,
     EXIT_SPEND_CAP,
@@ -233,6 +233,8 @@ def cmd_train(argv: list[str]) -> int:
         )
     try:
         check_model_source(config.model_name_or_path, "model_name_or_path")
+    except EmptyModelFolder:
+        raise
     except ConfigError as exc:
         raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
     check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")

@@ -171,7 +171,8 @@ class EnvironmentClient:
         self._models: PerLoop[BaseChatModel] = PerLoop(self._new_model)
         endpoint = limiter_key or f"{config.base_url or OPENAI_BASE_URL}::{config.model}"
         self.limiter: EndpointLimiter | SharedLimiter = limiter_for(config, endpoint, key)
-        self.name = config.base_url or OPENAI_BASE_URL
+        # Masked: the name goes into every reply's `endpoint`, log lines and errors, and a URL may hold a password.
+        self.name = redaction.mask_secrets(config.base_url or OPENAI_BASE_URL)
         self.base_url = self.name  # the endpoint, whatever a pool names its member (the cache's key)
         self.cache: ResponseCache | None = (
             None  # replies replayed and kept (clients.response_cache.use_cache)

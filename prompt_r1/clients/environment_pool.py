@@ -21,6 +21,7 @@ from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient, En
 from prompt_r1.core.checks import number
 from prompt_r1.core.config import EnvironmentConfig
 from prompt_r1.core.errors import ConfigError, EnvironmentCallError, is_retryable
+from prompt_r1.core.redaction import mask_secrets
 
 __all__ = ["EnvironmentPool", "session_key"]
 
@@ -128,7 +129,9 @@ class EnvironmentPool:
             weight = number(weight, f"{path}: environment {i}: weight", minimum=0)
             members.append(EnvironmentClient(config))
             weights.append(float(weight))
-            names.append(str(name) if name else f"{config.model}@{config.base_url or OPENAI_BASE_URL}")
+            names.append(
+                str(name) if name else mask_secrets(f"{config.model}@{config.base_url or OPENAI_BASE_URL}")
+            )
         return cls(
             members,
             weights,

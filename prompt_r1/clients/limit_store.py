@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.redaction import mask_secrets
 from prompt_r1.core.urls import is_shared_store
 
 __all__ = [
@@ -218,13 +219,16 @@ def store_label(url: str) -> str:
 
 def key_prefix(endpoint: str, api_key: str | None) -> str:
     """The keys' prefix for one endpoint and key: the endpoint by name (for whoever inspects the store) and a
-    short hash of the API key, never the key, so two keys of one endpoint keep two limits.
+    short hash of the API key, never the key, so two keys of one endpoint keep two limits. A URL's user part and
+    secret query parameters are masked in the name (a Redis server writes its keys to disk) and go into the hash.
 
     >>> key_prefix("https://api.openai.com/v1::gpt-4o-mini", "sk-abc")
     'prompt-r1:limit:https://api.openai.com/v1::gpt-4o-mini:key-1460db1b6902:'
     """
-    digest = hashlib.sha256((api_key or "").encode()).hexdigest()[:12]
-    return f"prompt-r1:limit:{endpoint}:key-{digest}:"
+    shown = mask_secrets(endpoint)
+    secret = (api_key or "") + ("" if shown == endpoint else "\n" + endpoint)
+    digest = hashlib.sha256(secret.encode()).hexdigest()[:12]
+    return f"prompt-r1:limit:{shown}:key-{digest}:"
 
 
 # KEYS: done, tok, state. ARGV: the process and its absence (one id per absence: a second one's requests are not

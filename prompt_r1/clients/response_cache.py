@@ -7,13 +7,19 @@
 
 A call is keyed by what decides its answer: the endpoint (its URL as `printable_url` shows it, never a user,
 password or query), the model, every message (role and text, in order) and the sampling settings (temperature,
-max_tokens). Nothing else goes in: no API key is part of a key, a row or the file's meta, and a reply's text was
-already cut of any key by the client. Replaying is right only where the endpoint would give the same answer
-again, so `use_cache` refuses an environment sampled above temperature 0 unless the run asks for replays anyway
-(`always=True`, `--env-cache-always`).
+max_tokens). Nothing else goes in: no API key is part of a key, a row or the file's meta; a reply is stored and
+replayed with every key and URL secret cut (`redaction.scrub`: the endpoint's user part, a secret query
+parameter), so a cache written by another run or user replays none into this run's rows. Replaying is right only
+where the endpoint would give the same answer again, so `use_cache` refuses an environment sampled above
+temperature 0 unless the run asks for replays anyway (`always=True`, `--env-cache-always`).
 
 Two stores, one format:
-- **a file** (SQLite, WAL): made whole before it appears (`clients.sqlite_files`, as training's call ledger).
+- **a file** (SQLite, WAL): made whole before it appears (`clients.sqlite_files`, as training's call ledger),
+  and only when the run keeps its first reply, so a run refused or stopped before it paid for anything leaves no
+  empty cache behind. Processes sharing one file (several jobs, shards) each make their own temporary and the
+  first to finish links it into place; the others open that one. A file another process is writing ("database
+  is locked") is waited for (`BUSY_SECONDS`), and a reply that still cannot be kept is returned all the same:
+  being busy never fails a row whose call was paid (it is counted as not kept).
   The file names the endpoints whose replies it holds; a run on other endpoints is refused (every lookup would
   miss, and every call would be paid again while the user thinks it is cached). A folder, an unreadable or
   damaged file, another program's database: one line (`CacheError`, exit 2), the file left as it is.
@@ -43,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.clients.sqlite_files import create_whole, damage, read_meta
+from prompt_r1.clients.sqlite_files import create_whole, damage, orphan_log, read_meta
+from prompt_r1.core import redaction
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.hashing import message_texts, stable_hash
 from prompt_r1.core.urls import check_store_url, names_store, printable_url
@@ -64,6 +71,11 @@ FORMAT = "prompt-r1 response cache"
 VERSION = "1"
 FLAG = "--env-cache"
 REDIS_PREFIX = "prompt-r1:env-cache:v1:"
+
+# How long a lookup or a kept reply waits for a cache file other processes are writing ("database is locked")
+# before it gives up on the cache for that call: a lookup then misses, a paid reply is returned but not kept.
+BUSY_SECONDS = 120.0
+_BUSY_TIMEOUT_MS = 10_000  # SQLite's own wait within one statement, retried until BUSY_SECONDS
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS replies (
@@ -105,13 +117,15 @@ class ResponseCache:
         self.stored = 0
         self.saved: dict[str, list[int]] = {}  # model → [input tokens, output tokens] not paid for
         self.damaged: str | None = None  # the error of the first damaged reply found, for the run's last line
+        self.unsaved = 0  # paid replies not kept: the file stayed busy past BUSY_SECONDS
         self._lock = threading.Lock()
 
     # --- what a store implements ------------------------------------------------------------------------
     def _get(self, key: str) -> tuple[str, str] | None:  # (reply JSON, checksum)
         raise NotImplementedError
 
-    def _put(self, key: str, reply_json: str, model: str, tokens: tuple[int, int], checksum: str) -> None:
+    def _put(self, key: str, reply_json: str, model: str, tokens: tuple[int, int], checksum: str) -> bool:
+        """Keep the reply; False when it could not be kept for a reason that must not fail the call (busy)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -133,6 +147,8 @@ class ResponseCache:
             reply = json.loads(reply_json) if _checksum(key, reply_json) == checksum else None
         except ValueError:
             reply = None
+        # A cache another run wrote (an older version, another user's) may hold a URL secret: cut on the way out.
+        reply = redaction.scrub(reply)
         if not isinstance(reply, dict) or not isinstance(reply.get("text"), str):
             self.damaged = (
                 f"{FLAG} {self.label}: a stored reply is damaged (its checksum does not match), so it was not "
@@ -155,16 +171,20 @@ class ResponseCache:
             reply = json.loads(found[0]) if _checksum(key, found[0]) == found[1] else None
         except ValueError:
             reply = None
+        reply = redaction.scrub(reply)
         return reply if isinstance(reply, dict) and isinstance(reply.get("text"), str) else None
 
     def put(self, key: str, reply: dict[str, Any]) -> None:
-        """Keep one paid reply (its fields, `cached` left out) under `key`."""
-        reply = {k: v for k, v in reply.items() if k != "cached"}
+        """Keep one paid reply (its fields, `cached` left out) under `key`, every key and URL secret cut (the
+        endpoint's user part, a secret query parameter): the file is shared, and replayed into others' rows."""
+        reply = redaction.scrub({k: v for k, v in reply.items() if k != "cached"})
         reply_json = json.dumps(reply, ensure_ascii=False)
         tokens = (int(reply.get("input_tokens") or 0), int(reply.get("output_tokens") or 0))
         with self._lock:
-            self._put(key, reply_json, str(reply.get("model") or ""), tokens, _checksum(key, reply_json))
-            self.stored += 1
+            if self._put(key, reply_json, str(reply.get("model") or ""), tokens, _checksum(key, reply_json)):
+                self.stored += 1
+            else:
+                self.unsaved += 1
 
     def summary(self, prices: PriceTable | None = None) -> dict[str, Any]:
         """This run's use of the cache: hits (calls saved), stored, and the dollars saved (None when a model
@@ -174,7 +194,7 @@ class ResponseCache:
             cost = None if prices is None else prices.cost(model, tokens_in, tokens_out)
             saved_usd = None if cost is None or saved_usd is None else saved_usd + cost
         return {"cache": self.label, "hits": self.hits, "calls_saved": self.hits, "stored": self.stored,
-                "saved_usd": saved_usd}  # fmt: skip
+                "saved_usd": saved_usd, **({"not_kept": self.unsaved} if self.unsaved else {})}  # fmt: skip
 
     def render(self, prices: PriceTable | None = None) -> str:
         return render_summary(self.summary(prices))
@@ -186,42 +206,96 @@ def render_summary(summary: dict[str, Any]) -> str:
     shown = (
         "dollars unknown (a replayed model has no price; see --prices)" if saved is None else f"${saved:.4f}"
     )
-    return f"{summary['hits']} hits (calls saved) · {summary['stored']} stored · {shown} saved"
+    lost = summary.get("not_kept")
+    kept = f" · {lost} paid replies not kept (the file stayed busy)" if lost else ""
+    return f"{summary['hits']} hits (calls saved) · {summary['stored']} stored{kept} · {shown} saved"
+
+
+def _busy(exc: BaseException) -> bool:
+    """SQLite's "database is locked" / "database is busy": another process holds the file for a moment."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def _waiting(action: Callable[[], Any]) -> Any:
+    """`action()`, tried again while the file is busy, up to BUSY_SECONDS; then the busy error is raised."""
+    deadline = time.monotonic() + BUSY_SECONDS
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class FileCache(ResponseCache):
-    """The cache in one SQLite file (see the module)."""
+    """The cache in one SQLite file (see the module). Without a connection (`connection` None) the file is not
+    made yet: a lookup finds nothing (or the file another process has made since), and the first reply kept makes
+    it."""
 
-    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+    def __init__(
+        self, connection: sqlite3.Connection | None, path: Path, endpoints: list[str] | None = None
+    ) -> None:
         super().__init__(str(path))
-        self.connection, self.path = connection, path
+        self.connection, self.path, self.endpoints = connection, path, endpoints
+
+    def _connect(self, *, create: bool) -> sqlite3.Connection | None:
+        if self.connection is None:
+            if not self.path.exists():
+                if not create:
+                    return None
+                _create(self.path, self.endpoints or [])
+            self.connection = _connect_checked(self.path, self.endpoints or [])
+        return self.connection
 
     def _get(self, key: str) -> tuple[str, str] | None:
         try:
-            row = self.connection.execute(
-                "SELECT reply, checksum FROM replies WHERE key=?", (key,)
-            ).fetchone()
+            connection = self._connect(create=False)
+            if connection is None:
+                return None
+            row = _waiting(
+                lambda: connection.execute(
+                    "SELECT reply, checksum FROM replies WHERE key=?", (key,)
+                ).fetchone()
+            )
         except sqlite3.DatabaseError as exc:
+            if _busy(exc):  # busy past the wait: a miss (the call is sent), never a failed row
+                return None
             raise CacheError(
                 f"{FLAG} {self.path} cannot be read ({exc}); restore it or use another"
             ) from None
         return None if row is None else (str(row[0]), str(row[1]))
 
-    def _put(self, key: str, reply_json: str, model: str, tokens: tuple[int, int], checksum: str) -> None:
-        try:
-            with self.connection:
-                self.connection.execute(
+    def _put(self, key: str, reply_json: str, model: str, tokens: tuple[int, int], checksum: str) -> bool:
+        def insert() -> None:
+            with connection:
+                connection.execute(
                     "INSERT OR REPLACE INTO replies VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (key, reply_json, model, *tokens, checksum, time.time()),
                 )
+
+        try:
+            connection = self._connect(create=True)
+            _waiting(insert)
         except sqlite3.DatabaseError as exc:
+            if _busy(
+                exc
+            ):  # the call was paid and its reply goes back to the episode: only the cache lacks it
+                return False
             raise CacheError(f"{FLAG} {self.path} cannot be written ({exc})") from None
+        return True
 
     def close(self) -> None:
-        self.connection.close()
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
 
     def size(self) -> int | None:
-        return int(self.connection.execute("SELECT COUNT(*) FROM replies").fetchone()[0])
+        connection = self._connect(create=False)
+        if connection is None:
+            return 0
+        return int(_waiting(lambda: connection.execute("SELECT COUNT(*) FROM replies").fetchone()[0]))
 
 
 class RedisCache(ResponseCache):
@@ -241,8 +315,9 @@ class RedisCache(ResponseCache):
         except (ValueError, KeyError, TypeError):
             return "", ""  # refused by `get` as damaged
 
-    def _put(self, key: str, reply_json: str, model: str, tokens: tuple[int, int], checksum: str) -> None:
+    def _put(self, key: str, reply_json: str, model: str, tokens: tuple[int, int], checksum: str) -> bool:
         self.client.set(REDIS_PREFIX + key, json.dumps({"reply": reply_json, "checksum": checksum}))
+        return True
 
     def close(self) -> None:
         self.client.close()
@@ -317,31 +392,58 @@ def _check_path(path: Path) -> None:
 
 
 def _open_file(path: Path, endpoints: list[str]) -> FileCache:
+    """The cache file at `path`, checked now when it is there; a missing one is checked to be makeable now (its
+    folder, a write-ahead log left without its file) and made at the run's first kept reply (`FileCache`)."""
     _check_path(path)
-    if not path.exists():
-        if path.parent.exists() and not path.parent.is_dir():
-            raise CacheError(f"{FLAG} {path}: {path.parent} is not a folder")
-        try:
-            create_whole(
-                path, _SCHEMA, {"format": FORMAT, "version": VERSION, "endpoints": json.dumps(endpoints)}
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise CacheError(
-                f"{FLAG} {path} cannot be created ({getattr(exc, 'strerror', None) or exc})"
-            ) from None
+    if path.exists():
+        return FileCache(_connect_checked(path, endpoints), path, endpoints)
+    for ancestor in path.absolute().parents:  # the nearest folder there: where create_whole makes the rest
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise CacheError(f"{FLAG} {path}: {ancestor} is not a folder")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise CacheError(f"{FLAG} {path} cannot be created (permission denied in {ancestor})")
+            break
+    wal = orphan_log(path)
+    if wal is not None:
+        raise CacheError(
+            f"{FLAG} {path} cannot be created ({wal.name} is there without the file it belongs to; move it away "
+            "too, or put that file back)"
+        )
+    return FileCache(None, path, endpoints)
+
+
+def _create(path: Path, endpoints: list[str]) -> None:
+    """Make the cache file whole (WAL already set) unless another process has made it first."""
+    try:
+        create_whole(
+            path,
+            _SCHEMA,
+            {"format": FORMAT, "version": VERSION, "endpoints": json.dumps(endpoints)},
+            wal=True,
+        )
+    except (OSError, sqlite3.Error) as exc:
+        raise CacheError(
+            f"{FLAG} {path} cannot be created ({getattr(exc, 'strerror', None) or exc})"
+        ) from None
+
+
+def _connect_checked(path: Path, endpoints: list[str]) -> sqlite3.Connection:
+    """A connection to the cache file at `path` once it passes `_check`, set for sharing (WAL, a busy wait)."""
     try:
         connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
         raise CacheError(f"{FLAG} {path} cannot be opened ({exc})") from None
 
     def check() -> None:
-        connection.execute("PRAGMA busy_timeout = 5000")
-        _check(connection, path, endpoints)
-        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        _waiting(lambda: _check(connection, path, endpoints))
+        # A file made before caches were made in WAL mode is switched once, which waits for its other users.
+        _waiting(lambda: connection.execute("PRAGMA journal_mode = WAL"))
         # A reply lost in a crash is only paid again; a torn file is refused when opened.
         connection.execute("PRAGMA synchronous = NORMAL")
 
-    return _checked(connection, path, check)
+    return _checked(connection, path, check).connection
 
 
 def _check(connection: sqlite3.Connection, path: Path, endpoints: list[str]) -> None:

@@ -12,8 +12,10 @@ always one of ours or a damaged one, never a half-made one that would be taken a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,10 +31,12 @@ def orphan_log(path: Path) -> Path | None:
     return wal if not path.exists() and wal.is_file() and wal.stat().st_size > 0 else None
 
 
-def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
-    """Write a new database with `schema` and `meta` rows under a temporary name, then rename it to `path`: a
-    process killed while creating it leaves no file at `path`. A `FileExistsError` (nothing made) when an earlier
-    file's write-ahead log is still there (`orphan_log`)."""
+def create_whole(path: Path, schema: str, meta: Mapping[str, str], *, wal: bool = False) -> None:
+    """Write a new database with `schema` and `meta` rows under a temporary name, then link it to `path` unless a
+    file is there by then (another process made it first, and its file is kept): a process killed while creating
+    it leaves no file at `path`. A `FileExistsError` (nothing made) when an earlier
+    file's write-ahead log is still there (`orphan_log`). `wal`: the file is made in WAL mode (kept in the file),
+    so processes sharing it never switch it, which needs the file to themselves."""
     wal = orphan_log(path)
     if wal is not None:
         raise FileExistsError(
@@ -41,19 +45,29 @@ def create_whole(path: Path, schema: str, meta: Mapping[str, str]) -> None:
             str(wal),
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".creating")
-    for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
-        leftover.unlink(missing_ok=True)
-    connection = sqlite3.connect(tmp, isolation_level=None)
+    # A name of this call's own, made with O_EXCL and never through a link: processes creating one file at once
+    # (shards, Ray actors, two jobs sharing a cache) each build their own, and a link left there is not followed.
+    tmp = path.with_name(f"{path.name}.creating-{os.getpid()}-{secrets.token_hex(4)}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
     try:
-        connection.executescript(
-            "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);" + schema
-        )
-        with connection:
-            connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", sorted(meta.items()))
+        connection = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            connection.executescript(
+                "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);" + schema
+            )
+            with connection:
+                connection.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", sorted(meta.items()))
+            if wal:
+                connection.execute("PRAGMA journal_mode = WAL")
+        finally:
+            connection.close()
+        # Appears only where no file is yet: the first process to finish wins, and a file another process made
+        # (and may already hold replies in) is never replaced by an empty one.
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
     finally:
-        connection.close()
-    os.replace(tmp, path)
+        for leftover in (tmp, *(tmp.with_name(tmp.name + end) for end in ("-journal", "-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
 
 
 def damage(connection: sqlite3.Connection) -> str | None:

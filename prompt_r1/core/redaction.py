@@ -14,6 +14,12 @@ a key directly), and each surface writes through `redact`:
 `RedactedStream` wraps stdout/stderr (the CLI wraps both for the whole command); `RedactingFilter` guards logging
 handlers. Values shorter than 8 characters (placeholders such as `dummy` for a local server) and the no-key placeholder are not secrets and are left alone, so that
 redaction never mangles ordinary text.
+
+Secrets that were never registered are cut by their shape (`mask_secrets`, applied by every `Redactor`): a URL's
+user part (`http://user:pw@host` → `http://***@host`) and the value of a query parameter whose name says it is a
+secret (`?api_key=…`, `&token=…`, `&sig=…`). A command line is cut by `mask_command_line`, which also masks the
+value of a flag so named (`--hub_token hf_…`). One function for every file the product writes: outputs,
+manifests, summaries, caches, logs.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterable
 from typing import Any, TextIO
+from urllib.parse import unquote
 
 __all__ = [
     "MASK",
@@ -32,7 +40,10 @@ __all__ = [
     "RedactingFilter",
     "Redactor",
     "dumps",
+    "is_secret_name",
     "json_line",
+    "mask_command_line",
+    "mask_secrets",
     "protect_loggers",
     "protect_logging",
     "redact",
@@ -40,6 +51,7 @@ __all__ = [
     "register",
     "register_from",
     "registered",
+    "scrub",
 ]
 
 MASK = "***"
@@ -51,6 +63,67 @@ _registered: set[str] = set()
 
 def _is_secret(value: str | None) -> bool:
     return bool(value) and len(value) >= _MIN_LENGTH and value != NO_KEY
+
+
+# The last word of a query parameter's, flag's or variable's name that says its value is a secret: api_key,
+# x-api-key, access_token, hub_token and client_secret are; max_tokens, token_limit and api_key_env are not.
+SECRET_WORDS = frozenset(
+    {"key", "apikey", "token", "accesstoken", "authtoken", "password", "passwd", "pwd", "secret", "sig",
+     "signature", "credential", "credentials", "auth", "authorization"}
+)  # fmt: skip
+# scheme://USER:PASSWORD@ up to the last @ before the host ends (a password may hold an unencoded @).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s\"'<>\\]*@")
+# ?name=value, &name=value or ;name=value, up to the next separator, quote or space.
+_QUERY = re.compile(r"([?&;])([^=&#?\s\"'<>]{1,100})=([^&#\s\"'<>]*)")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a query parameter, flag or variable of this name holds a secret, by its last word.
+
+    >>> [is_secret_name(n) for n in ("api_key", "--hub-token", "X-Api-Key", "max_tokens", "api_key_env")]
+    [True, True, True, False, False]
+    """
+    words = [w for w in re.split(r"[-_.\s]+", unquote(name).strip().lower()) if w]
+    return bool(words) and words[-1] in SECRET_WORDS
+
+
+def _masked_query(match: re.Match[str]) -> str:
+    separator, name, value = match.groups()
+    return f"{separator}{name}={MASK}" if value and is_secret_name(name) else match.group(0)
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with every URL's user part and every secret-named query parameter's value masked.
+
+    >>> mask_secrets("see http://bob:pw@10.0.0.5:8000/v1?api_key=k1&model=m and &token=t2")
+    'see http://***@10.0.0.5:8000/v1?api_key=***&model=m and &token=***'
+    """
+    if "://" in text:
+        text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+    if "=" in text:
+        text = _QUERY.sub(_masked_query, text)
+    return text
+
+
+def mask_command_line(argv: Iterable[str]) -> list[str]:
+    """A command line as it may be written down: each argument through `mask_secrets`, and the value of every
+    secret-named flag (`--hub_token hf_…`, `--api-key=…`) masked.
+
+    >>> mask_command_line(["train", "--hub_token", "hf_x", "--api-key=k", "--max-tokens", "9"])
+    ['train', '--hub_token', '***', '--api-key=***', '--max-tokens', '9']
+    """
+    masked: list[str] = []
+    hide_next = False
+    for arg in map(str, argv):
+        name, equals, _ = arg.partition("=")
+        if hide_next and not arg.startswith("-"):
+            masked.append(MASK)
+        elif arg.startswith("-") and equals and is_secret_name(name.lstrip("-")):
+            masked.append(f"{name}={MASK}")
+        else:
+            masked.append(mask_secrets(arg))
+        hide_next = arg.startswith("-") and not equals and is_secret_name(arg.lstrip("-"))
+    return masked
 
 
 def register(*secrets: str | None) -> None:
@@ -96,7 +169,7 @@ class Redactor:
         for secret in (*plain, *escaped):
             if secret in text:
                 text = text.replace(secret, MASK)
-        return text
+        return mask_secrets(text)
 
     def exception(self, exc: BaseException) -> BaseException:
         """`exc` with the secrets cut out of its message, in place (its type and attributes stay), and out of every
@@ -161,6 +234,11 @@ def redact(text: str | None) -> str | None:
 def redact_exception(exc: BaseException) -> BaseException:
     """`exc` and every exception a traceback of it prints, with every registered key cut, in place."""
     return _default.exception(exc)
+
+
+def scrub(value: Any) -> Any:
+    """`value` (text, or JSON-like lists and dicts of it) with every registered key and URL secret cut."""
+    return _default.scrub(value)
 
 
 def register_from(model: Any) -> None:

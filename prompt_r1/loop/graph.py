@@ -35,10 +35,10 @@ from prompt_r1.loop.graph_runnables import inline, sync_and_async
 from prompt_r1.loop.nodes import LoopNodes
 from prompt_r1.loop.state import (
     STATUSES,
-    BeginState,
     EpisodeInput,
     EpisodeState,
     begin_episode,
+    every_input_key,
     finish_reason,
     trajectory_of,
 )
@@ -112,7 +112,7 @@ def build_graph(
     nodes = LoopNodes(agent, environment, loop, token_exact=token_exact)
 
     builder = StateGraph(EpisodeState, input_schema=EpisodeInput)
-    builder.add_node("begin", inline(begin_episode, "begin"), input_schema=BeginState)
+    builder.add_node("begin", inline(begin_episode, "begin"))
     builder.add_node("agent", sync_and_async(nodes.agent_node, "agent"))
     builder.add_node("environment", sync_and_async(nodes.environment_node, "environment"))
     builder.add_node("final_answer", sync_and_async(nodes.final_answer_node, "final_answer"))
@@ -129,7 +129,11 @@ def build_graph(
     builder.add_conditional_edges("environment", after_environment, ["agent", "finalize"])
     builder.add_conditional_edges("final_answer", after_environment, ["agent", "finalize"])
     builder.add_edge("finalize", END)
-    return builder.compile(checkpointer=checkpointer, name=name)
+    graph = builder.compile(checkpointer=checkpointer, name=name)
+    # START writes only the keys an input holds; on a thread a key left out would keep the last episode's value.
+    # Its mapper (LangGraph applies a node's mapper to the value it reads) writes each of the input's keys.
+    graph.nodes[START].mapper = every_input_key
+    return graph
 
 
 def mermaid() -> str:

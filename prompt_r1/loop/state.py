@@ -13,10 +13,10 @@ from langgraph.types import Overwrite
 
 __all__ = [
     "STATUSES",
-    "BeginState",
     "EpisodeInput",
     "EpisodeState",
     "begin_episode",
+    "every_input_key",
     "finish_reason",
     "trajectory_of",
 ]
@@ -92,12 +92,6 @@ class EpisodeState(TypedDict, total=False):
     env_mask: Annotated[list[int], operator.add]
 
 
-class BeginState(EpisodeState, total=False):
-    # Private to the begin node (not in the graph's output): the question and golden answers the thread's last
-    # episode began with, to tell golden answers a new input gave from those the earlier question left behind.
-    asked: dict
-
-
 # What an episode starts from: on a thread (a checkpointer), whatever the previous episode left is replaced, the
 # lists and counters that grow through reducers included (Overwrite bypasses them).
 FRESH: dict[str, Any] = {
@@ -114,20 +108,25 @@ FRESH: dict[str, Any] = {
 }
 
 
-def begin_episode(state: BeginState) -> dict:
+def every_input_key(value: Any) -> Any:
+    """A new input as the graph's START writes it: each of EpisodeInput's keys, None for one not given.
+
+    LangGraph writes only the keys an input holds, so on a thread a key the new input leaves out keeps the last
+    episode's value, and no node can tell "not given" from "given the same again" (issue 51: a second question
+    whose golden answers equalled the first's lost them). Written as None, a key left out is dropped and one
+    given is kept, whatever the thread held. Anything else (a Command, None to resume) passes unchanged."""
+    if isinstance(value, dict) and "question" in value:
+        return {**dict.fromkeys(EpisodeInput.__annotations__), **value}
+    return value
+
+
+def begin_episode(state: EpisodeState) -> dict:
     """A new input starts a new episode. Without a checkpointer the state is fresh already; on a thread that has
     run an episode (LangGraph Studio, a chat UI, `langgraph dev` reuse threads) the earlier episode's turns,
     usage, status and trajectory would otherwise carry into this one: the agent would see the earlier question's
-    turns and answer from them. Golden answers go with the input that gives them: those the earlier question
-    came with are dropped for a different question. Resuming an interrupted episode (input None) never passes
-    here: LangGraph continues from its last step."""
-    asked = {"question": state.get("question"), "golden_answers": state.get("golden_answers")}
+    turns and answer from them. The question and golden answers are the input's own (every_input_key writes
+    both). Resuming an interrupted episode (input None) never passes here: LangGraph continues from its last
+    step."""
     if not state.get("turns") and state.get("status") is None:  # nothing ran on this thread yet
-        return {"asked": asked}
-    previous = state.get("asked") or {}
-    update = {**FRESH, "asked": asked}
-    stale = asked["golden_answers"] is not None and asked["golden_answers"] == previous.get("golden_answers")
-    if stale and asked["question"] != previous.get("question"):
-        update["golden_answers"] = None
-        update["asked"] = {**asked, "golden_answers": None}
-    return update
+        return {}
+    return dict(FRESH)

@@ -46,6 +46,7 @@ from prompt_r1.core.errors import DataError
 from prompt_r1.core.redaction import RedactedStream, Redactor
 from prompt_r1.core.urls import is_shared_store
 from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
+from prompt_r1.runs.batch_plan import ROW_PREFIX
 from prompt_r1.runs.batch_rows import episode_row, episode_work, failure_row
 from prompt_r1.runs.batch_settings import BatchSettings
 from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment
@@ -70,10 +71,6 @@ from prompt_r1.runs.shared_budget import (
 )
 
 __all__ = ["FAILED_STATUSES", "BatchSettings", "BatchSummary", "run_batch", "scan_input"]
-
-_ROW_PREFIX = (
-    '{"id": '  # how every row this module writes begins (json.dumps of a dict whose first key is id)
-)
 
 
 @dataclass
@@ -323,7 +320,7 @@ async def _run_batch(run: _BatchRun) -> BatchSummary:
         protected = [("input file", run.input_path), ("--checkpoint file", checkpoint)]
         if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
             check_checkpoint(checkpoint, [("input file", run.input_path), ("--out file", out)], create=False)
-        store = ResultStore.open(out, row_prefix=_ROW_PREFIX, protected=protected, redact=run.redact)
+        store = ResultStore.open(out, row_prefix=ROW_PREFIX, protected=protected, redact=run.redact)
         if checkpoint is not None:
             check_checkpoint(checkpoint, [("input file", run.input_path), ("--out file", out)])
         if run.manifest is not None:

@@ -18,6 +18,8 @@ from pathlib import Path
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.data.datasets import resolve_source
+from prompt_r1.runs.call_ledger import ledger_path_for
+from prompt_r1.runs.manifest import manifest_path
 from prompt_r1.runs.output_files import check_folder_of, check_log_file, check_summary_path
 from prompt_r1.runs.pool import check_limits
 from prompt_r1.runs.ray_settings import RaySettings
@@ -84,6 +86,17 @@ class BatchSettings:
             value = getattr(self, name)
             set_(self, name, Path(value) if value else None)
 
+    def own_files(self) -> list[tuple[str, Path | None]]:
+        """(what, path) of every file the run reads or makes: the input, the results and their lock, the
+        checkpoints, the manifest, the call ledger, the summary and the log. An --env-cache naming one of them is
+        refused before anything is made (it would be written over, or hold a database where they expect text)."""
+        from prompt_r1.runs.output_lock import lock_path
+
+        return [("input file", resolve_source(self.source)[0]), ("--out file", self.out),
+                ("--out file's lock", lock_path(self.out)), ("--checkpoint file", self.checkpoint),
+                ("manifest", manifest_path(results_file=self.out)), ("call ledger", ledger_path_for(self.out)),
+                ("--summary file", self.summary), ("--log-file", self.log_file)]  # fmt: skip
+
     def check_files(self) -> Path:
         """Check, without changing any, every file the run will read or write, before a model is loaded or an
         endpoint contacted: the input exists (or names a bundled set), and the summary and log are not the
@@ -91,7 +104,10 @@ class BatchSettings:
         the checkpoints are checked again by `run_batch`, against their contents. Returns the input's path."""
         source = resolve_source(self.source)[0]
         check_folder_of(self.out, "--out")
-        run_files = [("input file", source), ("--out file", self.out), ("--checkpoint file", self.checkpoint)]
+        # The files the run makes beside --out too: a summary or log written over the manifest would block every
+        # rerun (it no longer parses as one), over the call ledger would lose what was paid.
+        run_files = [("input file", source), ("--out file", self.out), ("--checkpoint file", self.checkpoint),
+                     ("manifest", manifest_path(results_file=self.out)), ("call ledger", ledger_path_for(self.out))]  # fmt: skip
         check_summary_path(self.summary, run_files)
         if self.log_file is not None:
             check_log_file(self.log_file, [*run_files, ("--summary file", self.summary)])

@@ -79,6 +79,26 @@ class TokenCounter:
         return self.messages(protocol.agent_messages({"question": question, "turns": []}))
 
 
+def _count(value: Any) -> bool:
+    """Whether a row's token or call count can be learned from: a finite number ≥ 0 (a row from a hostile or broken
+    server may say Infinity, -5 or "many")."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    )
+
+
+def _as_float(value: float) -> float:
+    """A limit as a float; an integer past any float (--env-max-tokens 10**310) is infinite: no bound.
+
+    >>> _as_float(10**400)
+    inf
+    """
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 @dataclass(frozen=True)
 class EpisodeShape:
     """What one episode is expected to do, per scenario (low, expected, high): environment calls, and tokens per
@@ -135,7 +155,7 @@ class EpisodeShape:
         calls, turns, turn_tokens, reply_tokens, prompts = [], 0, 0, 0, []
         turn_chars = reply_chars = 0
         for row in rows:
-            usage = row.get("usage") or {}
+            usage = {k: v for k, v in (row.get("usage") or {}).items() if _count(v)}
             records = row.get("turns") or []
             if row.get("status") in {"environment_error", "agent_error", "internal_error"} or not records:
                 continue
@@ -145,13 +165,16 @@ class EpisodeShape:
             turn_tokens += usage.get("agent_completion_tokens", 0)
             turn_chars += sum(len(t.get("text") or "") for t in records)
             for t in made:
-                reply_tokens += t["environment_call"].get("output_tokens", 0)
+                reply = t["environment_call"].get("output_tokens", 0)
+                reply_tokens += reply if _count(reply) else 0
                 reply_chars += len(t.get("response") or "")
                 prompts.append(len(t.get("prompt") or ""))
         if not calls:
             return None
         tokens, chars = turn_tokens + reply_tokens, turn_chars + reply_chars
         per_token = chars / tokens if tokens and chars else 4.0
+        if not math.isfinite(per_token) or per_token <= 0:  # counts near 0 or past 1e308: no ratio to learn
+            per_token = 4.0
         mean_calls = sum(calls) / len(calls) if expect_turns is None else expect_turns
         mean_reply = reply_tokens / sum(calls) if sum(calls) else ASSUMED_TOKENS["reply"]
         mean_turn = turn_tokens / turns if turns else ASSUMED_TOKENS["agent_turn"]
@@ -172,8 +195,8 @@ class EpisodeShape:
 
     def bounded(self, loop: LoopConfig, turn_max: int, env_max_tokens: int | None) -> EpisodeShape:
         """Expected numbers held to the limits, and `high` set to them."""
-        cap = float(loop.max_turns)
-        reply_max = float(env_max_tokens or ASSUMED_UNCAPPED_REPLY)
+        cap = _as_float(loop.max_turns)
+        reply_max = _as_float(env_max_tokens or ASSUMED_UNCAPPED_REPLY)
         notes = list(self.notes)
         if env_max_tokens is None:
             notes.append(
@@ -187,8 +210,8 @@ class EpisodeShape:
         return replace(
             self,
             calls=held(self.calls, cap),
-            agent_turn=held(self.agent_turn, float(turn_max)),
-            prompt=held(self.prompt, float(turn_max)),
+            agent_turn=held(self.agent_turn, _as_float(turn_max)),
+            prompt=held(self.prompt, _as_float(turn_max)),
             reply=held(self.reply, reply_max),
             notes=tuple(notes),
         )
@@ -256,6 +279,8 @@ def _price(
     """Dollars for these tokens; 0 for an unpaid model the table does not price, None for a paid one."""
     if model is None or (tokens_in == 0 and tokens_out == 0):
         return 0.0
+    if not (math.isfinite(tokens_in) and math.isfinite(tokens_out)):  # beyond measure: no dollar figure
+        return None if paid or prices.cost(model, 0, 0) is not None else 0.0
     cost = prices.cost(model, round(tokens_in), round(tokens_out))
     if cost is None:
         return None if paid else 0.0
@@ -356,6 +381,7 @@ class Estimate:
     unit: str = "episode"
     units: int | None = None
     header: list[tuple[str, str]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # batch: the rows to run, done, repeated, kept
     notes: list[str] = field(default_factory=list)
     step: Part | None = None  # training: one generation step's spend, shown beside the run's
 
@@ -404,10 +430,13 @@ class Estimate:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimate as strict JSON values: a figure beyond any float (a rate period of 1e308 seconds, tokens
+        past 1e308) is null, never `Infinity`, which JSON has not and most readers refuse."""
         totals = self.total()
-        return {
+        return _finite({
             "title": self.title,
             "header": dict(self.header),  # what the report's first lines say (episodes, schedule, cache)
+            **({"counts": dict(self.counts)} if self.counts else {}),
             "source": self.shape.source if self.shape else None,
             "parts": [p.to_dict() for p in self.parts],
             "total": {name: totals[name].to_dict() for name in SCENARIOS},
@@ -415,4 +444,19 @@ class Estimate:
             "stops": self.stops(),
             **({"step": self.step.to_dict()} if self.step is not None else {}),
             "notes": [*self.notes, *(self.shape.notes if self.shape else ())],
-        }
+        })  # fmt: skip
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite (inf, nan) made None, through dicts and lists.
+
+    >>> _finite({"a": [1.5, float("inf")], "b": float("nan")})
+    {'a': [1.5, None], 'b': None}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -9,6 +9,8 @@ alone impose, where a cap stops the run, and the estimate's notes.
 
 from __future__ import annotations
 
+import math
+
 from prompt_r1.runs.estimate import Estimate
 
 __all__ = ["format_usd", "render_estimate"]
@@ -96,16 +98,20 @@ def render_estimate(estimate: Estimate) -> str:
 
 
 def _n(value: float) -> str:
-    return f"{value:,.0f}"
+    return f"{value:,.0f}" if math.isfinite(value) else "beyond measure"
 
 
 def format_usd(value: float | None) -> str:
     if value is None:
         return "unpriced"
+    if not math.isfinite(value):
+        return "beyond measure"
     return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
 
 
 def _hours(seconds: float) -> str:
+    if not math.isfinite(seconds):  # a rate period of 1e308 s: no figure to give (JSON: null)
+        return "beyond measure"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:

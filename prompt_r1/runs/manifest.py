@@ -13,7 +13,7 @@ output folder. One file holds:
   (what changes results: compared when a run adds to the output) and `operational` (endpoints, limits, files);
   `seeds`;
 - `prices`: the price table the costs came from (`--prices` or the bundled one), $ per 1M tokens;
-- `command_line`, `machine` (OS, Python, CPU, GPUs), `written_at`;
+- `command_line` (URL secrets and the values of secret-named flags such as `--hub_token` masked), `machine` (OS, Python, CPU, GPUs), `written_at`;
 - `runs`: one entry per run that wrote to the output (its time, command line, code and, when it was allowed to
   differ, which settings changed).
 
@@ -39,6 +39,7 @@ from typing import Any
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.core import redaction
 from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.files import write_whole
 
 __all__ = [
     "FOLDER_MANIFEST",
@@ -208,7 +209,7 @@ def build_manifest(
         },
         "seeds": scrub(_plain(dict(seeds or {}))),
         "prices": _prices(prices),
-        "command_line": scrub(line),
+        "command_line": scrub(redaction.mask_command_line(line)),
         "machine": machine(),
     }
 
@@ -283,6 +284,6 @@ def write_manifest(
         run["changed"] = changes
     manifest = {**manifest, "runs": [*runs, run]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".writing")
-    tmp.write_text(redaction.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_whole(
+        path, redaction.dumps(manifest, indent=2) + "\n"
+    )  # its temporary made anew, never through a link

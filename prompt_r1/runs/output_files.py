@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prompt_r1.core.errors import OutputError
+from prompt_r1.core.files import open_new, write_whole
 
 __all__ = [
     "FAILED_STATUSES",
     "OutputState",
     "check_checkpoint",
     "check_folder_of",
+    "peek_results_file",
     "check_log_file",
     "check_summary_path",
     "compact_output",
@@ -144,6 +146,55 @@ def open_results_file(
     path = Path(path)
     _refuse_protected(path, what, protected)
     _check_writable(path, what)
+    state, cut_at, add_newline = _scan(path, row_prefix, what, key, check)
+    if cut_at is not None or add_newline:
+        try:
+            with path.open("r+b") as handle:
+                if cut_at is not None:
+                    handle.truncate(cut_at)
+                else:
+                    handle.seek(0, os.SEEK_END)
+                    handle.write(b"\n")
+        except OSError as exc:
+            raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
+    return state
+
+
+def peek_results_file(
+    path: str | Path,
+    *,
+    row_prefix: str,
+    protected: Iterable[tuple[str, Path | None]] = (),
+    what: str = "--out",
+    key: Callable[[dict], Hashable] = row_id,
+) -> OutputState:
+    """What `open_results_file` would find, without creating, cutting or writing anything (a dry run's view):
+    the same refusals, in the same words, and the same finished and failed keys; a file not there yet holds
+    nothing."""
+    path = Path(path)
+    _refuse_protected(path, what, protected)
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a folder; name a file")
+    if not path.exists():
+        check_folder_of(path, what)
+        return OutputState()
+    if not path.is_file():
+        raise OutputError(f"{what} {path} is not a regular file; name a file")
+    try:
+        return _scan(path, row_prefix, what, key, None)[0]
+    except OSError as exc:
+        raise OutputError(f"cannot read {what} {path}: {_reason(exc)}") from None
+
+
+def _scan(
+    path: Path,
+    row_prefix: str,
+    what: str,
+    key: Callable[[dict], Hashable],
+    check: Callable[[dict], str | None] | None,
+) -> tuple[OutputState, int | None, bool]:
+    """Read a results file: its state, where a row cut mid-write begins (None: none), and whether its complete
+    last row lacks its newline. Refuses (OutputError) a line that is not a results row or fails `check`."""
     state = OutputState()
     seen: set[str] = set()
     cut_at: int | None = None
@@ -182,17 +233,7 @@ def open_results_file(
             else:
                 state.failed.discard(row_key)
                 state.finished[row_key] = crc(str(row.get("question", "")))
-    if cut_at is not None or add_newline:
-        try:
-            with path.open("r+b") as handle:
-                if cut_at is not None:
-                    handle.truncate(cut_at)
-                else:
-                    handle.seek(0, os.SEEK_END)
-                    handle.write(b"\n")
-        except OSError as exc:
-            raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
-    return state
+    return state, cut_at, add_newline
 
 
 @dataclass
@@ -243,7 +284,7 @@ def compact_output(path: str | Path, key: Callable[[dict], Hashable] = row_id) -
     dropped = 0
     keep = set(last.values())
     tmp = path.with_name(path.name + ".compacting")
-    with path.open(encoding="utf-8") as src, tmp.open("w", encoding="utf-8") as dst:
+    with path.open(encoding="utf-8") as src, open_new(tmp) as dst:
         for line_no, line in enumerate(src):
             if line_no in keep:
                 dst.write(line)
@@ -282,12 +323,9 @@ def check_summary_path(path: str | Path, protected: Iterable[tuple[str, Path | N
 def write_text_file(path: str | Path, text: str, what: str) -> None:
     """Write `text` to `path`, atomically (a temporary file then a rename), or raise `OutputError`."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".writing")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_whole(path, text)  # its temporary NAME.writing made anew, never through a link
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {what} {path}: {_reason(exc)}") from None
 
 

@@ -12,7 +12,10 @@ for the message only; it is never trusted as the lock.
     with hold_output("eval-results", "--out", folder=True):  # the lock file eval-results/.prompt-r1.lock
 
 A file's lock file sits beside it (`NAME.lock`), a folder's inside it (`.prompt-r1.lock`); either is removed when
-the run ends, as are the folders made for it that the run left empty. Within one process the lock is re-entrant (the command takes it before its checks, the engine it
+the run ends, as are the folders made for it that the run left empty. The lock belongs to the real output, not to
+the path's spelling: the output's links are resolved first, so `--out link.jsonl` (a symbolic link to
+`results.jsonl`) takes the lock of `results.jsonl`. The lock file itself is opened without following links
+(`core.files.open_lock`): one that is a link, or a hard link to another file, is refused in one line. Within one process the lock is re-entrant (the command takes it before its checks, the engine it
 calls takes it again), so only other processes are refused. Shards write their own files, so each shard locks its
 own file and shards of one input run side by side. On NFS, Linux maps `flock` to a lock the server keeps.
 """
@@ -28,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from prompt_r1.core.errors import OutputError
+from prompt_r1.core.files import open_lock
 
 __all__ = ["FOLDER_LOCK", "hold_output", "lock_path"]
 
@@ -60,7 +64,7 @@ def _holder(fd: int) -> str:
 def _acquire(path: Path, output: Path, what: str) -> int:
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = open_lock(path, f"{what} {output}")
         except OSError as exc:
             raise OutputError(f"cannot lock {what} {output}: {path}: {exc.strerror or exc}") from None
         try:
@@ -94,10 +98,11 @@ def hold_output(output: str | Path, what: str, *, folder: bool = False) -> Itera
     raise `OutputError` naming the output and the holder when another process holds it. `what`: how the message
     names the output (`--out`, `output_dir`). Yields the lock file's path."""
     output = Path(output)
-    path = lock_path(output, folder=folder)
     with _guard:
-        made = _make_folders(path.parent, output, what)
-        key = str(path.parent.resolve() / path.name)  # one key for every spelling of the path
+        made = _make_folders(output if folder else output.parent, output, what)
+        # The real output, its links resolved (a dangling one to where it points): one lock for every spelling.
+        path = lock_path(Path(os.path.realpath(output)), folder=folder)
+        key = str(path)
         entry = _held.get(key)
         if entry is None:
             try:

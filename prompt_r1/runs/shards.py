@@ -7,7 +7,9 @@ part and together they cover every row once. Each shard writes its own results f
 (`results.shard-2-of-4.jsonl`), resumes by itself (rerun the same command), and all of them may share one
 provider limit through `--env-rate-store`. The merge checks every shard file against the input, and reads it
 without changing it: a shard that is still being written, holds a torn row, or was made from another input or
-another N is refused, naming the file, what is wrong and the ids.
+another N is refused, naming the file, what is wrong and the ids. The merged file gets a manifest of its own
+(`NAME.manifest.json`), made from the shards' manifests, so a later `batch` on it compares its settings with
+those that made the rows, as on any results file.
 
     shard = Shard.parse("2/4")
     shard.path("results.jsonl")         # results.shard-2-of-4.jsonl
@@ -23,7 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prompt_r1.core.errors import ConfigError, OutputError
-from prompt_r1.data.datasets import iter_samples
+from prompt_r1.core.files import open_new
+from prompt_r1.data.datasets import iter_samples, resolve_source
+from prompt_r1.runs.manifest import (
+    build_manifest,
+    changed_settings,
+    manifest_path,
+    read_manifest,
+    write_manifest,
+)
 from prompt_r1.runs.output_files import FAILED_STATUSES, crc, read_rows
 from prompt_r1.runs.output_lock import hold_output
 
@@ -121,6 +131,50 @@ def _mismatch(shard: Shard, rows: dict, questions: dict[str, int]) -> dict[str, 
     }
 
 
+# What a merged file's manifest says of settings no shard manifest recorded (shards made before manifests, or
+# whose manifest was moved away): a later batch on the merged file differs from it, and is refused as for any
+# other setting unless allowed (--allow-changed-settings).
+UNKNOWN = "unknown: a shard file had no manifest"
+
+
+def _merged_manifest(out: Path, shards: list[Shard], source: str | Path) -> dict:
+    """The manifest of the merged file: the shards' common settings (shard: null), or the refusal naming the
+    settings two shards differ by. A shard file without a manifest leaves the merged file's agent, environment
+    and loop unknown (UNKNOWN), never the settings of another shard."""
+    manifests = [(shard, read_manifest(manifest_path(results_file=shard.path(out)))) for shard in shards]
+    known = [(shard, m) for shard, m in manifests if m is not None]
+    measured: dict = {"input": str(resolve_source(source)[0].resolve()), "shard": None}
+    if len(known) < len(manifests):
+        measured.update(agent=UNKNOWN, environment=UNKNOWN, loop=UNKNOWN)
+    elif known:
+        first_shard, first = known[0]
+        measured = {**first["settings"]["measured"], **measured}
+        for shard, m in known[1:]:
+            differ = changed_settings({**first["settings"]["measured"], "shard": None},
+                                      {**m["settings"]["measured"], "shard": None})  # fmt: skip
+            if differ:
+                raise OutputError(
+                    f"shards {first_shard} and {shard} of {out} were made with other settings "
+                    f"({'; '.join(differ)}): their rows cannot share one manifest; rerun shard {shard} with the "
+                    f"settings of shard {first_shard}"
+                )
+    first_manifest = known[0][1] if known else {}
+    operational = {
+        "shards": len(shards),
+        "without_manifest": [str(shard.path(out)) for shard, m in manifests if m is None],
+    }
+    manifest = build_manifest("batch-merge", measured, operational, seeds=first_manifest.get("seeds"))
+    manifest["prices"] = first_manifest.get("prices")
+    # The merged file's history: each shard's runs, then this merge (write_manifest adds it).
+    manifest["runs"] = [
+        {**run, "shard": str(shard)}
+        for shard, m in known
+        for run in (m.get("runs") or [])
+        if isinstance(run, dict)
+    ]
+    return manifest
+
+
 def merge_shards(
     out: str | Path, count: int, *, source: str | Path, limit: int | None = None
 ) -> MergeSummary:
@@ -130,7 +184,8 @@ def merge_shards(
     torn row, or does not match the input (ids the input lacks, ids of another shard, another question, or its
     ids missing) is refused, naming the file, what is wrong and the ids; shard files are only read, and `out`,
     which must not exist, is written only when every check passed. The merged file is a results file like any
-    other: `prompt-r1 batch` on it resumes."""
+    other, with its manifest (NAME.manifest.json, from the shards'): `prompt-r1 batch` on it resumes with the
+    shards' settings and is refused with others."""
     out = Path(out)
     if not 1 <= count <= MAX_SHARDS:
         raise ConfigError(f"--shards must be between 1 and {MAX_SHARDS}, got {count}")
@@ -172,9 +227,10 @@ def merge_shards(
                 )
             summary.superseded += read.superseded
             parts.append(read.last)
+        manifest = _merged_manifest(out, shards, source)
         tmp = out.with_name(out.name + ".merging")
         try:
-            with tmp.open("w", encoding="utf-8") as dst:
+            with open_new(tmp) as dst:  # never through a link left at NAME.merging
                 for rows in parts:
                     for line, row in rows.values():
                         dst.write(line)
@@ -182,6 +238,9 @@ def merge_shards(
                         summary.failed += row.get("status") in FAILED_STATUSES
                 dst.flush()
                 os.fsync(dst.fileno())
+            # The manifest first: a merge stopped between the two leaves no results file without its manifest
+            # (a manifest without its file is replaced by the next merge).
+            write_manifest(manifest_path(results_file=out), manifest, manifest)
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)

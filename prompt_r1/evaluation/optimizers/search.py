@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any, TextIO
 from prompt_r1.clients.costs import PriceTable, UsageMeter
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError, ContextOverflow, EnvironmentCallError, PromptR1Error
+from prompt_r1.core.files import write_whole
 from prompt_r1.core.prompts import DIRECT_ANSWER_TEMPLATE
 from prompt_r1.core.protocol import last_answer
 from prompt_r1.data.datasets import Sample, load_samples
@@ -293,9 +293,7 @@ async def load_or_find(
             return record
     record = await find()
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(".json.part")
-    part.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(part, path)
+    write_whole(path, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     return record
 
 

@@ -117,6 +117,11 @@ class PromptR1AsyncGRPOConfig(AsyncGRPOConfig, PromptR1Fields):
             )
         if refused:
             raise ConfigError("the async trainer does not support " + "; ".join(refused))
+        if self.max_inflight_tasks == 0 or self.max_inflight_tasks < -1:  # 0 would never start a rollout
+            raise ConfigError(
+                f"max_inflight_tasks must be a positive number of rollouts, or -1 to size it from max_staleness; "
+                f"got {self.max_inflight_tasks}"
+            )
         self.check_prompt_r1()
         check_spend_caps(self)
         self.dtype = self.agent_dtype

@@ -7,6 +7,9 @@ num_generations` questions, `num_generations` each) once every `steps_per_genera
 and an optimizer step is `gradient_accumulation_steps` micro-steps. With `max_steps` the run makes
 `ceil(max_steps × gradient_accumulation_steps / (steps_per_generation × num_iterations))` generation steps; else each
 epoch makes one per full batch of questions (a last partial batch is dropped, as TRL's sampler does).
+The async trainer has no generation batch: each optimizer step trains `per_device_train_batch_size ×
+gradient_accumulation_steps × processes` samples (episodes), so a step here is an optimizer step of that many, and
+an epoch is every question's `num_generations` episodes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ class TrainSchedule:
 
     def __init__(self, config: Any, rows: int) -> None:
         self.rows = rows
+        if not hasattr(config, "generation_batch_size"):  # the async trainer's config
+            self._async(config, rows)
+            return
         self.episodes_per_step = int(config.generation_batch_size)
         self.questions_per_step = self.episodes_per_step // config.num_generations
         every = config.steps_per_generation * getattr(config, "num_iterations", 1)
@@ -38,6 +44,23 @@ class TrainSchedule:
             self.optimizer_steps = math.ceil(config.num_train_epochs * (per_epoch * every // accumulation))
             self.steps = math.ceil(self.optimizer_steps * accumulation / every)
         self.per_epoch = per_epoch
+
+    def _async(self, config: Any, rows: int) -> None:
+        """TRL's async schedule (trl/experimental/async_grpo: `samples_per_step`), one step per optimizer step."""
+        processes = max(int(getattr(config, "world_size", 1) or 1), 1)
+        self.episodes_per_step = (
+            config.per_device_train_batch_size * config.gradient_accumulation_steps * processes
+        )
+        self.questions_per_step = max(self.episodes_per_step // config.num_generations, 1)
+        episodes_per_epoch = rows * config.num_generations
+        self.per_epoch = episodes_per_epoch // self.episodes_per_step
+        if config.max_steps and config.max_steps > 0:
+            self.optimizer_steps = int(config.max_steps)
+        else:
+            self.optimizer_steps = math.ceil(
+                config.num_train_epochs * episodes_per_epoch / self.episodes_per_step
+            )
+        self.steps = self.optimizer_steps
 
 
 def train_schedule(config: Any, rows: int) -> TrainSchedule:
