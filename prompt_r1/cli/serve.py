@@ -16,6 +16,16 @@ from prompt_r1.core.errors import ConfigError
 __all__ = ["add_serve_model_parser", "add_serve_parser", "cmd_serve", "cmd_serve_model"]
 
 
+def _add_listen_flags(parser: argparse.ArgumentParser, port: int) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument(
+        "--port",
+        type=flag_number(integer=True, minimum=0, maximum=65535),
+        default=port,
+        help=f"port to listen on (default: {port}; 0: any free port)",
+    )
+
+
 def add_serve_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
     sv = sub.add_parser(
         "serve",
@@ -25,13 +35,7 @@ def add_serve_parser(sub: argparse._SubParsersAction, add_run_flags) -> None:
         "requests and lets those in flight finish (exit 0); a second signal ends them at once, each with an "
         "error response (exit 143 for SIGTERM, 130 for SIGINT).",
     )
-    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    sv.add_argument(
-        "--port",
-        type=flag_number(integer=True, minimum=0, maximum=65535),
-        default=8000,
-        help="port to listen on (default: 8000; 0: any free port)",
-    )
+    _add_listen_flags(sv, 8000)
     sv.add_argument("--served-model-name", default="prompt-r1", metavar="NAME", help="model name clients use")
     sv.add_argument(
         "--concurrency",
@@ -129,13 +133,7 @@ def add_serve_model_parser(sub: argparse._SubParsersAction) -> None:
     sm.add_argument(
         "model", help="a built-in model (smollm2-135m), a .gguf file, or a model folder or hub id"
     )
-    sm.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    sm.add_argument(
-        "--port",
-        type=flag_number(integer=True, minimum=0, maximum=65535),
-        default=8001,
-        help="port to listen on (default: 8001; 0: any free port)",
-    )
+    _add_listen_flags(sm, 8001)
     sm.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: MODEL)")
     sm.add_argument(
         "--temperature",
