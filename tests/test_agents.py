@@ -145,6 +145,26 @@ def test_user_turn_ids_skip_an_end_of_turn_the_agent_already_sampled(tiny_model_
     assert user_turn_ids(tok, "hello", [5, im_end]) == ids[1:]
 
 
+def test_opening_ids_are_rendered_once_per_conversation_and_handed_out_as_new_lists(tiny_model_path):
+    """A GRPO group opens every episode on the same messages: rendered and tokenised once, each caller getting
+    its own list (a caller that appends to it changes nothing for the next)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    messages = [{"role": "user", "content": question_message("Who?")}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    first = initial_prompt_ids(tok, messages)
+    assert tok.decode(first) == rendered
+    first.append(7)
+    calls = []
+    original = tok.apply_chat_template
+    tok.apply_chat_template = lambda *a, **k: calls.append(1) or original(*a, **k)
+    again = initial_prompt_ids(tok, [dict(m) for m in messages])
+    assert tok.decode(again) == rendered and calls == []  # from the cache, unchanged by the append
+    other = initial_prompt_ids(tok, [{"role": "user", "content": question_message("Where?")}])
+    assert calls == [1] and other != again
+
+
 # Like Qwen3's template, this one drops the <think> block of assistant turns before the last user message, so a
 # re-rendered conversation no longer matches what the agent sampled.
 THINK_DROPPING_TEMPLATE = (

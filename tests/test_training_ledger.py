@@ -129,6 +129,9 @@ def test_replies_landing_together_share_commits_off_the_event_loop_and_are_on_di
             return await asyncio.gather(*(episode(i) for i in range(16)))
 
         assert run_sync(run()) == [1] * 16
+        # The same ledger answers a call it recorded in this process (its places are kept up to date).
+        _respond(environment, "Which name?", episode=3)
+        assert len(server.requests_for("env")) == 16
     assert sum(rows for rows, _ in commits) == 16 and len(commits) < 16, commits
     assert not any(on_loop for _, on_loop in commits)
     assert ledger.totals()["calls"] == 16

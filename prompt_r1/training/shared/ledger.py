@@ -135,6 +135,10 @@ class CallLedger:
         self.connection, self.path = connection, path
         # Episodes call from the event loop's thread, the trainer reads totals from its own: one at a time.
         self._lock = threading.Lock()
+        # The (step, phase) pairs the file holds calls of: only this process writes it, so a call elsewhere (every
+        # call of a new run, and of a resumed one past its crash) is not looked up at all. A lookup waits for the
+        # connection, which a commit holds while the disk syncs; the event loop then waited with it.
+        self._places = set(connection.execute("SELECT DISTINCT step, phase FROM calls"))
 
     @classmethod
     def open(cls, path: str | Path, identity: Mapping[str, Any]) -> CallLedger:
@@ -176,6 +180,8 @@ class CallLedger:
         return cls(connection, path)
 
     def lookup(self, key: CallKey) -> dict[str, Any] | None:
+        if (key.step, key.phase) not in self._places:
+            return None
         with self._lock:
             row = self.connection.execute(
                 "SELECT reply, cost FROM calls WHERE step=? AND phase=? AND call=? AND episode=? AND turn=? "
@@ -209,6 +215,7 @@ class CallLedger:
             self.connection.executemany(
                 "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
+        self._places.update((key.step, key.phase) for key, _, _ in calls)
 
     def totals(self, *, from_step: int | None = None) -> dict[str, float]:
         """Every call this process has paid for in the run, over all its restarts; `from_step`: those of that
