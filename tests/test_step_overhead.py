@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from helpers import ROOT
 
 
@@ -29,3 +30,10 @@ def test_the_overhead_benchmark_runs_tiny_and_ends_on_its_summary_line():
         int(line.split()[0]): int(line.split()[1]) for line in lines if re.match(r"\s+\d+\s+\d+\s", line)
     }
     assert turns == {2: 4, 4: 8}, lines
+    # The rollout's breakdown (the trainer's step line): its parts add up to its wall time.
+    splits = [line for line in lines if " rollout " in line and " = generate " in line]
+    assert len(splits) == 2, lines
+    for line in splits:
+        rollout, generate, environment, loop = (float(x) for x in re.findall(number, line))
+        assert generate >= 0 and environment >= 0 and loop > 0
+        assert generate + environment + loop == pytest.approx(rollout, abs=0.002), line

@@ -360,6 +360,26 @@ def test_the_step_lines_say_when_the_policy_is_stuck():
     assert len(lines.warnings) == 3
 
 
+def test_the_step_line_says_where_the_rollouts_seconds_went():
+    import io
+
+    from transformers import TrainerControl, TrainerState
+
+    from prompt_r1.training.shared.progress import StepLines
+
+    stream = io.StringIO()
+    lines, state = StepLines(stream), TrainerState(max_steps=4)
+    lines.on_train_begin(None, state, TrainerControl())
+    lines._last -= 2.0  # the step took 2 s
+    state.global_step = 1
+    times = {"time/rollout_s": 1.5, "time/generate_s": 0.5, "time/environment_s": 0.75, "time/loop_s": 0.25}
+    lines.on_log(None, state, TrainerControl(), logs={"reward": 0.5, **times})
+    line = stream.getvalue()
+    assert "(rollout 1.50 s: generate 0.50, env 0.75, loop 0.25; rest 0.50 s)" in line, line
+    lines.on_log(None, state, TrainerControl(), logs={"reward": 0.5})  # no breakdown logged: none shown
+    assert "rollout" not in stream.getvalue().splitlines()[-1]
+
+
 def test_each_rollout_call_gets_its_own_seed_and_evaluation_does_not_shift_trainings():
     rollout = GraphRollout(object(), loop=rollout_loop(max_turn_tokens=8))
 

@@ -223,8 +223,9 @@ def main() -> int:
         build_tiny_model(folder / "model", corpus=[NAME_QUESTION, TURN_1, TURN_2, "Response 1: Which name?"])
         rows = {}
         for episodes in args.episodes:
-            step, _ = build_step(episodes, args.turn_tokens, base_url, folder)
+            step, rollout = build_step(episodes, args.turn_tokens, base_url, folder)
             rows[episodes] = measure(step, args.steps)
+            rows[episodes]["times"] = dict(rollout.last_times)  # the last step's, as its step line shows it
             if args.profile and episodes == max(args.episodes):
                 print(profiled(step, args.profile), file=sys.stderr)
 
@@ -243,6 +244,13 @@ def main() -> int:
         print(
             f"{episodes:>8} {row['turns']:>6.0f} {1000 * row['cpu']:>11.1f} {1000 * row['wall']:>12.1f} "
             f"{per_turn[episodes]:>14.3f} {per_turn[episodes] / first:>7.2f}"
+        )
+    print("the last step's rollout, as the trainer's step line splits it (s): generate, environment, loop")
+    for episodes, row in rows.items():
+        t = row["times"]
+        print(
+            f"{episodes:>8} rollout {t['rollout']:.3f} = generate {t['generate']:.3f} + environment "
+            f"{t['environment']:.3f} + loop {t['loop']:.3f}"
         )
     small, large = (64, 256) if {64, 256} <= per_turn.keys() else (min(per_turn), max(per_turn))
     print(

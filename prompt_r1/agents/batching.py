@@ -113,6 +113,7 @@ class BatchingBackend:
         self._generate_lock = threading.Lock()
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
         self.generate_seconds = 0.0  # moving average of one generate call's duration
+        self.generate_total_s = 0.0  # every generate call's duration, summed (a step's breakdown)
 
     @contextlib.contextmanager
     def episode(self, index: int | None = None) -> Iterator[None]:
@@ -243,6 +244,7 @@ class BatchingBackend:
                 return self._generate_locked(batch)
             finally:
                 seconds = time.monotonic() - start
+                self.generate_total_s += seconds
                 first = len(self.batches) == 1
                 self.generate_seconds = seconds if first else 0.7 * self.generate_seconds + 0.3 * seconds
 

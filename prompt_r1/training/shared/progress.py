@@ -119,11 +119,13 @@ class StepLines(TrainerCallback):
         self.stream = stream
         self.stuck_steps = stuck_steps
         self._last: float | None = None
+        self._last_step = 0  # the step of the last line
         self._streaks = dict.fromkeys((key for key, _, _ in STUCK_SIGNS), 0)
         self.warnings: list[str] = []  # what was said, for callers and tests
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._last = time.monotonic()
+        self._last_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
@@ -147,6 +149,18 @@ class StepLines(TrainerCallback):
                 total, ".2f" if total is not None and total >= 1 else ".4f"
             )  # cents show under $1
             line += f"  ${cost} this step, ${total} total"
+        # The sync rollout's breakdown (prompt_r1.training.sync.rollout._RolloutClock), means over the logged
+        # steps; the rest of a step is TRL's: scoring, the forward and backward passes and the optimizer.
+        if "time/rollout_s" in logs:
+            steps = max(state.global_step - self._last_step, 1)
+            rollout = logs["time/rollout_s"]
+            line += (
+                f"  (rollout {_number(rollout, '.2f')} s: generate {_number(logs.get('time/generate_s'), '.2f')}, "
+                f"env {_number(logs.get('time/environment_s'), '.2f')}, "
+                f"loop {_number(logs.get('time/loop_s'), '.2f')}; "
+                f"rest {_number(seconds / steps - rollout, '.2f')} s)"
+            )
+        self._last_step = state.global_step
         # The async trainer: how old the samples it trained on were, and how many it dropped.
         if "sample/staleness_max" in logs:
             line += (
