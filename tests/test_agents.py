@@ -145,6 +145,26 @@ def test_user_turn_ids_skip_an_end_of_turn_the_agent_already_sampled(tiny_model_
     assert user_turn_ids(tok, "hello", [5, im_end]) == ids[1:]
 
 
+def test_opening_ids_are_rendered_once_per_conversation_and_handed_out_as_new_lists(tiny_model_path):
+    """A GRPO group opens every episode on the same messages: rendered and tokenised once, each caller getting
+    its own list (a caller that appends to it changes nothing for the next)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    messages = [{"role": "user", "content": question_message("Who?")}]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    first = initial_prompt_ids(tok, messages)
+    assert tok.decode(first) == rendered
+    first.append(7)
+    calls = []
+    original = tok.apply_chat_template
+    tok.apply_chat_template = lambda *a, **k: calls.append(1) or original(*a, **k)
+    again = initial_prompt_ids(tok, [dict(m) for m in messages])
+    assert tok.decode(again) == rendered and calls == []  # from the cache, unchanged by the append
+    other = initial_prompt_ids(tok, [{"role": "user", "content": question_message("Where?")}])
+    assert calls == [1] and other != again
+
+
 # Like Qwen3's template, this one drops the <think> block of assistant turns before the last user message, so a
 # re-rendered conversation no longer matches what the agent sampled.
 THINK_DROPPING_TEMPLATE = (
@@ -333,7 +353,8 @@ async def _staggered_turns(backend, delays, *, register: bool) -> list[str]:
     async def episode(i: int, delay: float) -> str:
         with backend.episode() if register else contextlib.nullcontext():
             await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
-            await asyncio.sleep(delay)
+            with backend.away():  # the environment's call, as the loop marks it
+                await asyncio.sleep(delay)
             out = await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
             return out.text
 
@@ -359,6 +380,89 @@ async def test_a_straggling_episode_does_not_hold_the_batch_past_the_wait():
     # Turn 2 of the three quick episodes waited at most batch_wait x 0.1 s for the fourth, then went without it.
     assert backend.batches == [4, 3, 1]
     assert time.monotonic() - start < 3.0 + 4 * 0.1 + 0.5
+
+
+async def _ask(backend, i: int) -> float:
+    """One request of episode `i`; the time its generate call started (the batch it rode in)."""
+    await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+    return backend.started[-1]
+
+
+class _StartTimes(_TimedBackend):
+    def _generate_locked(self, batch):
+        import time
+
+        self.started = getattr(self, "started", []) + [time.monotonic()]
+        return super()._generate_locked(batch)
+
+
+async def test_a_turn_waits_for_every_episode_on_its_way_with_no_timer():
+    """Episodes between their environment reply and their request (the loop's parsing and tokenising, spread over
+    passes of the event loop) are waited for however long the timer would be: each turn is one generate call that
+    starts the moment the last of them asks. Turn 1 too, before any generate call was timed."""
+    backend = _TimedBackend(0.05)  # the timer's bound would be 0.5 x 0.05 s: shorter than the loop work below
+
+    async def episode(i: int) -> None:
+        with backend.episode():
+            for _ in range(i):  # reaching the first request takes some episodes several passes
+                await asyncio.sleep(0)
+            await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+            with backend.away():
+                await asyncio.sleep(0.01)
+            # The loop's own work on the reply: up to 90 ms, not at the environment.
+            await asyncio.sleep(0.03 * i)
+            await backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4))
+
+    await asyncio.gather(*(episode(i) for i in range(4)))
+    assert backend.batches == [4, 4]
+
+
+async def test_a_turn_starts_at_once_when_every_live_episode_has_asked_or_ended():
+    """No timer when the count is known: with a wait bound of 100 generate calls, a turn whose live episodes have
+    all asked (one ended after its first turn) starts at once."""
+    import time
+
+    backend = _StartTimes(0.02)
+    backend.batch_wait = 100.0
+
+    async def episode(i: int) -> float | None:
+        with backend.episode():
+            await _ask(backend, i)
+            if i == 3:
+                return None  # answered at its first turn
+            with backend.away():
+                await asyncio.sleep(0.01)
+            asked = time.monotonic()
+            started = await _ask(backend, i)
+            return started - asked
+
+    waits = await asyncio.gather(*(episode(i) for i in range(4)))
+    assert backend.batches == [4, 3]
+    assert max(w for w in waits if w is not None) < 0.5, waits
+
+
+async def test_an_episode_at_the_environment_holds_the_batch_only_within_the_bound():
+    """The one count the batcher cannot know: when an episode at the environment answers. With batch_wait 0 it
+    holds nothing; by default at most batch_wait x a recent generate call, however long its reply takes."""
+    import time
+
+    for wait, bound in ((0.0, 0.0), (0.5, 0.5 * 0.1)):
+        backend = _StartTimes(0.1)
+        backend.batch_wait = wait
+        replied: dict[int, float] = {}
+
+        async def episode(i: int, backend=backend, replied=replied) -> float:
+            with backend.episode():
+                await _ask(backend, i)
+                with backend.away():
+                    await asyncio.sleep(1.0 if i == 3 else 0.0)
+                replied[i] = time.monotonic()
+                return await _ask(backend, i)
+
+        started = await asyncio.gather(*(episode(i) for i in range(4)))
+        assert backend.batches == [4, 3, 1]
+        held = started[0] - max(replied[i] for i in range(3))
+        assert held < bound + 0.2 and started[0] < replied[3], (wait, held)
 
 
 async def test_lockstep_batches_wait_for_every_episode_and_keep_episode_order():

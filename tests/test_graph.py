@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import re
@@ -283,3 +284,23 @@ def test_environment_error_counts_the_retries(server):
     server.inject(*[Fault("500")] * 3, model="env")
     result = loop(server, max_retries=2).invoke({"question": "Q?"})
     assert result["usage"]["env_failed_calls"] == 1 and result["usage"]["env_retries"] == 2
+
+
+def test_the_environment_call_is_marked_away_for_a_batching_agent():
+    """A batching backend (prompt_r1.agents.batching) must not count on an episode's request while the
+    environment answers it: the environment node holds the agent's `away()` around each call, and only there."""
+    players = InProcess([PROMPT.format(k=1), PROMPT.format(k=2), ANSWER.format(a="a")])
+    marks: list[str] = []
+
+    @contextlib.contextmanager
+    def away():
+        marks.append("in")
+        yield
+        marks.append(f"out after {len(players.environment.bodies)} call(s)")
+
+    players.agent.away = away
+    result = build_graph(players.agent, players.environment, loop=LoopConfig()).invoke(
+        {"question": "Q?", "golden_answers": ["a"]}
+    )
+    assert result["status"] == "answered"
+    assert marks == ["in", "out after 1 call(s)", "in", "out after 2 call(s)"]

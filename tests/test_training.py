@@ -360,6 +360,54 @@ def test_the_step_lines_say_when_the_policy_is_stuck():
     assert len(lines.warnings) == 3
 
 
+def test_the_step_line_says_where_the_rollouts_seconds_went():
+    import io
+
+    from transformers import TrainerControl, TrainerState
+
+    from prompt_r1.training.shared.progress import StepLines
+
+    stream = io.StringIO()
+    lines, state = StepLines(stream), TrainerState(max_steps=4)
+    lines.on_train_begin(None, state, TrainerControl())
+    lines._last -= 2.0  # the step took 2 s
+    state.global_step = 1
+    times = {"time/rollout_s": 1.5, "time/generate_s": 0.5, "time/environment_s": 0.75, "time/loop_s": 0.25}
+    lines.on_log(None, state, TrainerControl(), logs={"reward": 0.5, **times})
+    line = stream.getvalue()
+    assert "(rollout 1.50 s: generate 0.50, env 0.75, loop 0.25; rest 0.50 s)" in line, line
+    lines.on_log(None, state, TrainerControl(), logs={"reward": 0.5})  # no breakdown logged: none shown
+    assert "rollout" not in stream.getvalue().splitlines()[-1]
+    lines._last -= 2.0
+    state.global_step = 2
+    lines.on_log(None, state, TrainerControl(), logs={"reward": 0.5, **times, "time/scoring_s": 0.125})
+    assert "loop 0.25; scoring 0.12 s, training 0.38 s)" in stream.getvalue().splitlines()[-1]
+
+
+def test_the_reward_functions_time_themselves_once_per_step_under_their_names():
+    from collections import defaultdict
+
+    from prompt_r1.training.shared.progress import time_scoring
+
+    def prompt_r1_total(completions, **kw):
+        return [1.0] * len(completions)
+
+    def prompt_r1_format(completions, **kw):
+        return [0.5] * len(completions)
+
+    trainer = SimpleNamespace(
+        reward_funcs=[prompt_r1_total, prompt_r1_format],
+        model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    time_scoring(trainer)
+    assert [f.__name__ for f in trainer.reward_funcs] == ["prompt_r1_total", "prompt_r1_format"]
+    for _ in range(2):  # two steps
+        assert [f(["a", "b"]) for f in trainer.reward_funcs] == [[1.0, 1.0], [0.5, 0.5]]
+    assert len(trainer._metrics["train"]["time/scoring_s"]) == 2  # one total per step, not one per function
+    assert all(0 <= s < 1 for s in trainer._metrics["train"]["time/scoring_s"])
+
+
 def test_each_rollout_call_gets_its_own_seed_and_evaluation_does_not_shift_trainings():
     rollout = GraphRollout(object(), loop=rollout_loop(max_turn_tokens=8))
 

@@ -92,6 +92,51 @@ def test_a_recorded_call_is_answered_from_the_ledger_and_not_sent_again(tmp_path
     assert again.take().calls == 0  # taking resets
 
 
+def test_replies_landing_together_share_commits_off_the_event_loop_and_are_on_disk_when_seen(tmp_path):
+    """Group commit: a commit waits for the disk, so it runs in a worker thread (the event loop goes on with the
+    other episodes) and the calls that land while one is under way share the next. Each episode still sees its
+    reply only once its row is committed."""
+    import asyncio
+    import threading
+
+    path = ledger_path(tmp_path / "run", 0)
+    ledger = CallLedger.open(path, IDENTITY)
+    commits: list[tuple[int, bool]] = []  # (rows, on the event loop's thread)
+    record_many = ledger.record_many
+    loop_thread: list[int] = []
+
+    def slow_disk(calls):
+        commits.append((len(calls), threading.get_ident() in loop_thread))
+        time.sleep(0.05)  # a disk's fsync
+        record_many(calls)
+
+    ledger.record_many = slow_disk
+    with ScriptedServer({"env": lambda body: NAME_RESPONSE}) as server:
+        environment = LedgerEnvironment(_client(server), ledger, _prices(tmp_path))
+
+        async def episode(i: int) -> int:
+            with call_scope(step=0, training=True, call=0, episode=i):
+                await environment.respond("Which name?", [])
+            # Seen only once on disk: another connection (another process after a crash) reads the row.
+            return (
+                sqlite3.connect(path)
+                .execute("SELECT COUNT(*) FROM calls WHERE episode = ?", (i,))
+                .fetchone()[0]
+            )
+
+        async def run() -> list[int]:
+            loop_thread.append(threading.get_ident())
+            return await asyncio.gather(*(episode(i) for i in range(16)))
+
+        assert run_sync(run()) == [1] * 16
+        # The same ledger answers a call it recorded in this process (its places are kept up to date).
+        _respond(environment, "Which name?", episode=3)
+        assert len(server.requests_for("env")) == 16
+    assert sum(rows for rows, _ in commits) == 16 and len(commits) < 16, commits
+    assert not any(on_loop for _, on_loop in commits)
+    assert ledger.totals()["calls"] == 16
+
+
 def test_a_damaged_or_foreign_ledger_is_refused_in_one_line(tmp_path):
     garbage = tmp_path / "garbage.sqlite"
     garbage.write_bytes(b"not a database at all\n" * 200)

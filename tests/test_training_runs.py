@@ -46,7 +46,9 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
         captured = capsys.readouterr()
         lines = re.findall(
             r"step (\d+/\d+)  reward [-+][\d.]+ \(format [\d.]+, answer [\d.]+\)  turns [\d.]+  "
-            r"env calls [\d.]+  tokens \d+  [\d.]+ s  \$- this step, \$- total\n",  # "env" has no price
+            r"env calls [\d.]+  tokens \d+  [\d.]+ s  \$- this step, \$- total"  # "env" has no price
+            # Where the step's seconds went: the rollout's parts, the reward functions, the rest (training).
+            r"  \(rollout [\d.]+ s: generate [\d.]+, env [\d.]+, loop [\d.]+; scoring [\d.]+ s, training -?[\d.]+ s\)\n",
             captured.err,
         )
         assert lines == ["1/2", "2/2"], captured.err[-2000:]
@@ -56,6 +58,10 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
         assert any(not torch.equal(before[n], after[n]) for n in before), "no parameter changed"
         logged = [h for h in trainer.state.log_history if "reward" in h]
         assert len(logged) == 2 and all("episode/turns" in h for h in logged)
+        for h in logged:  # the rollout's parts add up to its wall time, and each took some
+            parts = h["time/generate_s"] + h["time/environment_s"] + h["time/loop_s"]
+            assert parts == pytest.approx(h["time/rollout_s"], rel=0.01)
+            assert min(h["time/generate_s"], h["time/loop_s"], h["time/scoring_s"]) > 0
         assert any(h["reward_std"] > 0 for h in logged)
 
         # Environment tokens contribute nothing to the loss: with the same episodes, two different runs of

@@ -400,7 +400,7 @@ def main() -> int:
     parser.add_argument(
         "--skip-eager",
         action="store_true",
-        help="leave out the run with the batcher not waiting (batch_wait 0)",
+        help="leave out the run with the batcher not waiting for episodes at the environment (batch_wait 0)",
     )
     parser.add_argument(
         "--dry-run",
@@ -437,7 +437,8 @@ def main() -> int:
         print(f"built and fine-tuned the protocol model in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         with ScriptedServer({"env": lambda body: RESPONSE}, latency=args.latency) as server:
             multi = _launch(args, "multi", model, server.base_url, tmp)
-            # The same run with the batcher's wait for live episodes off: each turn's requests go out as they come.
+            # The same run with the batcher's bounded wait for episodes at the environment off (those between
+            # their reply and their request are still waited for: prompt_r1.agents.batching).
             eager = (
                 None
                 if args.skip_eager
@@ -463,7 +464,7 @@ def main() -> int:
         ("Prompt-R1 two-turn rollout (LangGraph loop)", multi, single),
     ]
     if eager is not None:
-        rows.append(("  the same, batcher not waiting (batch_wait 0)", eager, single))
+        rows.append(("  the same, batcher not waiting for the environment (batch_wait 0)", eager, single))
     if args.vllm:
         rows += [
             (f"TRL single-turn GRPO, vLLM colocate, {tokens} tokens", single_vllm, single_vllm),

@@ -7,9 +7,15 @@ worker thread, so the loop never blocks on the accelerator and the model sees fu
 
 On an accelerator a decoding pass costs about the same for 1 row as for 64, so a turn whose requests arrive a few
 milliseconds apart (environment replies land on different passes of the event loop) must not become several
-generate calls. Callers that know how many episodes are running register them (`with backend.episode(): ...`);
-the drainer then waits for the live episodes that have not asked yet, at most `batch_wait` times the duration of
-a recent generate call (what one more call would cost), and dispatches at once when every live episode is waiting.
+generate calls. Callers that know how many episodes are running register them (`with backend.episode(): ...`),
+and the loop marks each registered episode's environment call (`with backend.away(): ...`), so the drainer knows
+where every live episode is: asking, at the environment, or between the two (the loop's own work: parsing,
+tokenising, the graph's steps), which asks within milliseconds. It waits, with no timer, for the episodes between
+the two, and dispatches the moment every live episode that is not at the environment has asked. Episodes at the
+environment are the one count it cannot know (a reply may be a millisecond or a minute away): the batch waits for
+them at most `batch_wait` times the duration of a recent generate call (what one more call would cost), and not at
+all before a generate call has been timed. Finished episodes hold nothing. Requests of unregistered callers never
+wait.
 
 Reproducible batches (`lockstep = True`, what training rollouts use): the drainer waits, with no deadline, until
 every registered episode is waiting or has ended, and orders the batch by the episodes' indices
@@ -57,13 +63,15 @@ class PendingRequest:
     future: asyncio.Future
     # (episode index, turn within the episode) when the episode was registered with an index, else None.
     key: tuple[int, int] | None = None
+    registered: bool = False  # made by a registered episode (counted against the live ones)
 
 
 @dataclass
 class _Slot:
-    """A registered episode's place: its index among the call's episodes, and how many requests it has made."""
+    """A registered episode's place: its index among the call's episodes (None: unordered), and how many requests
+    it has made."""
 
-    index: int
+    index: int | None
     turns: int = 0
 
 
@@ -76,6 +84,7 @@ class _Queue:
     pending: list[PendingRequest] = field(default_factory=list)
     drainer: asyncio.Task | None = None
     live: int = 0  # registered episodes still running (see BatchingBackend.episode)
+    away: int = 0  # of them, those waiting on the environment (BatchingBackend.away)
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # a request arrived or an episode ended
 
 
@@ -89,7 +98,8 @@ class BatchingBackend:
     max_context: int | None = None
     default_max_new_tokens: int = 1024
     max_batch_size: int = 64
-    # Longest wait for registered episodes to join a batch, as a fraction of a recent generate call's duration.
+    # Longest wait for registered episodes at the environment to join a batch, as a fraction of a recent generate
+    # call's duration (episodes between their environment reply and their request are waited for without a timer).
     batch_wait: float = 0.5
     # Wait for every registered episode and order batches by episode index (see the module doc).
     lockstep: bool = False
@@ -103,6 +113,7 @@ class BatchingBackend:
         self._generate_lock = threading.Lock()
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
         self.generate_seconds = 0.0  # moving average of one generate call's duration
+        self.generate_total_s = 0.0  # every generate call's duration, summed (a step's breakdown)
 
     @contextlib.contextmanager
     def episode(self, index: int | None = None) -> Iterator[None]:
@@ -111,12 +122,28 @@ class BatchingBackend:
         """
         queue = self._queues.get()
         queue.live += 1
-        token = _current_slot.set(_Slot(index) if index is not None else None)
+        token = _current_slot.set(_Slot(index))
         try:
             yield
         finally:
             _current_slot.reset(token)
             queue.live -= 1
+            queue.changed.set()
+
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """Mark the current registered episode as waiting on the environment, so that batches do not count on its
+        request now (see the module doc); nothing for an unregistered caller."""
+        if _current_slot.get() is None:
+            yield
+            return
+        queue = self._queues.get()
+        queue.away += 1
+        queue.changed.set()
+        try:
+            yield
+        finally:
+            queue.away -= 1
             queue.changed.set()
 
     async def generate(self, request: AgentRequest) -> AgentOutput:
@@ -135,10 +162,13 @@ class BatchingBackend:
         slot = _current_slot.get()
         key = None
         if slot is not None:
-            key, slot.turns = (slot.index, slot.turns), slot.turns + 1
+            if slot.index is not None:
+                key = (slot.index, slot.turns)
+            slot.turns += 1
         queue = self._queues.get()
         future = asyncio.get_running_loop().create_future()
-        queue.pending.append(PendingRequest(list(prompt_ids), max_new, tuple(request.stop), future, key))
+        item = PendingRequest(list(prompt_ids), max_new, tuple(request.stop), future, key, slot is not None)
+        queue.pending.append(item)
         queue.changed.set()
         if queue.drainer is None or queue.drainer.done():
             queue.drainer = asyncio.create_task(self._drain(queue))
@@ -177,11 +207,20 @@ class BatchingBackend:
                     item.future.set_result(output)
 
     async def _wait_for_live_episodes(self, queue: _Queue) -> None:
-        """Hold the batch while registered episodes that have not asked yet may still join it cheaply."""
-        if queue.live <= 0 or self.batch_wait <= 0 or not self.batches:
-            return  # nothing registered, or no generate timed yet (a step's first turn arrives all at once)
-        deadline = time.monotonic() + self.batch_wait * self.generate_seconds
-        while len(queue.pending) < min(queue.live, self.max_batch_size):
+        """Hold the batch while live episodes that have not asked yet are on their way (no timer), or at the
+        environment (at most `batch_wait` x a recent generate call); see the module doc."""
+        deadline: float | None = None
+        while len(queue.pending) < self.max_batch_size:
+            asked = sum(item.registered for item in queue.pending)
+            if queue.live - queue.away > asked:
+                # An episode between its reply and its request: it asks, goes to the environment or ends soon.
+                queue.changed.clear()
+                await queue.changed.wait()
+                continue
+            if queue.live <= asked or self.batch_wait <= 0 or not self.batches:
+                return  # every live episode has asked, or those at the environment cannot be timed
+            if deadline is None:  # one bound per batch, however the replies trickle in
+                deadline = time.monotonic() + self.batch_wait * self.generate_seconds
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -205,6 +244,7 @@ class BatchingBackend:
                 return self._generate_locked(batch)
             finally:
                 seconds = time.monotonic() - start
+                self.generate_total_s += seconds
                 first = len(self.batches) == 1
                 self.generate_seconds = seconds if first else 0.7 * self.generate_seconds + 0.3 * seconds
 

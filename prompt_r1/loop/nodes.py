@@ -8,6 +8,7 @@ where to go.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Literal
 
@@ -166,12 +167,16 @@ class LoopNodes:
         try:
             # The environment's chat-model run carries the turn it answers, for traces.
             metadata = {**(config.get("metadata") or {}), "prompt_r1_turn": last["index"]}
-            reply = await self.environment.respond(
-                last["prompt"],
-                self.protocol.environment_history(state["turns"][:-1]),
-                run_config={**config, "metadata": metadata},
-                **({} if system_prompt is None else {"system_prompt": system_prompt}),
-            )
+            # A batching agent backend must not count on this episode's next request while the environment
+            # answers (prompt_r1.agents.batching); other backends have no `away`.
+            away = getattr(self.agent, "away", None)
+            with away() if away is not None else contextlib.nullcontext():
+                reply = await self.environment.respond(
+                    last["prompt"],
+                    self.protocol.environment_history(state["turns"][:-1]),
+                    run_config={**config, "metadata": metadata},
+                    **({} if system_prompt is None else {"system_prompt": system_prompt}),
+                )
         except ContextOverflow as exc:
             await emit(config, [{"type": "error", "turn": last["index"], "text": str(exc)}])
             return self.protocol.environment_overflow(last["index"], str(exc))

@@ -22,6 +22,7 @@ rollout (the synchronous `GraphRollout`, or a worker that runs episodes its own 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
@@ -29,13 +30,14 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
 from prompt_r1.clients.environment import EnvironmentReply, environment_messages
 from prompt_r1.clients.sqlite_files import create_whole, damage, orphan_log, read_meta
+from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.hashing import message_texts, stable_hash
 from prompt_r1.core.prompts import ENVIRONMENT_SYSTEM_PROMPT
@@ -133,6 +135,10 @@ class CallLedger:
         self.connection, self.path = connection, path
         # Episodes call from the event loop's thread, the trainer reads totals from its own: one at a time.
         self._lock = threading.Lock()
+        # The (step, phase) pairs the file holds calls of: only this process writes it, so a call elsewhere (every
+        # call of a new run, and of a resumed one past its crash) is not looked up at all. A lookup waits for the
+        # connection, which a commit holds while the disk syncs; the event loop then waited with it.
+        self._places = set(connection.execute("SELECT DISTINCT step, phase FROM calls"))
 
     @classmethod
     def open(cls, path: str | Path, identity: Mapping[str, Any]) -> CallLedger:
@@ -174,6 +180,8 @@ class CallLedger:
         return cls(connection, path)
 
     def lookup(self, key: CallKey) -> dict[str, Any] | None:
+        if (key.step, key.phase) not in self._places:
+            return None
         with self._lock:
             row = self.connection.execute(
                 "SELECT reply, cost FROM calls WHERE step=? AND phase=? AND call=? AND episode=? AND turn=? "
@@ -186,19 +194,28 @@ class CallLedger:
 
     def record(self, key: CallKey, reply: EnvironmentReply, cost: float | None) -> None:
         """Write one paid call and commit it (on disk when this returns)."""
-        with self._lock, self.connection:
-            self.connection.execute(
-                "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    *key.as_row(),
-                    json.dumps(reply.to_dict(), ensure_ascii=False),
-                    reply.model,
-                    reply.input_tokens,
-                    reply.output_tokens,
-                    cost,
-                    time.time(),
-                ),
+        self.record_many([(key, reply, cost)])
+
+    def record_many(self, calls: Sequence[tuple[CallKey, EnvironmentReply, float | None]]) -> None:
+        """Write paid calls in one transaction: one commit, one wait for the disk, for all of them."""
+        now = time.time()
+        rows = [
+            (
+                *key.as_row(),
+                json.dumps(reply.to_dict(), ensure_ascii=False),
+                reply.model,
+                reply.input_tokens,
+                reply.output_tokens,
+                cost,
+                now,
             )
+            for key, reply, cost in calls
+        ]
+        with self._lock, self.connection:
+            self.connection.executemany(
+                "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+        self._places.update((key.step, key.phase) for key, _, _ in calls)
 
     def totals(self, *, from_step: int | None = None) -> dict[str, float]:
         """Every call this process has paid for in the run, over all its restarts; `from_step`: those of that
@@ -276,6 +293,16 @@ class StepSpend:
                 self.cost, float(self.unpriced)]  # fmt: skip
 
 
+@dataclass
+class _Commits:
+    """Paid calls waiting to be committed on one event loop, and the task committing them."""
+
+    waiting: list[tuple[CallKey, EnvironmentReply, float | None, asyncio.Future]] = field(
+        default_factory=list
+    )
+    writer: asyncio.Task | None = None
+
+
 class LedgerEnvironment:
     """An environment whose calls are priced, counted, and (with a ledger) recorded and replayed.
 
@@ -287,6 +314,7 @@ class LedgerEnvironment:
     def __init__(self, inner: Any, ledger: CallLedger | None, prices: PriceTable) -> None:
         self.inner, self.ledger, self.prices = inner, ledger, prices
         self.spend = StepSpend()
+        self._commits: PerLoop[_Commits] = PerLoop(_Commits)  # calls waiting for their commit, per event loop
         # The async trainer's worker counts on its event loop's thread while the trainer takes on its own.
         self._counting = threading.Lock()
         self.dearest: float | None = None  # the highest price of one call so far (None: none priced yet)
@@ -314,9 +342,41 @@ class LedgerEnvironment:
         reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
         cost = self.prices.cost(reply.model or self.model, reply.input_tokens, reply.output_tokens)
         if key is not None and self.ledger is not None:
-            self.ledger.record(key, reply, cost)  # committed before the episode sees the reply
+            await self._commit(key, reply, cost)  # on disk before the episode sees the reply
         self._count(reply, cost, replayed=False)
         return reply
+
+    async def _commit(self, key: CallKey, reply: EnvironmentReply, cost: float | None) -> None:
+        """Record a call and return once it is committed. Group commit: a commit waits for the disk (synchronous
+        FULL), so it runs in a worker thread, not on the event loop the other episodes run on, and the calls that
+        arrive while one commit is under way go together in the next one (a step's replies landing together cost
+        a few waits for the disk, not one each, in series, on the loop)."""
+        queue = self._commits.get()
+        done = asyncio.get_running_loop().create_future()
+        queue.waiting.append((key, reply, cost, done))
+        if queue.writer is None or queue.writer.done():
+            queue.writer = asyncio.create_task(self._write(queue))
+        await done
+
+    async def _write(self, queue: _Commits) -> None:
+        batch: list = []
+        try:
+            while queue.waiting:
+                batch, queue.waiting = queue.waiting, []
+                try:
+                    await asyncio.to_thread(self.ledger.record_many, [(k, r, c) for k, r, c, _ in batch])
+                except Exception as exc:  # each waiting call fails with it, as its own write would have
+                    for *_, done in batch:
+                        if not done.done():  # not an episode cancelled meanwhile
+                            done.set_exception(exc)
+                    continue
+                for *_, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+        finally:  # cancelled (its loop closing): no call waits for a commit that will not come
+            for *_, done in [*batch, *queue.waiting]:
+                if not done.done():
+                    done.cancel()
 
     def _key(
         self, prompt: str, history: Sequence[tuple[str, str]], system_prompt: str | None

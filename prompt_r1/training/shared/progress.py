@@ -19,7 +19,16 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-__all__ = ["CURVES", "STUCK_STEPS", "CurvesPNG", "StepLines", "draw_curves", "install", "step_series"]
+__all__ = [
+    "CURVES",
+    "STUCK_STEPS",
+    "CurvesPNG",
+    "StepLines",
+    "draw_curves",
+    "install",
+    "step_series",
+    "time_scoring",
+]
 
 # (what is drawn, the log key TRL or the rollout writes it under)
 CURVES = (
@@ -119,11 +128,13 @@ class StepLines(TrainerCallback):
         self.stream = stream
         self.stuck_steps = stuck_steps
         self._last: float | None = None
+        self._last_step = 0  # the step of the last line
         self._streaks = dict.fromkeys((key for key, _, _ in STUCK_SIGNS), 0)
         self.warnings: list[str] = []  # what was said, for callers and tests
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._last = time.monotonic()
+        self._last_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
@@ -147,6 +158,23 @@ class StepLines(TrainerCallback):
                 total, ".2f" if total is not None and total >= 1 else ".4f"
             )  # cents show under $1
             line += f"  ${cost} this step, ${total} total"
+        # The sync rollout's breakdown (prompt_r1.training.sync.rollout._RolloutClock), means over the logged
+        # steps; the rest of a step is TRL's: scoring, the forward and backward passes and the optimizer.
+        if "time/rollout_s" in logs:
+            steps = max(state.global_step - self._last_step, 1)
+            rollout = logs["time/rollout_s"]
+            line += (
+                f"  (rollout {_number(rollout, '.2f')} s: generate {_number(logs.get('time/generate_s'), '.2f')}, "
+                f"env {_number(logs.get('time/environment_s'), '.2f')}, "
+                f"loop {_number(logs.get('time/loop_s'), '.2f')}; "
+            )
+            rest = seconds / steps - rollout
+            if "time/scoring_s" in logs:
+                scoring = logs["time/scoring_s"]
+                line += f"scoring {_number(scoring, '.2f')} s, training {_number(rest - scoring, '.2f')} s)"
+            else:
+                line += f"rest {_number(rest, '.2f')} s)"
+        self._last_step = state.global_step
         # The async trainer: how old the samples it trained on were, and how many it dropped.
         if "sample/staleness_max" in logs:
             line += (
@@ -171,6 +199,35 @@ class StepLines(TrainerCallback):
                     "row; a KL term (beta), a lower learning rate or a stronger starting agent are the usual remedies"
                 )
         return said
+
+
+def time_scoring(trainer: Any) -> None:
+    """Log the seconds a step spends in the trainer's reward functions (`time/scoring_s`), for the step line: each
+    plain function in `trainer.reward_funcs` is wrapped (its name, which TRL logged it under, already taken); the
+    last one of a step adds the step's total. A reward model (a module) is left as it is."""
+    funcs = getattr(trainer, "reward_funcs", None)
+    if not isinstance(funcs, list) or not hasattr(trainer, "_metrics"):
+        return
+    spent = [0.0]
+
+    def timed(func: Any, last: bool) -> Any:
+        def reward(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                spent[0] += time.monotonic() - start
+                if last:
+                    mode = "train" if trainer.model.training else "eval"
+                    trainer._metrics[mode]["time/scoring_s"].append(spent[0])
+                    spent[0] = 0.0
+
+        reward.__name__ = getattr(func, "__name__", "reward")
+        return reward
+
+    plain = [i for i, f in enumerate(funcs) if callable(f) and type(f).__name__ == "function"]
+    if len(plain) == len(funcs):
+        funcs[:] = [timed(f, i == len(funcs) - 1) for i, f in enumerate(funcs)]
 
 
 class _BarOnly(ProgressCallback):

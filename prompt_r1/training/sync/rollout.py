@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
+import time
 from collections import Counter
 from typing import Any
 
@@ -42,6 +44,8 @@ class GraphRollout(Trajectories):
         self.calls = 0
         self.last_results: list[Episode] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
+        self.last_generate_s = 0.0  # the latest call's seconds in the policy's generate calls
+        self.last_times: dict[str, float] = {}  # the latest call's seconds, by part (_RolloutClock.split)
         self._last_step: tuple[int, bool] | None = None  # (step, training) of the latest call
         self._calls_at_step = 0
         self._last_call: tuple[int, bool, int] | None = None
@@ -50,11 +54,16 @@ class GraphRollout(Trajectories):
         _check_trainer(trainer)
         questions = [question_of(p) for p in prompts]
         seed = self.step_seed(trainer)
-        results, tokenizer = self.sample(trainer, questions, seed, call=self._last_call)
-        output = self.to_trajectories(results, tokenizer)
+        clock = _RolloutClock()
+        with _collect_only_the_rollouts_garbage():
+            results, tokenizer = self.sample(trainer, questions, seed, call=self._last_call)
+            output = self.to_trajectories(results, tokenizer)
+        self.last_times = clock.split(self.last_generate_s)
         self.calls += 1
         self.last_results = results
-        log_episode_metrics(trainer, results, generate_calls=len(self.last_batch_sizes))
+        log_episode_metrics(
+            trainer, results, generate_calls=len(self.last_batch_sizes), times=self.last_times
+        )
         return output
 
     def sample(
@@ -73,6 +82,7 @@ class GraphRollout(Trajectories):
                 agent.lockstep, agent.sampling_seed = True, seed
             results = self.run_episodes(agent, questions, call=call)
         self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
+        self.last_generate_s = getattr(agent, "generate_total_s", 0.0)
         return results, agent.tokenizer
 
     def step_seed(self, trainer: Any) -> int | None:
@@ -124,6 +134,20 @@ class GraphRollout(Trajectories):
                 f"a rollout episode failed ({broken.status}): {broken.error}"
             ) from broken.exception
         return episodes
+
+
+@contextlib.contextmanager
+def _collect_only_the_rollouts_garbage():
+    """Keep the objects that were there before the rollout (the model, the trainer, the libraries: millions) out
+    of the garbage collector's passes while it runs, and hand them back after. The episodes make many short-lived
+    objects, and each full collection they trigger otherwise walked the whole heap: a quarter of the rollout's
+    CPU at 256 episodes in evals/bench/step_overhead.py. Nothing is leaked: `unfreeze` returns them to the
+    oldest generation."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
@@ -181,9 +205,44 @@ def episode_statistics(results: list[Episode]) -> list[float]:
     ]
 
 
-def log_episode_metrics(trainer: Any, results: list[Episode], *, generate_calls: int | None = None) -> None:
-    """Add per-episode means over all processes to the trainer's logged metrics (TRL's `report_to`), and this
-    process's number of policy generate calls in the step (fewer, fuller batches are faster on an accelerator)."""
+class _RolloutClock:
+    """Where a rollout call's seconds went, cheap enough to stay on (four clock readings and two hops to the
+    event loop's thread): `generate` (the policy's generate calls, timed by the batcher), `loop` (the CPU time of
+    the event loop's thread, where the graph, parsing, tokenising and the HTTP clients run, and of this thread,
+    which assembles the trajectories), and `environment`: the rest of the wall time, which in lockstep batches is
+    the wait for the environment's replies (the loop is idle during a generate call and during that wait)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu, self.loop_cpu = time.monotonic(), time.thread_time(), _loop_thread_cpu()
+
+    def split(self, generate_s: float) -> dict[str, float]:
+        wall = time.monotonic() - self.wall
+        loop = (_loop_thread_cpu() - self.loop_cpu) + (time.thread_time() - self.cpu)
+        return {
+            "rollout": wall,
+            "generate": generate_s,
+            "loop": loop,
+            "environment": max(wall - generate_s - loop, 0.0),
+        }
+
+
+def _loop_thread_cpu() -> float:
+    async def read() -> float:
+        return time.thread_time()
+
+    return run_sync(read())
+
+
+def log_episode_metrics(
+    trainer: Any,
+    results: list[Episode],
+    *,
+    generate_calls: int | None = None,
+    times: dict[str, float] | None = None,
+) -> None:
+    """Add per-episode means over all processes to the trainer's logged metrics (TRL's `report_to`), this
+    process's number of policy generate calls in the step (fewer, fuller batches are faster on an accelerator),
+    and where its rollout's seconds went (`times`, as `time/rollout_s`, `time/generate_s`, ...)."""
     metrics = getattr(trainer, "_metrics", None)
     if metrics is None:
         return
@@ -203,3 +262,5 @@ def log_episode_metrics(trainer: Any, results: list[Episode], *, generate_calls:
         metrics[mode][f"episode/status_{status}"].append(value / episodes)
     if generate_calls is not None:
         metrics[mode]["rollout/generate_calls"].append(float(generate_calls))
+    for part, seconds in (times or {}).items():
+        metrics[mode][f"time/{part}_s"].append(seconds)

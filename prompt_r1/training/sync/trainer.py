@@ -99,6 +99,7 @@ def build_trainer(
             callbacks=callbacks,
         )
     progress.install(trainer)  # a line per step, curves.png at the end
+    progress.time_scoring(trainer)  # the step line's scoring seconds
     spend.install(trainer, environment, config)  # env/cost per step; max_env_cost and max_env_calls
     install_cpu_weight_sync(trainer)  # without CUDA TRL's own sync cannot reach vLLM's (prepacked) weights
     if config.vllm_sync_check:
