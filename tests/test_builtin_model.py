@@ -259,3 +259,44 @@ def test_two_grpo_steps_with_lora_on_the_builtin_model_write_a_loadable_adapter(
     base = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"))
     tuned = PeftModel.from_pretrained(base, adapter)
     assert {n for n, _ in tuned.named_parameters() if "lora_" in n}
+
+
+@pytest.mark.parametrize(
+    ("environ", "named", "agent_model", "env_model"),
+    [
+        ({}, set(), "smollm2-135m", "smollm2-135m"),  # nothing named, no key: the built-in model for both
+        ({"OPENAI_API_KEY": "k"}, set(), "Qwen/Qwen3-4B", "gpt-4o-mini"),  # a key: the paper's defaults
+        ({}, {"environment.model"}, "Qwen/Qwen3-4B", "gpt-4o-mini"),  # a named environment is never replaced
+        ({}, {"environment.base_url"}, "Qwen/Qwen3-4B", "gpt-4o-mini"),
+        (
+            {},
+            {"agent.model"},
+            "Qwen/Qwen3-4B",
+            "smollm2-135m",
+        ),  # a named agent kept; the environment built in
+    ],
+)
+def test_the_offline_default_replaces_only_what_was_not_named(environ, named, agent_model, env_model):
+    from prompt_r1.core.config import AgentConfig, EnvironmentConfig
+    from prompt_r1.core.defaults import offline_default
+
+    agent, environment, why = offline_default(
+        AgentConfig(), EnvironmentConfig(), named=named, environ=environ
+    )
+    assert (agent.model, environment.model) == (agent_model, env_model)
+    assert (why is None) == (env_model == "gpt-4o-mini")
+    if agent_model == "smollm2-135m":
+        assert (agent.guide_calls, agent.max_new_tokens) == (
+            1,
+            256,
+        ) and "the agent and the environment" in why
+
+
+def test_a_builtin_environment_with_no_server_is_refused_not_sent_to_openai(monkeypatch):
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import EnvironmentConfig
+    from prompt_r1.core.errors import ConfigError
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with pytest.raises(ConfigError, match="runs on this machine.*serve-model smollm2-135m"):
+        EnvironmentClient(EnvironmentConfig(model="smollm2-135m"))

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prompt_r1.core.defaults import BUILTIN_MODEL_NAMES, is_local_model_name
 from prompt_r1.core.errors import ConfigError
 
 __all__ = [
@@ -90,13 +91,12 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
+assert tuple(BUILTIN_MODELS) == BUILTIN_MODEL_NAMES, "core.defaults names the built-in models too"
+
+
 def is_builtin(name: str | None) -> bool:
     """Whether `name` names a built-in model (or a GGUF file to be made into one)."""
-    return isinstance(name, str) and (name in BUILTIN_MODELS or _is_gguf_path(name))
-
-
-def _is_gguf_path(name: str) -> bool:
-    return name.lower().endswith(".gguf")
+    return is_local_model_name(name)
 
 
 def cache_root() -> Path:
@@ -148,6 +148,8 @@ def check_builtin(name: str) -> None:
     if name in BUILTIN_MODELS and _complete(cache_root() / "models" / name):
         return
     _source(name)
+    if importlib.util.find_spec("gguf") is None:  # needed to make the folder
+        raise ModelNameError(f"making the model {name} needs the gguf package: {LOCAL_EXTRA}")
 
 
 def _complete(folder: Path) -> bool:
@@ -184,7 +186,7 @@ def builtin_folder(name: str, *, progress: Callable[[str], None] | None = None) 
             say(f"the cached model at {folder} is incomplete or of an older format: making it again")
             shutil.rmtree(folder, ignore_errors=True)
         what = model.description if model else f"the GGUF file {gguf}"
-        say(f"making the model {name} once, from {what}, into {folder} (about 30 s)")
+        say(f"making the model {name} once, from {what}, into {folder} (about 40 s)")
         start = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix=f".{folder_name}.making-", dir=models))
         try:

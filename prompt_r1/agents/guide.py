@@ -18,6 +18,7 @@ trajectory is as token-exact as any other. Guiding is for seeing and testing the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,19 @@ def guided_plan(tokenizer: Any, prompt_ids: list[int], calls: int) -> str:
     return "answer" if replies >= calls or asked_to_answer else "prompt"
 
 
+@functools.lru_cache(maxsize=8)
+def _vocabulary(tokenizer: Any) -> tuple[dict[int, str], dict[int, str]]:
+    """(every token id's text, those holding "<": the only ones that can start a tag), read once per tokenizer."""
+    to_text = tokenizer.convert_tokens_to_string
+    texts = {i: to_text([t]) for t, i in tokenizer.get_vocab().items()}
+    return texts, {i: t for i, t in texts.items() if "<" in t}
+
+
+def _continues(written: str, close: str) -> bool:
+    """Whether `written` (a tag begun with "<") is on its way to `close`, or is `close` with blank space after."""
+    return close.startswith(written) or (written.startswith(close) and not written[len(close) :].strip())
+
+
 @dataclass
 class _Row:
     segments: list[
@@ -70,19 +84,12 @@ class ProtocolGuide(LogitsProcessor):
             self.rows.append(_Row([("force", THINK_OPEN, 0), ("free", THINK_CLOSE, think_tokens),
                                    ("force", open_tag, 0), ("free", close_tag, body_tokens)]))  # fmt: skip
         self.ids_of = {}  # a tag's token ids, encoded once
-        self.no_open_tag = self._tokens_opening_tags(tokenizer)
+        self.texts, self.no_open_tag = _vocabulary(tokenizer)
         eos = tokenizer.eos_token_id
         self.ends = {eos} if eos is not None else set()
         self.ends |= set(getattr(tokenizer, "all_special_ids", []) or [])
         for row in self.rows:
             self._enter(row)
-
-    @staticmethod
-    def _tokens_opening_tags(tokenizer: Any) -> dict[int, str]:
-        """Every token id whose text holds "<", with that text (the only ones that can start a tag)."""
-        vocabulary = tokenizer.get_vocab()
-        texts = tokenizer.convert_tokens_to_string
-        return {i: texts([t]) for t, i in vocabulary.items() if "<" in texts([t])}
 
     def _tag_ids(self, text: str) -> list[int]:
         if text not in self.ids_of:
@@ -137,6 +144,20 @@ class ProtocolGuide(LogitsProcessor):
                 continue
             # Free: no end of turn, no tag opened but the closing one (a token that could begin it is allowed).
             written = self.tokenizer.decode(row.free_ids, skip_special_tokens=False) if row.free_ids else ""
+            opened = written.rfind("<")
+            partial = written[opened:] if opened >= 0 and ">" not in written[opened:] else ""
+            if partial:  # the closing tag is being written: only what continues it (never another tag)
+                allowed = [
+                    i for i, t in self.texts.items() if i < scores.shape[1] and _continues(partial + t, text)
+                ]
+                if not allowed:  # nothing in the vocabulary continues it: its rest is written for it
+                    row.segments[row.index] = ("force", text, 0)
+                    row.forced = list(self._tag_ids(text[len(partial) :]))
+                    allowed = row.forced[:1]
+                keep = scores[r, allowed].clone()
+                scores[r, :] = float("-inf")
+                scores[r, allowed] = torch.where(torch.isfinite(keep), keep, torch.zeros_like(keep))
+                continue
             banned = [i for i, t in self.no_open_tag.items() if not self._may_close(written, t, text)]
             banned += [i for i in self.ends if i < scores.shape[1]]
             scores[r, banned] = float("-inf")

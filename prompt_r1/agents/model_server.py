@@ -84,9 +84,19 @@ def load_served_model(model: str, *, name: str | None = None, temperature: float
     from prompt_r1.agents.builtin import resolve_model
     from prompt_r1.agents.local import load_transformers_model
 
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        from prompt_r1.agents.builtin import LOCAL_EXTRA, ModelNameError
+
+        raise ModelNameError(f"serving a model here needs aiohttp: {LOCAL_EXTRA}") from None
     path = resolve_model(model)
     loaded, tokenizer = load_transformers_model(path, device=device or "cpu")
-    return ModelServer(name or model, path, loaded, tokenizer, temperature, seed, max_batch_size)
+    server = ModelServer(name or model, path, loaded, tokenizer, temperature, seed, max_batch_size)
+    # Made now, not on the first request: a generator seeds torch's random state as it is made, and a seeding
+    # in the middle of a run would disturb whatever else samples in this process.
+    server.generator(temperature, 1.0)
+    return server
 
 
 class _BadRequest(Exception):
@@ -251,7 +261,7 @@ def model_server_in_thread(model: str | ModelServer, *, host: str = "127.0.0.1",
         asyncio.set_event_loop(loop)
         try:
             started["runner"] = loop.run_until_complete(start())
-        except OSError as exc:
+        except BaseException as exc:  # noqa: BLE001 (any failure must reach the waiting caller, not hang it)
             started["error"] = exc
             ready.set()
             return
@@ -265,15 +275,19 @@ def model_server_in_thread(model: str | ModelServer, *, host: str = "127.0.0.1",
     if "error" in started:
         loop.close()
         exc = started["error"]
-        raise ConfigError(f"cannot serve the model on {host}:{port}: {exc.strerror or exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"cannot serve the model on {host}:{port}: {reason}") from None
     bound_host, bound_port = started["runner"].addresses[0][:2]
+    bound_host = f"[{bound_host}]" if ":" in bound_host else bound_host  # an IPv6 address goes in brackets
     server.base_url = f"http://{bound_host}:{bound_port}/v1"
     try:
         yield server
     finally:
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
-        with contextlib.suppress(RuntimeError):
+        thread.join(timeout=60)
+        if (
+            not thread.is_alive()
+        ):  # a loop still cleaning up is left to finish; closing it under it would fail
             loop.close()
 
 

@@ -293,6 +293,12 @@ def _evaluate(
         f"each method → {out}",
         file=sys.stderr,
     )
+    if args.ray is None and env_cfg is not None:
+        from prompt_r1.agents.model_server import local_environment
+
+        env_cfg = local_environment(
+            env_cfg
+        )  # a built-in environment: the optimisers call this process's server
     with ray_failures():
         records, outcome = asyncio.run(
             search_then_run(

@@ -231,13 +231,18 @@ def cmd_train(argv: list[str]) -> int:
         return train_dry_run(
             config, style="text", expect_turns=flags.expect_turns, expect_from=flags.expect_from
         )
+    from prompt_r1.agents.builtin import ModelNameError, is_builtin
+
     try:
         check_model_source(config.model_name_or_path, "model_name_or_path")
-    except EmptyModelFolder:
+        if is_builtin(config.env_model) and not config.env_base_url:
+            check_model_source(config.env_model, "env_model")
+    except (EmptyModelFolder, ModelNameError):  # a name to fix or a package to install: exit 2
         raise
     except ConfigError as exc:
         raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
-    check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
+    if not (is_builtin(config.env_model) and not config.env_base_url):  # else the trainer serves it here
+        check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     check_rate_store(config.env_rate_store)
     if config.async_grpo and config.vllm_server_base_url:  # the async trainer's agent: unreachable is exit 3
         check_reachable(config.vllm_server_base_url, "vLLM server", "--vllm_server_base_url")

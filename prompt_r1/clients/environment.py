@@ -40,7 +40,9 @@ from prompt_r1.clients.shared_limit import SharedLimiter, limiter_for, rate_head
 from prompt_r1.core import redaction
 from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
+from prompt_r1.core.defaults import is_local_model_name
 from prompt_r1.core.errors import (
+    ConfigError,
     EnvironmentCallError,
     EnvironmentRefused,
     RateLimited,
@@ -131,6 +133,13 @@ class EnvironmentClient:
         system_prompt: str = ENVIRONMENT_SYSTEM_PROMPT,
     ) -> None:
         self.config = config = config or EnvironmentConfig()
+        if chat_model is None and config.base_url is None and is_local_model_name(config.model):
+            # Sent to OpenAI's API under its name, a model meant to run here would send the questions away.
+            raise ConfigError(
+                f"the environment model {config.model} runs on this machine: the command that runs episodes serves "
+                f"it itself (run, batch, eval, serve, train); elsewhere serve it with `prompt-r1 serve-model "
+                f"{config.model}` and give its URL as --env-base-url"
+            )
         self.system_prompt = system_prompt
         if chat_model is not None and (
             getattr(chat_model, "disable_streaming", True) is False or getattr(chat_model, "streaming", False)

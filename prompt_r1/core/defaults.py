@@ -18,9 +18,26 @@ from collections.abc import Mapping
 
 from prompt_r1.core.config import DEFAULT_AGENT_MODEL, DEFAULT_ENV_MODEL, AgentConfig, EnvironmentConfig
 
-__all__ = ["BUILTIN_DEFAULT_MODEL", "BUILTIN_GUIDE_CALLS", "BUILTIN_MAX_NEW_TOKENS", "offline_default"]
+__all__ = [
+    "BUILTIN_DEFAULT_MODEL",
+    "BUILTIN_GUIDE_CALLS",
+    "BUILTIN_MAX_NEW_TOKENS",
+    "BUILTIN_MODEL_NAMES",
+    "is_local_model_name",
+    "offline_default",
+]
 
 BUILTIN_DEFAULT_MODEL = "smollm2-135m"
+# The names agents/builtin.py makes into model folders (its registry is checked against these), known here so
+# that the layers below the agents can tell a model that runs on this machine from a provider's.
+BUILTIN_MODEL_NAMES = ("smollm2-135m",)
+
+
+def is_local_model_name(name: str | None) -> bool:
+    """Whether `name` is a model this machine runs (a built-in model or a .gguf file), not a provider's."""
+    return isinstance(name, str) and (name in BUILTIN_MODEL_NAMES or name.lower().endswith(".gguf"))
+
+
 # A turn's tokens for the built-in agent when none were named: the paper's 1,024 is minutes of CPU for a
 # model that, untrained, seldom closes its tags.
 BUILTIN_MAX_NEW_TOKENS = 256

@@ -396,7 +396,8 @@ async def serve(
         name = signal.Signals(signum).name
         signals.note(name)
         if received:  # the second: the requests in flight end now, each with an error response
-            ended = app[_handlers_key()].abort()
+            handlers = app.get(_handlers_key())  # an app of another kind (serve-model's) keeps none
+            ended = handlers.abort() if handlers is not None else 0
             if aborting is not None:
                 aborting(name, ended)
             return
