@@ -300,3 +300,19 @@ def test_a_builtin_environment_with_no_server_is_refused_not_sent_to_openai(monk
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     with pytest.raises(ConfigError, match="runs on this machine.*serve-model smollm2-135m"):
         EnvironmentClient(EnvironmentConfig(model="smollm2-135m"))
+
+
+def test_a_builtin_environments_replies_are_cached_under_its_name_not_its_port():
+    """The process serving a built-in environment listens on a new port each run: an --env-cache of one run must
+    answer the next, so replies are keyed by the model's name (a built-in name is the same weights anywhere)."""
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.clients.response_cache import cache_endpoints
+    from prompt_r1.core.config import EnvironmentConfig
+
+    runs = [EnvironmentClient(EnvironmentConfig(model="smollm2-135m", base_url=f"http://127.0.0.1:{port}/v1"),
+                              api_key="none") for port in (41001, 41002)]  # fmt: skip
+    assert cache_endpoints(runs[0]) == cache_endpoints(runs[1]) == ["local:smollm2-135m"]
+    other = EnvironmentClient(
+        EnvironmentConfig(model="env", base_url="http://127.0.0.1:41001/v1"), api_key="none"
+    )
+    assert cache_endpoints(other) == ["http://127.0.0.1:41001/v1"]

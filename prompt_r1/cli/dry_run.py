@@ -117,10 +117,15 @@ def _baseline_hits(cache: Any, config: Any, requests: list[str], prices: Any) ->
     stored usage would cost (None: a model without a price)."""
     from prompt_r1.clients.environment import OPENAI_BASE_URL, environment_messages
     from prompt_r1.clients.response_cache import request_key, sampling_of
+    from prompt_r1.core.defaults import is_local_model_name, local_endpoint
 
     # The key the client makes (EnvironmentClient.ainvoke): its endpoint and model, its config's sampling.
     sampling = sampling_of(config)
-    endpoint = config.base_url or OPENAI_BASE_URL
+    endpoint = (
+        local_endpoint(config.model)
+        if is_local_model_name(config.model)
+        else config.base_url or OPENAI_BASE_URL
+    )
     hits, saved = 0, 0.0
     for request in requests:
         reply = cache.holds(request_key(endpoint, config.model, environment_messages(request), sampling))

@@ -110,6 +110,7 @@ def peek_run_cache(
     `check_run_cache`'s."""
     from prompt_r1.clients.environment import OPENAI_BASE_URL
     from prompt_r1.clients.response_cache import check_replayable, peek_cache
+    from prompt_r1.core.defaults import is_local_model_name, local_endpoint
     from prompt_r1.core.urls import printable_url
 
     where = getattr(args, "env_cache", None)
@@ -120,7 +121,12 @@ def peek_run_cache(
     _refuse_own_files(where, protected)
     for config in configs:
         check_replayable(config.temperature, always=args.env_cache_always)
-    return peek_cache(where, {printable_url(c.base_url or OPENAI_BASE_URL, 10_000) for c in configs})
+    def endpoint(config) -> str:  # as the environment client keys its replies (a built-in model: its name)
+        if is_local_model_name(config.model):
+            return local_endpoint(config.model)
+        return printable_url(config.base_url or OPENAI_BASE_URL, 10_000)
+
+    return peek_cache(where, {endpoint(c) for c in configs})
 
 
 def _refuse_own_files(where: str | None, protected: Iterable[tuple[str, Path | None]]) -> None:

@@ -40,7 +40,7 @@ from prompt_r1.clients.shared_limit import SharedLimiter, limiter_for, rate_head
 from prompt_r1.core import redaction
 from prompt_r1.core.aio import PerLoop
 from prompt_r1.core.config import EnvironmentConfig, resolve_api_key
-from prompt_r1.core.defaults import is_local_model_name
+from prompt_r1.core.defaults import is_local_model_name, local_endpoint
 from prompt_r1.core.errors import (
     ConfigError,
     EnvironmentCallError,
@@ -182,7 +182,12 @@ class EnvironmentClient:
         self.limiter: EndpointLimiter | SharedLimiter = limiter_for(config, endpoint, key)
         # Masked: the name goes into every reply's `endpoint`, log lines and errors, and a URL may hold a password.
         self.name = redaction.mask_secrets(config.base_url or OPENAI_BASE_URL)
-        self.base_url = self.name  # the endpoint, whatever a pool names its member (the cache's key)
+        self.base_url = self.name  # the endpoint, whatever a pool names its member
+        # A cache's key: the endpoint, but for a built-in model its name, since the process serving it listens on
+        # a new port each run and the same name is the same weights wherever it is served.
+        self.cache_endpoint = (
+            local_endpoint(config.model) if is_local_model_name(config.model) else self.base_url
+        )
         self.cache: ResponseCache | None = (
             None  # replies replayed and kept (clients.response_cache.use_cache)
         )
@@ -271,7 +276,7 @@ class EnvironmentClient:
         started = time.monotonic()
         cache, key = self.cache, None
         if cache is not None:
-            key = request_key(self.base_url, self.model_name, messages, sampling_of(self))
+            key = request_key(self.cache_endpoint, self.model_name, messages, sampling_of(self))
             found = cache.get(key)
             if found is not None:
                 found.update(cached=True, attempts=1, latency_s=time.monotonic() - started)

@@ -330,7 +330,12 @@ def cache_endpoints(environment: Any) -> list[str]:
 
 
 def _endpoint(client: Any) -> str:
-    return printable_url(str(getattr(client, "base_url", None) or getattr(client, "name", "")), 10_000)
+    where = (
+        getattr(client, "cache_endpoint", None)
+        or getattr(client, "base_url", None)
+        or getattr(client, "name", "")
+    )
+    return printable_url(str(where), 10_000)
 
 
 def open_cache(where: str | Path, endpoints: Iterable[str]) -> ResponseCache:

@@ -24,6 +24,7 @@ __all__ = [
     "BUILTIN_MAX_NEW_TOKENS",
     "BUILTIN_MODEL_NAMES",
     "is_local_model_name",
+    "local_endpoint",
     "offline_default",
 ]
 
@@ -31,6 +32,11 @@ BUILTIN_DEFAULT_MODEL = "smollm2-135m"
 # The names agents/builtin.py makes into model folders (its registry is checked against these), known here so
 # that the layers below the agents can tell a model that runs on this machine from a provider's.
 BUILTIN_MODEL_NAMES = ("smollm2-135m",)
+
+
+def local_endpoint(model: str) -> str:
+    """The endpoint a response cache keys a local model's replies under: its name, not its server's port."""
+    return f"local:{model}"
 
 
 def is_local_model_name(name: str | None) -> bool:
