@@ -18,6 +18,7 @@ import os
 import secrets
 import sqlite3
 from collections.abc import Mapping
+from glob import escape as glob_escape
 from pathlib import Path
 
 __all__ = ["create_whole", "damage", "orphan_log", "read_meta"]
@@ -45,6 +46,7 @@ def create_whole(path: Path, schema: str, meta: Mapping[str, str], *, wal: bool 
             str(wal),
         )
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_temporaries(path)
     # A name of this call's own, made with O_EXCL and never through a link: processes creating one file at once
     # (shards, Ray actors, two jobs sharing a cache) each build their own, and a link left there is not followed.
     tmp = path.with_name(f"{path.name}.creating-{os.getpid()}-{secrets.token_hex(4)}")
@@ -68,6 +70,27 @@ def create_whole(path: Path, schema: str, meta: Mapping[str, str], *, wal: bool 
     finally:
         for leftover in (tmp, *(tmp.with_name(tmp.name + end) for end in ("-journal", "-wal", "-shm"))):
             leftover.unlink(missing_ok=True)
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Remove what processes killed while creating `path` left beside it: `NAME.creating` (the older name) and
+    `NAME.creating-PID-…` of a process that is gone (a live one's is its own, still being built)."""
+    for leftover in path.parent.glob(f"{glob_escape(path.name)}.creating*"):
+        pid = leftover.name[len(path.name) + len(".creating") :].lstrip("-").split("-")[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            leftover.unlink()  # a link is removed itself, never followed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def damage(connection: sqlite3.Connection) -> str | None:
