@@ -152,7 +152,11 @@ def _free_port_in_use():
     return holder
 
 
-def test_bad_models_and_a_port_in_use_are_one_line_each(builtin_cache, tmp_path):
+def test_bad_models_and_a_port_in_use_are_one_line_each(builtin_cache, tmp_path, monkeypatch, capsys):
+    from prompt_r1.cli.main import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     not_a_model = tmp_path / "notes.gguf"
     not_a_model.write_bytes(b"GGUF" + b"\0" * 64)
     holder = _free_port_in_use()
@@ -174,14 +178,16 @@ def test_bad_models_and_a_port_in_use_are_one_line_each(builtin_cache, tmp_path)
     }
     try:
         for what, (args, expected) in cases.items():
-            result = _command(args, builtin_cache, timeout=120, HF_HUB_OFFLINE="1")
-            lines = [line for line in result.stderr.splitlines() if line.startswith("prompt-r1: error")]
-            assert result.returncode == 2, (what, result.stderr[-1500:])
-            assert len(lines) == 1 and expected in lines[0], (what, result.stderr[-1500:])
-            assert "Traceback" not in result.stderr, what
+            code = main(args)
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.startswith("prompt-r1: error")]
+            assert code == 2, (what, err[-1500:])
+            assert len(lines) == 1 and expected in lines[0], (what, err[-1500:])
+            assert "Traceback" not in err, what
     finally:
         holder.close()
     assert not list((builtin_cache / "models").glob("gguf-notes*")), "a failed conversion left a folder"
+    assert not list((builtin_cache / "models").glob(".gguf-notes*.making-*")), "a failed conversion left its temporary"
 
 
 def test_served_environment_and_guided_agent_are_token_exact_over_two_and_three_replies(builtin_cache):
@@ -204,10 +210,10 @@ def test_served_environment_and_guided_agent_are_token_exact_over_two_and_three_
         # Guided to prompt 3 times: with 2 calls allowed, its third prompt is answered by the loop's request
         # for a final answer (masked as a reply too); with 3, by the environment.
         backend = TransformersAgent(
-            AgentConfig(model="smollm2-135m", guide_calls=3, seed=0, max_new_tokens=64)
+            AgentConfig(model="smollm2-135m", guide_calls=3, seed=0, max_new_tokens=48)
         )
         agent = RecordingAgent(backend)
-        runners = {calls: EpisodeRunner(agent, environment, LoopConfig(max_turns=calls, max_turn_tokens=64,
+        runners = {calls: EpisodeRunner(agent, environment, LoopConfig(max_turns=calls, max_turn_tokens=48,
                                                                        max_total_tokens=4096))
                    for calls in (2, 3)}  # fmt: skip
 

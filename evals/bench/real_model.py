@@ -137,18 +137,18 @@ def _token_exact(environment, questions: list[str], n: int, seed: int) -> dict:
     from prompt_r1.testing.token_exact import RecordingAgent, token_exact_problems
     from prompt_r1.training.shared.trajectories import Trajectories
 
-    backend = TransformersAgent(AgentConfig(model=MODEL, guide_calls=3, seed=seed, max_new_tokens=64))
+    backend = TransformersAgent(AgentConfig(model=MODEL, guide_calls=3, seed=seed, max_new_tokens=48))
     exact = trained_env = 0
     replies: dict[int, int] = {}
     done = 0
     for calls in (2, 3):
         count = n // 2 if calls == 2 else n - n // 2
-        loop = LoopConfig(max_turns=calls, max_turn_tokens=64, max_total_tokens=4096)
+        loop = LoopConfig(max_turns=calls, max_turn_tokens=48, max_total_tokens=4096)
         for start in range(
             0, count, 16
         ):  # 16 in flight: a generate call's batch stays small enough for 2 cores
             agent = RecordingAgent(backend)
-            chunk = [questions[(done + i) % len(questions)] for i in range(start, min(start + 16, count))]
+            chunk = [questions[(done + i) % len(questions)] for i in range(start, min(start + 25, count))]
             _, episodes = asyncio.run(_concurrent(agent, environment, chunk, loop))
             rollout = Trajectories(environment, loop=loop).to_trajectories(episodes, backend.tokenizer)
             for i, episode in enumerate(episodes):
