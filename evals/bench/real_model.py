@@ -69,9 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--exact", type=int, default=50, help="episodes of the token-exact check (0: none)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exact-only", action="store_true", help="only the token-exact part [5]")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
-    questions = [s.question for s in load_samples("hotpot", limit=args.questions)]
+    # Distinct questions for every episode of the token-exact part too: two episodes of one question may sample
+    # the same first turn, and the check could not tell whose it was.
+    pool = [s.question for s in load_samples("hotpot", limit=max(args.questions, args.exact))]
+    questions = pool[: args.questions]
     results: dict = {"questions": len(questions), "seed": args.seed}
     guided = AgentConfig(model=MODEL, guide_calls=1, seed=args.seed, max_new_tokens=96)
     loop = LoopConfig(max_turns=1, max_turn_tokens=96)
@@ -82,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             ),
             api_key="none",
         )
+        if args.exact_only:
+            exact = _token_exact(environment, pool, args.exact, args.seed)
+            print(f"real model: token-exact {exact['exact']}/{exact['episodes']}, replies per episode "
+                  f"{exact['replies']}, env tokens trained on {exact['env_tokens_trained']}")  # fmt: skip
+            if args.out:
+                args.out.write_text(json.dumps({"token_exact": exact, "seed": args.seed}, indent=2) + "\n")
+            return 0
         local = TransformersAgent(guided)
         seconds, episodes = asyncio.run(_concurrent(local, environment, questions, loop))
         calls = sum(e.usage.get("env_calls", 0) for e in episodes)
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
         exact = {"episodes": 0, "exact": 0, "env_tokens_trained": 0}
         if args.exact:
-            exact = _token_exact(environment, questions, args.exact, args.seed)
+            exact = _token_exact(environment, pool, args.exact, args.seed)
             print(f"[5] token-exact: {exact['exact']}/{exact['episodes']} episodes, replies per episode "
                   f"{exact['replies']}, env tokens trained on {exact['env_tokens_trained']}", flush=True)  # fmt: skip
         results["token_exact"] = exact
@@ -158,6 +169,8 @@ def _token_exact(environment, questions: list[str], n: int, seed: int) -> dict:
                 ]
                 problems = token_exact_problems(backend.tokenizer, [episode], one, mine)
                 exact += not problems
+                for problem in problems[:1]:
+                    print(f"    not token-exact: {problem}", flush=True)
                 # Environment tokens trained on: mask-1 tokens that the agent did not sample.
                 sampled = sum(len(ids) for _, ids in mine)
                 trained_env += max(0, sum(one["env_mask"][0]) - sampled)
