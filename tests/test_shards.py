@@ -230,6 +230,13 @@ def test_batch_help_shows_batch_merge_with_its_input(capsys):
     assert "prompt-r1 batch-merge INPUT --out NAME.jsonl --shards N" in text, text
 
 
+def _batch_shard(server, source, out, i: int, model: str) -> int:
+    """`batch` of shard i of 2 against the scripted server, with environment `model`."""
+    return main(["batch", str(source), "--out", str(out), "--shard", f"{i}/2", "--env-model", model,
+                 "--agent-model", "agent", "--agent-base-url", server.base_url, "--env-base-url", server.base_url,
+                 "--no-progress"])  # fmt: skip
+
+
 def test_a_merged_file_has_the_shards_manifest_and_a_batch_with_other_settings_is_refused(tmp_path, capsys):
     """Issue 51 item 7: batch-merge wrote no manifest, so a later batch on the merged file with another
     environment model added rows and a manifest claiming that model for every row. The merged file's manifest
@@ -241,22 +248,7 @@ def test_a_merged_file_has_the_shards_manifest_and_a_batch_with_other_settings_i
         flags = ["--agent-model", "agent", "--agent-base-url", server.base_url, "--env-base-url", server.base_url,
                  "--no-progress"]  # fmt: skip
         for i in (1, 2):
-            assert (
-                main(
-                    [
-                        "batch",
-                        str(source),
-                        "--out",
-                        str(out),
-                        "--shard",
-                        f"{i}/2",
-                        "--env-model",
-                        "env",
-                        *flags,
-                    ]
-                )
-                == 0
-            )
+            assert _batch_shard(server, source, out, i, "env") == 0
         assert main(["batch-merge", str(source), "--out", str(out), "--shards", "2"]) == 0
         manifest = json.loads((tmp_path / "r.manifest.json").read_text())
         assert manifest["command"] == "batch-merge" and manifest["settings"]["measured"]["shard"] is None
@@ -294,25 +286,8 @@ def test_a_merge_of_shards_made_with_other_settings_is_refused(tmp_path, capsys)
     with ScriptedServer(
         {"env": echo_environment(), "env2": echo_environment(), "agent": relay_agent()}
     ) as server:
-        flags = ["--agent-model", "agent", "--agent-base-url", server.base_url, "--env-base-url", server.base_url,
-                 "--no-progress"]  # fmt: skip
         for i, model in ((1, "env"), (2, "env2")):
-            assert (
-                main(
-                    [
-                        "batch",
-                        str(source),
-                        "--out",
-                        str(out),
-                        "--shard",
-                        f"{i}/2",
-                        "--env-model",
-                        model,
-                        *flags,
-                    ]
-                )
-                == 0
-            )
+            assert _batch_shard(server, source, out, i, model) == 0
     capsys.readouterr()
     before = _files(tmp_path)
     err = _merge_refused(capsys, source, "--out", out, "--shards", 2)
