@@ -187,7 +187,9 @@ def test_bad_models_and_a_port_in_use_are_one_line_each(builtin_cache, tmp_path,
     finally:
         holder.close()
     assert not list((builtin_cache / "models").glob("gguf-notes*")), "a failed conversion left a folder"
-    assert not list((builtin_cache / "models").glob(".gguf-notes*.making-*")), "a failed conversion left its temporary"
+    assert not list((builtin_cache / "models").glob(".gguf-notes*.making-*")), (
+        "a failed conversion left its temporary"
+    )
 
 
 def test_served_environment_and_guided_agent_are_token_exact_over_two_and_three_replies(builtin_cache):

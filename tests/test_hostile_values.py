@@ -394,7 +394,9 @@ def test_train_async_with_no_vllm_server_answering_is_unreachable_exit_3(tmp_pat
 
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text("{}")  # a model folder as far as the checks go (an empty one is exit 2)
+    (model / "config.json").write_text(
+        "{}"
+    )  # a model folder as far as the checks go (an empty one is exit 2)
     with ScriptedServer({"env": echo_environment()}) as env:
         argv = ["train", "--async", "--output_dir", str(tmp_path / "out"), "--use_cpu", "true", "--bf16", "false",
                 "--model_name_or_path", str(model), "--env_base_url", env.base_url, "--env_api_key_env", PROBE_KEY,

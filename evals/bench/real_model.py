@@ -177,7 +177,12 @@ def _token_exact(environment, questions: list[str], n: int, seed: int) -> dict:
                 got = episode.usage.get("env_calls", 0)
                 replies[got] = replies.get(got, 0) + 1
         done += count
-    return {"episodes": sum(replies.values()), "exact": exact, "env_tokens_trained": trained_env, "replies": replies}
+    return {
+        "episodes": sum(replies.values()),
+        "exact": exact,
+        "env_tokens_trained": trained_env,
+        "replies": replies,
+    }
 
 
 if __name__ == "__main__":

@@ -121,6 +121,7 @@ def peek_run_cache(
     _refuse_own_files(where, protected)
     for config in configs:
         check_replayable(config.temperature, always=args.env_cache_always)
+
     def endpoint(config) -> str:  # as the environment client keys its replies (a built-in model: its name)
         if is_local_model_name(config.model):
             return local_endpoint(config.model)
