@@ -41,9 +41,7 @@ def guided_plan(tokenizer: Any, prompt_ids: list[int], calls: int) -> str:
     not asked for the final answer; "answer" after."""
     text = tokenizer.decode(prompt_ids[-4096:], skip_special_tokens=False)
     replies = text.count(RESPONSE_CLOSE)
-    asked_to_answer = (
-        text.rstrip().endswith(FINAL_ANSWER_REQUEST[-40:]) or FINAL_ANSWER_REQUEST[:60] in text[-2000:]
-    )
+    asked_to_answer = FINAL_ANSWER_REQUEST[:60] in text[-2000:]  # the loop's request, the latest message
     return "answer" if replies >= calls or asked_to_answer else "prompt"
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from prompt_r1.agents.base import AgentRequest
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig
 from prompt_r1.core.errors import AgentError, ConfigError, ContextOverflow
+from prompt_r1.core.text import before_stop
 
 __all__ = [
     "ModelServer",
@@ -173,10 +174,7 @@ async def _complete(server: ModelServer, body: dict) -> dict[str, Any]:
     except AgentError as exc:
         raise _BadRequest(500, f"generation failed: {exc}") from None
     server.requests += 1
-    text = output.text
-    for s in stop:  # as OpenAI: the text ends before the stop string
-        if s in text:
-            text = text[: text.index(s)]
+    text = before_stop(output.text, stop)  # as OpenAI: the text ends before the stop string
     usage = {"prompt_tokens": output.prompt_tokens, "completion_tokens": output.completion_tokens,
              "total_tokens": output.prompt_tokens + output.completion_tokens}  # fmt: skip
     return {

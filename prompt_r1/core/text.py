@@ -14,8 +14,9 @@ model or server produced is repaired on arrival (each bad code point becomes U+F
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-__all__ = ["REPLACEMENT", "lone_surrogate", "repair", "valid"]
+__all__ = ["REPLACEMENT", "before_stop", "lone_surrogate", "repair", "valid"]
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -50,3 +51,14 @@ def lone_surrogate(text: str) -> str | None:
     except UnicodeEncodeError as exc:
         return f"a lone surrogate \\u{ord(text[exc.start]):04x} at character {exc.start}"
     return None
+
+
+def before_stop(text: str, stop: Sequence[str] | None) -> str:
+    """`text` up to the first of the `stop` sequences, as a model stops before writing one: how the surfaces
+    that take a caller's stop sequences (serve's `stop`, PromptR1Chat's `stop=`, serve-model's) honour them.
+
+    >>> before_stop("Paris. Also Lyon.", [".", "Also"])
+    'Paris'
+    """
+    cut = min((i for i in (text.find(s) for s in stop or () if s) if i >= 0), default=len(text))
+    return text[:cut]

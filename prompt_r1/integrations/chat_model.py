@@ -56,9 +56,10 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from prompt_r1.core import redaction
 from prompt_r1.core.config import LoopConfig, warn_loop_keywords
 from prompt_r1.core.errors import EnvironmentCallError
+from prompt_r1.core.text import before_stop
 from prompt_r1.integrations.chat_options import CallOptions, call_options
 from prompt_r1.loop.graph import finish_reason as _finish_reason
-from prompt_r1.runs.episode import Episode, EpisodeRunner, cut_at_stop, question_from_messages
+from prompt_r1.runs.episode import Episode, EpisodeRunner, question_from_messages
 
 __all__ = ["PromptR1Chat", "question_of"]
 
@@ -338,7 +339,7 @@ class PromptR1Chat(BaseChatModel):
             raise EnvironmentCallError(redaction.redact(episode.error) or "the environment call failed")
         usage = episode.usage
         return AIMessage(
-            content=cut_at_stop(episode.answer or "", options.stop),
+            content=before_stop(episode.answer or "", options.stop),
             additional_kwargs={EVENTS_KEY: events},
             response_metadata={
                 "model_name": self.model_name,

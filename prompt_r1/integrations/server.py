@@ -36,9 +36,10 @@ from typing import Any
 from prompt_r1.core import redaction, signals
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.errors import AgentError, ConfigError
+from prompt_r1.core.text import before_stop
 from prompt_r1.integrations.server_requests import ChatRequest, RequestError, read_request
 from prompt_r1.loop.graph import finish_reason as _finish_reason
-from prompt_r1.runs.episode import Episode, EpisodeRunner, cut_at_stop
+from prompt_r1.runs.episode import Episode, EpisodeRunner
 
 __all__ = ["build_app", "serve", "serving_in_thread"]
 
@@ -250,7 +251,7 @@ def build_app(
         )
 
         def answer(episode: Episode) -> str:
-            return cut_at_stop(episode.answer or "", asked.stop)
+            return before_stop(episode.answer or "", asked.stop)
 
         head = {"id": completion_id, "created": int(time.time()), "model": model_name}
         async with slots:

@@ -45,7 +45,6 @@ __all__ = [
     "Episode",
     "EpisodeRunner",
     "as_environment",
-    "cut_at_stop",
     "describe_exception",
     "question_from_messages",
 ]
@@ -107,17 +106,6 @@ def describe_exception(exc: BaseException) -> str:
     if frames:
         text += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})"
     return text
-
-
-def cut_at_stop(text: str, stop: Sequence[str] | None) -> str:
-    """`text` up to the first of the `stop` sequences, as a model stops before writing one: how the surfaces
-    that take a caller's stop sequences (serve's `stop`, PromptR1Chat's `stop=`) honour them on the answer.
-
-    >>> cut_at_stop("Paris. Also Lyon.", [".", "Also"])
-    'Paris'
-    """
-    cut = min((i for i in (text.find(s) for s in stop or () if s) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 @dataclass(frozen=True)
