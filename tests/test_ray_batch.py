@@ -9,8 +9,10 @@ their own and are `slow`."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -215,6 +217,50 @@ def test_unreachable_cluster_is_exit_3(tmp_path, provider, command):
         code, _, err = run_cli([*args, "--ray", "127.0.0.1:9", *flags(provider, redis)])
     assert code == 3 and "cannot reach the Ray cluster at 127.0.0.1:9" in err, err
     assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
+
+
+def silent_listener() -> tuple[socket.socket, int]:
+    """A port on 127.0.0.1 that takes connections and never answers (a dead head's port reused, a firewall)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def test_an_address_that_never_answers_is_refused_in_bounded_time(tmp_path, provider):
+    # ray.init on such an address retries for minutes; the run is refused within CONNECT_SECONDS (and Ray's
+    # import), in one line, exit 3, nothing written. In a process of its own, as a user runs it.
+    from prompt_r1.runs.ray_settings import CONNECT_SECONDS
+
+    server, port = silent_listener()
+    args = command_line("batch", tmp_path)
+    before = sorted(tmp_path.iterdir())
+    started = time.monotonic()
+    try:
+        with RedisServer() as redis:
+            done = run_cli_process(
+                [*args, "--ray", f"127.0.0.1:{port}", *flags(provider, redis)], timeout=120
+            )
+    finally:
+        server.close()
+    assert time.monotonic() - started < CONNECT_SECONDS + 45
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"prompt-r1: error: cannot reach the Ray cluster at 127.0.0.1:{port} (no Ray cluster answered within "
+        f"{CONNECT_SECONDS:g} s); start it or fix --ray"
+    ), done.stderr[-3000:]
+    assert provider.requests == [] and sorted(tmp_path.iterdir()) == before
+    # The bound is the one the docs and --help state.
+    for doc in ("docs/ray.md", "docs/batch.md"):
+        assert f"no Ray cluster answers within {CONNECT_SECONDS:g} s" in (ROOT / doc).read_text(), doc
 
 
 @pytest.mark.slow

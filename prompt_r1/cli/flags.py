@@ -24,6 +24,7 @@ from prompt_r1.core.config import (
 )
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.urls import MEMORY_STORE, is_shared_store, printable_url
+from prompt_r1.runs.ray_settings import CONNECT_SECONDS
 
 __all__ = [
     "EXIT_FAILED",
@@ -172,8 +173,9 @@ def add_ray_flags(parser: argparse.ArgumentParser, unit: str) -> None:
         const=LOCAL_RAY,
         metavar="ADDRESS",
         help=f"run the {unit} in Ray actors: without ADDRESS on a local Ray started for the run, else on the "
-        "cluster at auto, ray://HOST:PORT or HOST:PORT (needs --env-rate-store redis://… every node reaches). One "
-        "provider limit, one --budget, one results file written here (the `ray` extra)",
+        "cluster at auto, ray://HOST:PORT or HOST:PORT (needs --env-rate-store redis://… every node reaches; one "
+        f"where no Ray answers within {CONNECT_SECONDS:g} s is refused, exit 3). One provider limit, one --budget, one results file "
+        "written here (the `ray` extra)",
     )
     parser.add_argument(
         "--ray-actors",

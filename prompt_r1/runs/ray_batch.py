@@ -54,7 +54,7 @@ from prompt_r1.core.urls import is_shared_store
 from prompt_r1.runs.call_ledger import EpisodeLedger, ledger_path_for
 from prompt_r1.runs.episode import FAILED_STATUSES
 from prompt_r1.runs.ray_actors import EpisodeActor, LedgerKeeper, versions
-from prompt_r1.runs.ray_settings import RAY_EXTRA_HINT, RaySettings
+from prompt_r1.runs.ray_settings import CONNECT_SECONDS, RAY_EXTRA_HINT, RaySettings
 
 __all__ = ["ClusterUnreachable", "RayEpisodes", "import_ray"]
 
@@ -76,16 +76,57 @@ def import_ray():
     return ray
 
 
-def why_unreachable(address: str) -> str | None:
-    """None when something listens at HOST:PORT (or the address is `auto`), else why not."""
+def why_unreachable(address: str, seconds: float = CONNECT_SECONDS) -> str | None:
+    """None when a Ray cluster answers at the address within `seconds`, else why not. Probed here, with a
+    deadline, because `ray.init` on an address that takes a connection and never answers as Ray does (a dead
+    head's port reused, a firewall, another service) retries for minutes. A GCS address must answer Ray's own
+    first request (its cluster id); a Ray Client address (ray://) must open a gRPC channel; `auto` is the
+    address Ray would read (RAY_ADDRESS, the cluster started on this machine), none being Ray's own refusal."""
+    deadline = time.monotonic() + seconds
     if address == "auto":
-        return None
+        address = _auto_address()
+        if address is None:
+            return None
+    client = address.startswith("ray://")
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=5.0):
-            return None
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, seconds)):
+            pass
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+    import grpc
+
+    left = max(0.1, deadline - time.monotonic())
+    with grpc.insecure_channel(address.removeprefix("ray://")) as channel:
+        try:
+            if client:
+                grpc.channel_ready_future(channel).result(timeout=left)
+                return None
+            from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=left)
+        except grpc.FutureTimeoutError:
+            return f"no Ray Client answered within {seconds:g} s"
+        except grpc.RpcError as exc:
+            code = exc.code()
+            # A cluster that asks for a token answered as Ray: ray.init says the rest.
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return f"no Ray cluster answered within {seconds:g} s"
+            return f"no Ray cluster answers there: {code.name.lower()}"
+    return None
+
+
+def _auto_address() -> str | None:
+    """The HOST:PORT `ray.init("auto")` would join, or None when there is none (or Ray does not say)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address("auto")
+    except Exception:  # Ray's own lookup: its errors are ray.init's to report
+        return None
 
 
 def unreachable_line(address: str, reason: str) -> str:

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from prompt_r1.core.checks import number
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["RAY_EXTRA_HINT", "RaySettings"]
+__all__ = ["CONNECT_SECONDS", "RAY_EXTRA_HINT", "RaySettings"]
 
 RAY_EXTRA_HINT = "pip install 'prompt-r1[ray]'"
+# How long an address given to --ray may take to answer as a Ray cluster before the run is refused (exit 3): Ray's
+# own connect retries for minutes on an address that takes connections and never answers as Ray does.
+CONNECT_SECONDS = 15.0
 
 # host:port, with a host name, an IPv4 address or a bracketed IPv6 address; the port 1 to 65535.
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):(\d{1,5})$")
