@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import signal
 import socket
 import threading
@@ -100,6 +101,8 @@ def test_every_id_once_at_one_limit(tmp_path, cluster, provider):
     summary = json.loads(out.with_name("out.summary.json").read_text())
     assert summary["written"] == 16 and summary["usage"]["models"]
     assert summary["ray"]["actors"] == 2 and summary["ray"]["retried_episodes"] == 0
+    # The ledger was closed by its keeper before Ray stopped: no write-ahead log or shared-memory file left.
+    assert not list(tmp_path.glob("out.calls.sqlite-*"))
     # Resume: a rerun finds every row finished and sends nothing.
     with RedisServer() as redis:
         code, _, err = run_cli(
@@ -263,6 +266,39 @@ def test_an_address_that_never_answers_is_refused_in_bounded_time(tmp_path, prov
         assert f"no Ray cluster answers within {CONNECT_SECONDS:g} s" in (ROOT / doc).read_text(), doc
 
 
+def test_a_rerun_without_ray_replays_the_ledger(tmp_path, cluster, provider):
+    # A --ray run leaves paid calls in its ledger for the episodes it did not finish (here each agent fails once it
+    # has the environment's first reply, as a killed run's episodes stop; the ledger keeps a failed row's calls).
+    # The rerun without --ray on the same --out answers those calls from the ledger: none is sent twice.
+    from prompt_r1.testing.servers import Fault
+
+    def agent_fails_after_a_reply(model, body):
+        second = any(m["role"] == "assistant" for m in body.get("messages", ()))
+        return Fault("400") if model == "agent" and second else None
+
+    provider.fault_rule = agent_fails_after_a_reply
+    questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "out.jsonl"
+    with RedisServer() as redis:
+        code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--ray-actors", 2,
+                                *flags(provider, redis)])  # fmt: skip
+    assert code == 1, err
+    assert all(r["status"] in ("agent_error", "internal_error") for r in rows_of(out)), err
+    # Closed by its keeper, not left open (looked at before this test opens it: closing it folds its log in).
+    assert not list(tmp_path.glob("out.calls.sqlite-*"))
+    assert _ledger_calls(out.with_name("out.calls.sqlite")) == 4  # one paid call per question
+    assert sum(r.model == "env" for r in provider.requests) == 4
+    provider.fault_rule = None
+    code, _, err = run_cli(["batch", questions, "--out", out, *flags(provider)])
+    assert code == 0, err
+    check_rows(out, 4)
+    assert max(env_requests(provider).values()) == 1  # the first calls were answered from the ledger
+    assert sum(r.model == "env" for r in provider.requests) == 8
+    assert not list(tmp_path.glob("out.calls.sqlite-*"))
+    assert _ledger_calls(out.with_name("out.calls.sqlite")) == 0  # the rows are written: nothing to replay
+    # The rerun's meter counts the calls it sent, not those the ledger answered.
+    assert env_calls(json.loads(out.with_name("out.summary.json").read_text())) == 4
+
+
 @pytest.mark.slow
 def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
     # The agent is slow only once its episode has paid for an environment call (its messages then hold the
@@ -419,3 +455,32 @@ def test_retries_are_the_actors(tmp_path, cluster, provider):
     summary = json.loads(out.with_name("out.summary.json").read_text())
     # Two calls per question, each retried once (more where a loaded machine timed one out), each paid once.
     assert summary["retries"] >= 6 and env_calls(summary) == 6, (summary["retries"], summary["usage"])
+
+
+def test_the_keeper_sends_nothing_for_a_dead_driver(tmp_path):
+    # Every paid call of an actor asks the keeper first: once the driver's process has ended (killed, and not yet
+    # reaped by its parent included), the keeper refuses, so the actors send nothing more in the moment before Ray
+    # ends them. And closed at the end of a run, the ledger leaves no -wal or -shm file behind.
+    import subprocess
+    import sys
+
+    from prompt_r1.runs.ray_actors import DriverGone, LedgerKeeper, process_gone
+
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    keeper = LedgerKeeper(str(tmp_path / "out.calls.sqlite"))
+    keeper.driver_pid = driver.pid  # as Ray builds it on the driver's node
+    try:
+        assert not process_gone(driver.pid) and not process_gone(os.getpid())
+        keeper.record("q1", 0, "r", {"content": "paid"})
+        assert keeper.lookup("q1", 0, "r") == {"content": "paid"}
+        driver.kill()
+        wait_for(lambda: process_gone(driver.pid), "the killed driver seen gone before it is reaped", 10)
+        with pytest.raises(DriverGone):
+            keeper.lookup("q1", 0, "r")
+    finally:
+        driver.kill()
+        driver.wait()
+    assert process_gone(driver.pid)
+    assert list(tmp_path.glob("out.calls.sqlite-*"))  # open: its write-ahead log beside it
+    keeper.close()
+    assert not list(tmp_path.glob("out.calls.sqlite-*"))

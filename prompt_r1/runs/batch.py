@@ -17,7 +17,9 @@ How it runs:
   resume from their last completed step, and a failed episode resumes from the environment call that failed:
   turns already paid for are not called again. A finished episode's thread is deleted once its row is written.
   One run writes an output at a time: a second run on the same results file is refused before it reads a row
-  (prompt_r1.runs.output_lock; the lock goes with the process, so a killed run leaves none).
+  (prompt_r1.runs.output_lock; the lock goes with the process, so a killed run leaves none). A call ledger beside
+  the output (NAME.calls.sqlite, left by a `--ray` run killed or stopped mid-episode) is replayed: the calls it
+  holds are answered from it, not paid for again (prompt_r1.runs.call_ledger).
 - **Faults.** The environment client retries (429 with Retry-After, 5xx, timeouts, dropped connections,
   malformed bodies); an episode whose call still fails is written with status `environment_error` and the error,
   and the batch goes on (as it does, with status `internal_error`, for anything else one episode raises).
@@ -49,6 +51,7 @@ from prompt_r1.data.datasets import Sample, iter_samples, resolve_source
 from prompt_r1.runs.batch_plan import ROW_PREFIX
 from prompt_r1.runs.batch_rows import episode_row, episode_work, failure_row
 from prompt_r1.runs.batch_settings import BatchSettings
+from prompt_r1.runs.call_ledger import LedgeredEnvironment, earlier_ledger, ledger_episode
 from prompt_r1.runs.episode import FAILED_STATUSES, EpisodeRunner, as_environment
 from prompt_r1.runs.metering import (
     MeteredAgent,
@@ -317,6 +320,11 @@ async def _run_batch(run: _BatchRun) -> BatchSummary:
                             environment_config=run.environment_config, loop=run.loop, prices=run.prices,
                             meter=meter, options={"agent_model": run.agent_model, "tags": ("batch", "ray")})
             )  # fmt: skip
+        # Without Ray, a --ray run's ledger (that run killed, or stopped by its budget mid-episode) answers the
+        # calls it holds; opened before a file is touched, so one that is damaged is refused with nothing written.
+        ledger = earlier_ledger(out) if episodes is None else None
+        if ledger is not None:
+            stack.callback(ledger.close)
         protected = [("input file", run.input_path), ("--checkpoint file", checkpoint)]
         if checkpoint is not None:  # checked first, created last: a refusal leaves no file behind
             check_checkpoint(checkpoint, [("input file", run.input_path), ("--out file", out)], create=False)
@@ -334,6 +342,9 @@ async def _run_batch(run: _BatchRun) -> BatchSummary:
             spend = await _shard_spend(stack, settings, run.environment, run.input_path)
             if spend is not None:  # the shards' one budget: checked before each call, counted in the store
                 metered_env = SpendingEnvironment(metered_env, run.prices, spend, settings.budget)
+            # Outermost: a call replayed from the ledger is neither sent, metered nor counted in the store.
+            if ledger is not None:
+                metered_env = LedgeredEnvironment(metered_env, ledger.answer)
             work, after_write = await _local_episodes(
                 stack,
                 settings,
@@ -344,6 +355,7 @@ async def _run_batch(run: _BatchRun) -> BatchSummary:
                 run.agent_model,
                 summary,
                 spend,
+                ledger,
             )
             stop = (
                 budget_rule(meter, settings.budget)
@@ -419,11 +431,13 @@ async def _shard_spend(stack, settings, environment, source):
 
 
 async def _local_episodes(
-    stack, settings, agent, environment, loop, prices, agent_model, summary, spend=None
+    stack, settings, agent, environment, loop, prices, agent_model, summary, spend=None, ledger=None
 ):
     """This process's episode runner (with LangGraph's checkpoints where asked): the pool's `work` and
     `after_write`. With `spend` (the shards' one budget), an episode the budget stops mid-way leaves no row (the
-    next run does it), and a served agent's tokens are counted in the store with each row."""
+    next run does it), and a served agent's tokens are counted in the store with each row. With `ledger` (an
+    earlier run's, answering `environment`'s calls), each episode is its id in it, and a finished row's calls
+    leave it."""
     checkpointer = None
     if settings.checkpoint is not None:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -444,7 +458,8 @@ async def _local_episodes(
 
     async def work(sample: Sample) -> dict[str, Any]:
         try:
-            row, resumed = await episode_row(runner, sample)
+            with ledger_episode(str(sample.id)):
+                row, resumed = await episode_row(runner, sample)
         except BudgetReached:
             raise asyncio.CancelledError from None  # no row: the pool stops on the budget's reason
         summary.resumed += resumed
@@ -455,5 +470,7 @@ async def _local_episodes(
     async def forget_finished(sample: Sample, row: dict[str, Any]) -> None:
         if row["status"] not in FAILED_STATUSES:
             await runner.forget(sample.id)
+            if ledger is not None:
+                ledger.forget(str(sample.id))
 
     return work, forget_finished

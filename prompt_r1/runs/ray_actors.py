@@ -10,29 +10,38 @@ each paid call, and the call ledger (prompt_r1.runs.call_ledger) answering a cal
 
 from __future__ import annotations
 
-import contextvars
 import importlib.metadata
+import os
 import platform
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 from prompt_r1.clients.costs import PriceTable
-from prompt_r1.clients.environment import EnvironmentReply
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig, rate_store_password
-from prompt_r1.runs.call_ledger import EpisodeLedger, request_key
+from prompt_r1.core.errors import PromptR1Error
+from prompt_r1.runs.call_ledger import EpisodeLedger, LedgeredEnvironment, ledger_episode
 from prompt_r1.runs.shared_budget import BudgetReached, SpendingEnvironment, add_agent_cost
 
-__all__ = ["EpisodeActor", "LedgerKeeper", "LedgeredEnvironment", "versions"]
+__all__ = ["DriverGone", "EpisodeActor", "LedgerKeeper", "process_gone", "versions"]
 
 
-@dataclass
-class _Episode:
-    key: str
-    replayed: int = 0
+class DriverGone(PromptR1Error):
+    """The run's driver has died: no call is sent for it any more (its rerun replays the ledger)."""
 
 
-_EPISODE: contextvars.ContextVar[_Episode] = contextvars.ContextVar("prompt_r1_ray_episode")
+def process_gone(pid: int) -> bool:
+    """Whether process `pid` of this machine has ended (a killed one its parent has not yet reaped included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):  # no /proc (not Linux): os.kill's answer stands
+        return False
 
 
 def versions() -> dict[str, str]:
@@ -45,10 +54,21 @@ def versions() -> dict[str, str]:
 
 
 class LedgerKeeper:
-    """The run's one ledger writer (a Ray actor on the driver's node; see prompt_r1.runs.call_ledger)."""
+    """The run's one ledger writer (a Ray actor on the driver's node; see prompt_r1.runs.call_ledger), and the
+    actors' stop signal: every paid call asks it first (`lookup`), and once the driver's process has ended it
+    answers `DriverGone` instead, so no call is sent for a dead driver in the moment before Ray ends its actors.
 
-    def __init__(self, path: str) -> None:
-        self.path, self._ledger = path, None
+    driver: the driver's (pid, Ray node id); its process is watched only where the keeper runs on that node (not
+    with Ray Client, whose driver is elsewhere)."""
+
+    def __init__(self, path: str, driver: tuple[int, str] | None = None) -> None:
+        self.path, self._ledger, self.driver_pid = path, None, None
+        if driver is not None:
+            import ray
+
+            pid, node = driver
+            if ray.get_runtime_context().get_node_id() == node:
+                self.driver_pid = pid
 
     @property
     def ledger(self) -> EpisodeLedger:
@@ -58,6 +78,8 @@ class LedgerKeeper:
         return self._ledger
 
     def lookup(self, episode: str, turn: int, request: str) -> dict[str, Any] | None:
+        if self.driver_pid is not None and process_gone(self.driver_pid):
+            raise DriverGone("the driver of this run has ended: not sending its calls")
         return self.ledger.lookup(episode, turn, request)
 
     def record(self, episode: str, turn: int, request: str, reply: dict[str, Any]) -> None:
@@ -66,29 +88,12 @@ class LedgerKeeper:
     def forget(self, episode: str) -> None:
         self.ledger.forget(episode)
 
-
-class LedgeredEnvironment:
-    """An actor's environment: each call answered from the ledger when its episode paid for it before, else sent
-    (by `inner`, which keeps the budget), recorded, then handed on."""
-
-    def __init__(self, inner: Any, keeper: Any) -> None:
-        self.inner, self.keeper = inner, keeper
-
-    async def respond(self, prompt: str, history=(), *, run_config=None, **options: Any) -> EnvironmentReply:
-        episode = _EPISODE.get()
-        model = str(getattr(self.inner, "model_name", "") or "")
-        turn, key = len(history), request_key(model, prompt, history)
-        recorded = await self.keeper.lookup.remote(episode.key, turn, key)
-        if recorded is not None:
-            episode.replayed += 1
-            # `cached`: not sent and not paid for now (the try that sent it paid, and the store counted it then).
-            return EnvironmentReply(**{**recorded, "cached": True})
-        reply = await self.inner.respond(prompt, history, run_config=run_config, **options)
-        await self.keeper.record.remote(episode.key, turn, key, reply.to_dict())  # on disk before it is seen
-        return reply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def close(self) -> None:
+        """Close the file at the end of the run: SQLite folds its write-ahead log back in and removes it and the
+        -shm file, so a clean run leaves only NAME.calls.sqlite."""
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
 
 
 class EpisodeActor:
@@ -118,7 +123,7 @@ class EpisodeActor:
             client = EnvironmentClient(environment_config)
             if self.spend is not None:
                 client = SpendingEnvironment(client, prices, self.spend, budget)
-            environment = LedgeredEnvironment(client, keeper)
+            environment = LedgeredEnvironment(client, keeper.lookup.remote, keeper.record.remote)
         agent = load_agent(agent_config) if agent_config is not None else None
         self.work = make_work(agent, environment, loop, prices, **options)
 
@@ -132,14 +137,11 @@ class EpisodeActor:
     async def run(self, key: str, item: Any) -> dict[str, Any]:
         """The item's row, or {"budget": True} when the budget stopped it; with the run's spending so far and the
         calls answered from the ledger."""
-        episode = _Episode(key)
-        token = _EPISODE.set(episode)
-        try:
-            row = await self.work(item)
-        except BudgetReached:
-            return {"budget": True, "spent": self.spend.last, "replayed": episode.replayed}
-        finally:
-            _EPISODE.reset(token)
+        with ledger_episode(key) as episode:
+            try:
+                row = await self.work(item)
+            except BudgetReached:
+                return {"budget": True, "spent": self.spend.last, "replayed": episode.replayed}
         if self.spend is not None and self.agent_paid:
             await add_agent_cost(self.spend, self.prices, self.agent_model, row)
         return {"row": row, "spent": self.spend.last if self.spend else 0.0, "replayed": episode.replayed}

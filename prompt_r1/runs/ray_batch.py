@@ -231,11 +231,9 @@ class RayEpisodes:
         # the store started here, it counts from zero.
         with_spend = self.budget is not None and self.environment_config is not None
         spend_key = run_key("ray", str(self.out.resolve())) if with_spend else None
-        keeper_path = (
-            ":memory:"
-            if (rs.address or "").startswith("ray://")
-            else str(ledger_path_for(self.out.resolve()))
-        )
+        # With Ray Client the driver runs on the cluster, not in this process: no file here, no pid to watch.
+        client = (rs.address or "").startswith("ray://")
+        keeper_path = ":memory:" if client else str(ledger_path_for(self.out.resolve()))
         if keeper_path != ":memory:" and Path(keeper_path).exists():
             EpisodeLedger.open(keeper_path).close()  # refused now (not a ledger), before an actor starts
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -244,7 +242,8 @@ class RayEpisodes:
         self.keeper = ray.remote(LedgerKeeper).options(
             num_cpus=0, max_restarts=-1, max_task_retries=-1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
-        ).remote(keeper_path)  # fmt: skip
+        ).remote(keeper_path, None if client else (os.getpid(), here))  # fmt: skip
+        self._stack.callback(self._close_keeper)  # before Ray stops (callbacks run last first)
         per_actor = max(1, -(-self.concurrency // rs.actors))
         actor_class = ray.remote(EpisodeActor).options(
             num_cpus=rs.actor_cpus, num_gpus=rs.actor_gpus, max_concurrency=per_actor,
@@ -261,6 +260,12 @@ class RayEpisodes:
         self._check_versions(ray)
         if spend_key is not None:  # what earlier runs spent: a spent budget starts no row
             self.spent = ray.get(self.actors[0].spent.remote())
+
+    def _close_keeper(self) -> None:
+        """The ledger file closed by its keeper (its -wal and -shm files gone), when the keeper still answers."""
+        ray = import_ray()
+        with contextlib.suppress(Exception):  # a keeper lost with its node has nothing open here to close
+            ray.get(self.keeper.close.remote(), timeout=30)
 
     def _connect(self, ray) -> None:
         rs = self.ray_settings
