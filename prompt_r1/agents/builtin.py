@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from prompt_r1.agents.trained import TRAINED_AGENTS, TrainedAgent, folder_name, merge_into, missing
 from prompt_r1.core.defaults import BUILTIN_MODEL_NAMES, is_local_model_name
 from prompt_r1.core.errors import ConfigError
 
@@ -91,7 +92,9 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 
 
-assert tuple(BUILTIN_MODELS) == BUILTIN_MODEL_NAMES, "core.defaults names the built-in models too"
+assert (*BUILTIN_MODELS, *TRAINED_AGENTS) == BUILTIN_MODEL_NAMES, (
+    "core.defaults names the built-in models too"
+)
 
 
 def is_builtin(name: str | None) -> bool:
@@ -145,6 +148,14 @@ def _source(name: str) -> tuple[Path, BuiltinModel | None, str]:
 def check_builtin(name: str) -> None:
     """In milliseconds: a ConfigError when built-in model `name` can be neither loaded from the cache nor made
     (its package missing, a GGUF path that is no file). Nothing is made here."""
+    if name in TRAINED_AGENTS:
+        agent = TRAINED_AGENTS[name]
+        problem = missing(agent)
+        if problem is not None:
+            raise ModelNameError(f"the built-in agent {name}: {problem}")
+        if not _complete(cache_root() / "models" / folder_name(agent)):
+            check_builtin(agent.base)
+        return
     if name in BUILTIN_MODELS and _complete(cache_root() / "models" / name):
         return
     _source(name)
@@ -166,11 +177,30 @@ def _complete(folder: Path) -> bool:
 
 
 def builtin_folder(name: str, *, progress: Callable[[str], None] | None = None) -> Path:
-    """The model folder of built-in model `name` (or GGUF file), made once; a damaged one is made again."""
+    """The model folder of built-in model `name` (or GGUF file, or trained agent), made once; a damaged one is
+    made again."""
     say = progress or _stderr_line
-    gguf, model, folder_name = _source(name)
+    if name in TRAINED_AGENTS:
+        agent = TRAINED_AGENTS[name]
+        problem = missing(agent)
+        if problem is not None:
+            raise ModelNameError(f"the built-in agent {name}: {problem}")
+        base = builtin_folder(agent.base, progress=progress)
+        return _made_once(folder_name(agent), f"{name} once, from {agent.base} and its adapters (about 10 s)",
+                          lambda out: _merged(agent, base, out), say)  # fmt: skip
+    gguf, model, folder_name_ = _source(name)
+    what = model.description if model else f"the GGUF file {gguf}"
+    return _made_once(folder_name_, f"{name} once, from {what} (about 40 s)",
+                      lambda out: _convert(gguf, out, model), say)  # fmt: skip
+
+
+def _made_once(
+    folder_name_: str, what: str, make: Callable[[Path], None], say: Callable[[str], None]
+) -> Path:
+    """models/FOLDER_NAME in the cache, made by `make` (into a temporary folder, renamed into place once complete,
+    under a file lock) unless it is already complete."""
     models = cache_root() / "models"
-    folder = models / folder_name
+    folder = models / folder_name_
     if _complete(folder):
         return folder
     try:
@@ -179,26 +209,35 @@ def builtin_folder(name: str, *, progress: Callable[[str], None] | None = None) 
         raise ConfigError(
             f"cannot make the model cache {models}: {exc.strerror or exc} (set PROMPT_R1_CACHE)"
         ) from None
-    with _locked(models / f".{folder_name}.lock"):
+    with _locked(models / f".{folder_name_}.lock"):
         if _complete(folder):  # another process made it while this one waited
             return folder
         if folder.exists():
             say(f"the cached model at {folder} is incomplete or of an older format: making it again")
             shutil.rmtree(folder, ignore_errors=True)
-        what = model.description if model else f"the GGUF file {gguf}"
-        say(f"making the model {name} once, from {what}, into {folder} (about 40 s)")
+        say(f"making the model {what} into {folder}")
         start = time.monotonic()
-        work = Path(tempfile.mkdtemp(prefix=f".{folder_name}.making-", dir=models))
+        work = Path(tempfile.mkdtemp(prefix=f".{folder_name_}.making-", dir=models))
         try:
-            _convert(gguf, work, model)
+            make(work)
             os.replace(work, folder)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
-        say(
-            f"made {name} in {time.monotonic() - start:.0f} s ({size:.0f} MB); later runs load it from the cache"
-        )
+        say(f"made it in {time.monotonic() - start:.0f} s ({size:.0f} MB); later runs load it from the cache")
     return folder
+
+
+def _write_manifest(out: Path, name: str, source: str) -> None:
+    """The manifest, written last: every file of `out` with its size."""
+    files = {f.name: f.stat().st_size for f in out.iterdir() if f.is_file()}
+    manifest = {"format": FORMAT, "name": name, "source": source, "files": files}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _merged(agent: TrainedAgent, base: Path, out: Path) -> None:
+    merge_into(agent, base, out)
+    _write_manifest(out, agent.name, f"{agent.base} + " + " + ".join(agent.adapters))
 
 
 @contextlib.contextmanager
@@ -257,11 +296,4 @@ def _convert(gguf: Path, out: Path, model: BuiltinModel | None) -> None:
     )
     rebuilt.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    files = {f.name: f.stat().st_size for f in out.iterdir() if f.is_file()}
-    manifest = {
-        "format": FORMAT,
-        "name": model.name if model else str(gguf),
-        "source": str(gguf),
-        "files": files,
-    }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_manifest(out, model.name if model else str(gguf), str(gguf))

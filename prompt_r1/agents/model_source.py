@@ -38,7 +38,8 @@ def check_model_source(name: str, flag: str) -> None:
     """A `ConfigError` naming `flag` when `name` is neither a local model folder nor a hub id that can be
     loaded here (cached, or the hub reachable). A hub id that is reachable but wrong is left to the loader, whose
     error says so."""
-    from prompt_r1.agents.builtin import BUILTIN_MODELS, ModelNameError, check_builtin, is_builtin
+    from prompt_r1.agents.builtin import ModelNameError, check_builtin, is_builtin
+    from prompt_r1.core.defaults import BUILTIN_MODEL_NAMES
 
     if is_builtin(name):
         check_builtin(name)
@@ -55,7 +56,7 @@ def check_model_source(name: str, flag: str) -> None:
     if path.exists():
         raise ConfigError(f"{flag} {name}: is a file; a model is a folder (config.json, weights, tokenizer)")
     looks_local = name.startswith((".", "/", "~")) or _hub_id_error(name) is not None
-    builtin = ", ".join(BUILTIN_MODELS)
+    builtin = ", ".join(BUILTIN_MODEL_NAMES)
     if looks_local:
         raise ConfigError(
             f"{flag} {name}: no such model folder (and it cannot be a Hugging Face hub id); give the folder a "

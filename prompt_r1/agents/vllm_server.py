@@ -114,11 +114,12 @@ def plan_token_exact(config: Any, api_key: str | None = None) -> TokenExactPlan:
     `--agent-token-exact on`, the folder or hub id the vLLM server says it loaded the model from. (Not the server's `/tokenize`: the turns need the chat
     template rendered as text and the end-of-turn ids, which it does not give, and a decode-encode round trip
     through it is not guaranteed to give the ids back.)"""
-    from prompt_r1.agents.builtin import BUILTIN_MODELS, resolve_model
+    from prompt_r1.agents.builtin import resolve_model
+    from prompt_r1.core.defaults import BUILTIN_MODEL_NAMES
 
     source = config.tokenizer or (config.model if Path(config.model).is_dir() else None)
     if (
-        source is None and config.model in BUILTIN_MODELS
+        source is None and config.model in BUILTIN_MODEL_NAMES
     ):  # served under its built-in name: its folder's tokenizer
         source = resolve_model(config.model)
     where = "--agent-tokenizer" if config.tokenizer else "the served model's folder"

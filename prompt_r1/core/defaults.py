@@ -31,7 +31,7 @@ __all__ = [
 BUILTIN_DEFAULT_MODEL = "smollm2-135m"
 # The names agents/builtin.py makes into model folders (its registry is checked against these), known here so
 # that the layers below the agents can tell a model that runs on this machine from a provider's.
-BUILTIN_MODEL_NAMES = ("smollm2-135m",)
+BUILTIN_MODEL_NAMES = ("smollm2-135m", "smollm2-135m-notes")
 
 
 def local_endpoint(model: str) -> str:

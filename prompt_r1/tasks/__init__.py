@@ -7,7 +7,12 @@ from, and the rollout hooks and figures that say whether GRPO taught the agent t
   `training/door_demo.py`);
 - `hops`: a chain of 1 to 3 dependent calls (a key opens a door, a door leads to a room, a room has a code);
   `hops_agent`: the tiny agent it starts from; `hops_training`: its rollout, chain figures and controls;
-  `hops_async`: the same task under the asynchronous trainer.
+  `hops_async`: the same task under the asynchronous trainer;
+- `notes`: a task for real models: the environment (the built-in instruct model, served over HTTP) holds a sheet
+  of notes about made-up things and people, and a question needs 1 or 2 dependent calls; `notes_agent`: the cold
+  start that teaches the built-in model the protocol, and the adapters; `notes_training`: its rollout and figures;
+  `notes_eval`: the comparison with direct prompting, an instruction, OPRO and GEPA
+  (`evals/bench/real_agent.py`; the trained agent ships as `smollm2-135m-notes`).
 
 Add a task: a module with its facts (redrawn per step, or per group under the async trainer, so that nothing can
 be memorised), a `ScriptedServer` responder, rows, and an agent builder that teaches skills, not the choice; a

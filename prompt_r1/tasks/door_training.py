@@ -1,7 +1,7 @@
 """GRPO on the door-codes task (`prompt_r1.tasks.door_codes`): the rollout that redraws the codes at every step, the
 figures that say whether the agent collaborates, and the control that proves the reply is needed.
 
-`DoorRollout` is the project's `GraphRollout` with one addition: before each step's episodes it redraws the
+`DoorRollout` is the tasks' `TaskRollout` (`prompt_r1.tasks.skeleton`): before each step's episodes it redraws the
 `DoorTable` the scripted environment answers from, and it returns the step's golden answers with the trajectories
 (TRL gives a rollout's extra fields to the reward functions in place of the dataset's columns), so the environment
 and the reward read the same table. Per step it logs, beside the trainer's own metrics:
@@ -21,13 +21,12 @@ Needs the `train` and `dev` extras.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from prompt_r1.runs.episode import Episode
 from prompt_r1.tasks.door_codes import CODES, DoorTable, named_doors
-from prompt_r1.training.sync.rollout import GraphRollout
+from prompt_r1.tasks.skeleton import TaskRollout
 
 __all__ = ["CHANCE", "DOOR_METRICS", "DoorRollout", "control", "door_figures", "door_trainer", "grpo_config"]
 
@@ -55,45 +54,24 @@ def _reply_code(reply: str, door: str) -> str | None:
     return reply[len(prefix) :].rstrip(".").strip().lower() if reply.startswith(prefix) else None
 
 
-class DoorRollout(GraphRollout):
-    """`GraphRollout` on a `DoorTable` redrawn at every step (see the module docstring). `environment` is the
+class DoorRollout(TaskRollout):
+    """`TaskRollout` on a `DoorTable` redrawn at every step (see the module docstring). `environment` is the
     client of the scripted server that answers from `table`."""
+
+    metrics = DOOR_METRICS
 
     def __init__(self, environment: Any, table: DoorTable, **rollout: Any) -> None:
         super().__init__(environment, **rollout)
         self.table = table
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
-        codes = self.table.draw(trainer.state.global_step)
-        output = super().__call__(prompts, trainer)
-        doors = [named_doors(e.question)[0] for e in self.last_results]
-        output["golden_answers"] = [[codes[door]] for door in doors]
-        _log_means(trainer, [door_figures(e, codes) for e in self.last_results])
-        return output
+    def draw(self, prompts: list[Any], trainer: Any) -> dict[str, str]:
+        return self.table.draw(trainer.state.global_step)
 
+    def golden(self, codes: dict[str, str], episodes: list[Episode]) -> list[list[str]]:
+        return [[codes[named_doors(e.question)[0]]] for e in episodes]
 
-def _log_means(trainer: Any, figures: list[tuple[bool, ...]]) -> None:
-    """Log each figure's share over the step's episodes of every process into the trainer's metrics."""
-    metrics = getattr(trainer, "_metrics", None)
-    if metrics is None:
-        return
-    import torch
-
-    sums = (
-        [float(len(figures))] + [float(sum(column)) for column in zip(*figures, strict=True)]
-        if figures
-        else []
-    )
-    local = torch.tensor(
-        sums or [0.0] * (1 + len(DOOR_METRICS)), dtype=torch.float64, device=trainer.accelerator.device
-    )
-    total = (
-        trainer.accelerator.reduce(local, reduction="sum") if trainer.accelerator.num_processes > 1 else local
-    )
-    count, *values = total.tolist()
-    mode = "train" if trainer.model.training else "eval"
-    for name, value in zip(DOOR_METRICS, values, strict=True):
-        metrics[mode][name].append(value / count if count else math.nan)
+    def figures(self, episode: Episode, codes: dict[str, str]) -> dict[str, float | None]:
+        return dict(zip(DOOR_METRICS, map(float, door_figures(episode, codes)), strict=True))
 
 
 def control(trainer: Any, rollout: DoorRollout, *, step: int, samples: int = 8) -> dict[str, float]:

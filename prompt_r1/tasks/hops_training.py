@@ -1,7 +1,7 @@
 """GRPO on the hops task (`prompt_r1.tasks.hops`): the rollout that redraws the tables at every step, the figures
 that say whether the agent follows the chain, the controls, and the first call's log-probability.
 
-`HopsRollout` is the project's `GraphRollout` plus: before each step's episodes it redraws the `HopsTable` the
+`HopsRollout` is the tasks' `TaskRollout` (`prompt_r1.tasks.skeleton`): before each step's episodes it redraws the `HopsTable` the
 scripted environment answers from, returns the step's golden answers with the trajectories (TRL gives a rollout's
 extra fields to the reward functions), and logs the chain figures of the step (`HOPS_METRICS`, per episode):
 - `hops/hop1`: the first call names the question's thing; `hops/hop2`, `hops/hop3`: the k-th call names what the
@@ -36,7 +36,7 @@ from prompt_r1.tasks.hops import (
     pointed,
     reply_code,
 )
-from prompt_r1.training.sync.rollout import GraphRollout
+from prompt_r1.tasks.skeleton import TaskRollout, log_means
 
 __all__ = [
     "CHANCE",
@@ -105,24 +105,8 @@ def hops_figures(episode: Episode, table: Table) -> dict[str, float | None]:
 
 
 def log_figures(trainer: Any, figures: list[dict[str, float | None]]) -> None:
-    """Log each figure's mean over the step's episodes of every process (those it applies to) into the trainer's
-    metrics."""
-    metrics = getattr(trainer, "_metrics", None)
-    if metrics is None:
-        return
-    import torch
-
-    sums = [sum(f[name] or 0.0 for f in figures if f.get(name) is not None) for name in HOPS_METRICS]
-    counts = [float(sum(f.get(name) is not None for f in figures)) for name in HOPS_METRICS]
-    local = torch.tensor(sums + counts, dtype=torch.float64, device=trainer.accelerator.device)
-    total = (
-        trainer.accelerator.reduce(local, reduction="sum") if trainer.accelerator.num_processes > 1 else local
-    )
-    values = total.tolist()
-    mode = "train" if trainer.model.training else "eval"
-    n = len(HOPS_METRICS)
-    for name, value, count in zip(HOPS_METRICS, values[:n], values[n:], strict=True):
-        metrics[mode][name].append(value / count if count else math.nan)
+    """Log each figure's mean over the step's episodes of every process (those it applies to)."""
+    log_means(trainer, HOPS_METRICS, figures)
 
 
 def first_turn_masked(env_mask: list[int]) -> list[int]:
@@ -135,22 +119,29 @@ def first_turn_masked(env_mask: list[int]) -> list[int]:
     return mask
 
 
-class HopsRollout(GraphRollout):
-    """`GraphRollout` on a `HopsTable` redrawn at every step (see the module docstring). `environment` is the
+class HopsRollout(TaskRollout):
+    """`TaskRollout` on a `HopsTable` redrawn at every step (see the module docstring). `environment` is the
     client of the scripted server that answers from `table`."""
+
+    metrics = HOPS_METRICS
 
     def __init__(self, environment: Any, table: HopsTable, *, mask_first_turn: bool = False, **rollout: Any):
         super().__init__(environment, **rollout)
         self.table = table
         self.mask_first_turn = mask_first_turn
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
-        table = self.table.draw(trainer.state.global_step)
-        output = super().__call__(prompts, trainer)
-        output["golden_answers"] = [[table.answer(_start(e))] for e in self.last_results]
+    def draw(self, prompts: list[Any], trainer: Any) -> Table:
+        return self.table.draw(trainer.state.global_step)
+
+    def golden(self, table: Table, episodes: list[Episode]) -> list[list[str]]:
+        return [[table.answer(_start(e))] for e in episodes]
+
+    def figures(self, episode: Episode, table: Table) -> dict[str, float | None]:
+        return hops_figures(episode, table)
+
+    def shape(self, output: dict[str, list]) -> dict[str, list]:
         if self.mask_first_turn:
             output["env_mask"] = [first_turn_masked(m) for m in output["env_mask"]]
-        log_figures(trainer, [hops_figures(e, table) for e in self.last_results])
         return output
 
 

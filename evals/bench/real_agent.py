@@ -1,0 +1,257 @@
+"""A real agent that learns to prompt a real model: the notes task (prompt_r1.tasks.notes) on the built-in
+SmolLM2-135M-Instruct as agent and as environment, trained with GRPO, against direct prompting and the prompt
+optimisers on held-out questions.
+
+    python evals/bench/real_agent.py --seed0 S --seeds N [--out DIR]    # train N seeds, then compare
+    python evals/bench/real_agent.py --eval-only [--questions N] [--seed S]       # the shipped agent, no training
+
+Per seed: the cold start (LoRA on format demonstrations from the training pool: prompt_r1.tasks.notes_agent),
+then `--steps` GRPO steps (prompt_r1.tasks.notes_training; a line per step), the adapters saved under
+OUT/seed-S/. Then one table on `--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half
+of them 2-call): direct, instruction, OPRO and GEPA (their search budget in metric calls: as many as the
+episodes one seed trained on, `--search-budget`), each seed's cold-started and trained agent, and the controls
+(the trained agent with the notes withheld; answered at once). Agents decode greedily; the environment is greedy.
+Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
+OUT/curves.png; OUT defaults to a folder under the system's temporary directory, outside the checkout.
+
+Last line: `comparison: direct E1/E2, instruction E1/E2, opro ..., gepa ..., untrained ..., trained ...` (EM in
+percent on 1-call/2-call questions; agents: the mean over seeds). Run it alone: 2 cores, minutes per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from prompt_r1.tasks.notes_eval import (  # noqa: E402
+    INSTRUCTION,
+    agent_method,
+    env_method,
+    held_out,
+    search_instruction,
+    summary,
+)
+from prompt_r1.tasks.notes_training import ENV_MODEL  # noqa: E402
+
+BASELINES = ("direct", "instruction", "opro", "gepa")
+RISE = 15  # points of 2-call EM over the best untrained baseline (the target)
+CURVES = (("reward", "reward"), ("EM", "notes/em"), ("EM, 2-call", "notes/em_2"), ("calls", "notes/calls"))
+EPISODES_PER_STEP = 16  # 4 questions x 4 samples
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """Cold start, then GRPO, for one seed; the adapters and the merged trained model under OUT/seed-SEED."""
+    from prompt_r1.tasks.notes import training_questions
+    from prompt_r1.tasks.notes_agent import cold_start, save_adapter
+    from prompt_r1.tasks.notes_training import grpo_config, notes_trainer, training_rows
+    from prompt_r1.training.shared.progress import step_series
+
+    work = out / f"seed-{seed}"
+    started = time.monotonic()
+    cold = work / "cold"
+    if not (cold / "model" / "config.json").is_file():
+        cold_start(cold, seed=seed, steps=args.cold_steps, say=lambda line: say(f"seed {seed}: {line}"))
+    cold_s = time.monotonic() - started
+    run = work / "grpo"
+    questions = training_questions(args.steps * EPISODES_PER_STEP // 4 + 4, seed)
+    config = grpo_config(
+        run, cold / "model", max_steps=args.steps, seed=seed, data_seed=seed,
+        per_device_train_batch_size=4, gradient_accumulation_steps=4,
+    )  # fmt: skip
+    trainer = notes_trainer(config, training_rows(questions))
+    trainer.train()
+    grpo_s = time.monotonic() - started - cold_s
+    save_adapter(trainer.model, run / "adapter", {"stage": "grpo", "seed": seed, "steps": args.steps})
+    merged = trainer.model.merge_and_unload()
+    merged.save_pretrained(run / "model")
+    trainer.processing_class.save_pretrained(run / "model")
+    series = step_series(trainer.state.log_history, extra=[key for _, key in CURVES])
+    say(f"seed {seed}: cold start {cold_s / 60:.1f} min, GRPO {args.steps} steps {grpo_s / 60:.1f} min")
+    return {
+        "seed": seed,
+        "cold_model": str(cold / "model"),
+        "trained_model": str(run / "model"),
+        "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60},
+        "series": series,
+    }
+
+
+async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int) -> dict:
+    """Every method on one held-out draw; `agents`: name -> model folder (or built-in name)."""
+    from prompt_r1.agents.local import TransformersAgent
+    from prompt_r1.agents.model_server import model_server_in_thread
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
+
+    questions = held_out(args.questions, args.eval_seed)
+    loop = LoopConfig(max_turns=3, max_turn_tokens=48, max_total_tokens=256)
+    rows: dict[str, list] = {}
+    searched: dict[str, dict] = {}
+    with model_server_in_thread(ENV_MODEL, seed=args.eval_seed) as server:
+        client = EnvironmentClient(
+            EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=32, temperature=0.0,
+                              max_in_flight=256),
+            api_key="none",
+        )  # fmt: skip
+        started = time.monotonic()
+        rows["direct"] = await env_method(client, questions)
+        rows["instruction"] = await env_method(client, questions, INSTRUCTION)
+        for method in ("opro", "gepa"):
+            searched[method] = await search_instruction(method, client, budget=budget, seed=args.eval_seed)
+            rows[method] = await env_method(client, questions, searched[method]["instruction"])
+        say(f"baselines: {time.monotonic() - started:.0f} s")
+        for name, model in agents.items():
+            started = time.monotonic()
+            agent = TransformersAgent(AgentConfig(model=model, temperature=0.0, seed=args.eval_seed,
+                                                  max_new_tokens=48))  # fmt: skip
+            rows[name] = await agent_method(agent, client, questions, loop)
+            if name.startswith("trained"):
+                rows[f"{name}, notes withheld"] = await agent_method(
+                    agent, client, questions, loop, withheld=True
+                )
+            say(f"{name}: {time.monotonic() - started:.0f} s")
+    return {
+        "questions": len(questions),
+        "eval_seed": args.eval_seed,
+        "table": {name: summary(r) for name, r in rows.items()},
+        "instructions": {
+            m: {k: s[k] for k in ("instruction", "score", "metric_calls", "calls")}
+            for m, s in searched.items()
+        },  # fmt: skip
+        "rows": rows,
+    }
+
+
+def print_table(table: dict[str, dict]) -> None:
+    say(f"{'method':<34} {'EM':>6} {'F1':>6} {'EM 1':>6} {'EM 2':>6} {'F1 1':>6} {'F1 2':>6} "
+        f"{'calls':>6} {'tokens':>7} {'at once':>7}")  # fmt: skip
+    for name, s in table.items():
+        say(f"{name:<34} {s['em']:6.1f} {s['f1']:6.1f} {s['em_1']:6.1f} {s['em_2']:6.1f} {s['f1_1']:6.1f} "
+            f"{s['f1_2']:6.1f} {s['calls']:6.2f} {s['tokens']:7.0f} {s['at_once']:7.1f}")  # fmt: skip
+
+
+def targets(table: dict[str, dict], seeds: list[int]) -> list[str]:
+    """The issue's targets, per seed: a line each, met or not, with the figures."""
+    lines = []
+    untrained = [k for k in table if k.startswith("untrained")]
+    for seed in seeds:
+        name = f"trained {seed}" if len(seeds) > 1 else "trained"
+        if name not in table:
+            continue
+        t = table[name]
+        baselines = [*BASELINES, *untrained]
+        best_2 = max(table[b]["em_2"] for b in baselines)
+        best = max(table[b]["em"] for b in baselines)
+        lines.append(
+            f"seed {seed}: 2-call EM {t['em_2']:.1f} vs best untrained {best_2:.1f} + {RISE} "
+            f"({'met' if t['em_2'] >= best_2 + RISE else 'NOT met'}); overall EM {t['em']:.1f} vs best baseline "
+            f"{best:.1f} ({'met' if t['em'] >= best else 'NOT met'}); notes withheld EM "
+            f"{table[name + ', notes withheld']['em']:.1f} (target <= 5)"
+        )
+    return lines
+
+
+def comparison_line(table: dict[str, dict]) -> str:
+    def mean_of(prefix: str) -> tuple[float, float] | None:
+        names = [k for k in table if k.startswith(prefix) and "withheld" not in k]
+        if not names:
+            return None
+        return tuple(statistics.fmean(table[k][f"em_{c}"] for k in names) for c in (1, 2))  # type: ignore[return-value]
+
+    parts = []
+    for name in (*BASELINES, "untrained", "trained"):
+        pair = (
+            mean_of(name) if name in ("untrained", "trained") else (table[name]["em_1"], table[name]["em_2"])
+        )
+        if pair is not None and not any(math.isnan(v) for v in pair):
+            parts.append(f"{name} {pair[0]:.0f}/{pair[1]:.0f}")
+    return "comparison: " + ", ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed0", type=int, help="first training seed (unset: drawn at run time)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=16, help="GRPO steps per seed")
+    parser.add_argument("--cold-steps", type=int, default=12, help="cold-start fine-tuning steps")
+    parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
+    parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
+                        help="the held-out draw (unset: drawn at run time)")  # fmt: skip
+    parser.add_argument(
+        "--search-budget", type=int, help="OPRO's and GEPA's metric calls (unset: cost-matched)"
+    )
+    parser.add_argument(
+        "--eval-only", action="store_true", help="the shipped agent and the baselines, no training"
+    )
+    parser.add_argument("--out", type=Path, help="where figures and models go (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    draw = random.SystemRandom()
+    if args.seed0 is None:
+        args.seed0 = draw.randrange(1, 10**6)
+    if args.eval_seed is None:
+        args.eval_seed = draw.randrange(10**6, 2 * 10**6)
+    out = args.out or Path(tempfile.mkdtemp(prefix="prompt-r1-real-agent-"))
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = [] if args.eval_only else list(range(args.seed0, args.seed0 + args.seeds))
+    say(f"real agent: seeds {seeds or '(none: --eval-only)'}, held-out draw {args.eval_seed}, "
+        f"{args.questions} questions, out {out}")  # fmt: skip
+    runs = [train_seed(seed, args, out) for seed in seeds]
+    if args.eval_only:
+        agents = _shipped_agents(out)
+    else:
+        agents = {}
+        for run in runs:
+            suffix = f" {run['seed']}" if len(runs) > 1 else ""
+            agents[f"untrained{suffix}"] = run["cold_model"]
+            agents[f"trained{suffix}"] = run["trained_model"]
+    budget = args.search_budget or (args.steps * EPISODES_PER_STEP if seeds else 200)
+    result = asyncio.run(compare(args, agents, budget))
+    print_table(result["table"])
+    for line in targets(result["table"], seeds or [0]):
+        say(line)
+    if runs:
+        from prompt_r1.training.shared.progress import draw_curves
+
+        curves = draw_curves([r["series"] for r in runs], out / "curves.png", "notes task, GRPO", CURVES)
+        say(f"curves: {curves}")
+    summary_path = out / "real_agent.json"
+    summary_path.write_text(json.dumps({"seeds": seeds, "runs": runs, "search_budget": budget, **result},
+                                       indent=1, default=str) + "\n")  # fmt: skip
+    say(f"figures: {summary_path}")
+    say(comparison_line(result["table"]))
+    return 0
+
+
+def _shipped_agents(out: Path) -> dict[str, str]:
+    """The shipped agent, and its cold start alone (the untrained agent) merged into OUT/shipped-cold."""
+    import dataclasses
+
+    from prompt_r1.agents.builtin import resolve_model
+    from prompt_r1.agents.trained import TRAINED_AGENTS, merge_into
+
+    agent = TRAINED_AGENTS["smollm2-135m-notes"]
+    cold = out / "shipped-cold"
+    if not (cold / "config.json").is_file():
+        merge_into(
+            dataclasses.replace(agent, adapters=agent.adapters[:1]), Path(resolve_model(agent.base)), cold
+        )
+    return {"untrained": str(cold), "trained": resolve_model(agent.name)}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""The notes task's agent (`prompt_r1.tasks.notes`): the cold start that teaches the built-in model the protocol's
+format and the task's skills, but no policy, and the LoRA adapters it and GRPO leave.
+
+The base model writes no protocol tags by itself (docs: the built-in model), so a short fine-tune on
+demonstrations comes first (`cold_start`): LoRA on the attention projections, on episodes scripted from the
+*training* pool only (no evaluation name, place or fact is in them), with the environment's replies written in a
+few of the forms the built-in environment answers in and masked out of the loss, as the trainer masks them. The
+demonstrations teach the skills: ask a question of the environment, ask where a person a reply named was born,
+answer with the last name a reply gave. They teach no choice: at every turn after a reply, answering and asking
+again are equally likely whatever the question asked (`demonstrations`), and the first call is the question
+itself or, for a 2-call question, its first half, equally often. So the cold-started agent answers a builder
+question right only when it stops after one reply, and a 2-call question only when it asks again: when to call
+again, and what to ask first, is what GRPO has to learn.
+
+The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
+few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from prompt_r1.tasks.notes import KINDS, _question, draw_sheets
+
+__all__ = [
+    "ANSWER",
+    "ASK",
+    "LORA",
+    "cold_start",
+    "demonstrations",
+    "reply_forms",
+    "save_adapter",
+]
+
+ASK = "<think>{thought}</think>\n<interaction_prompt>{prompt}</interaction_prompt>"
+ANSWER = "<think>The reply gives the answer.</think>\n<answer>{answer}</answer>"
+LORA = {
+    "r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+BASE = "smollm2-135m"
+
+
+def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[str, str]]:
+    """(reply, the name it gives) in forms the built-in environment answers in: the builder or the birthplace."""
+    if kind == "builder":
+        return [
+            (f"The {thing} was built by {person}.", person),
+            (f"{person} built the {thing}.", person),
+            (f"The builder of the {thing} was {person}.", person),
+        ]
+    return [
+        (f"{person} was born in {place}.", place),
+        (f"{place}.", place),
+        (f"The builder of the {thing} was born in {place}.", place),
+    ]
+
+
+def demonstrations(n: int, seed: int) -> list[tuple[str, list[str]]]:
+    """`n` scripted episodes (question, [turn, reply, turn, ...]) on training-pool sheets, every choice drawn
+    uniformly (see the module docstring): 1 or 2 calls, then an answer copying the last reply's name."""
+    rng = random.Random(seed)
+    episodes = []
+    for _ in range(n):
+        sheet = draw_sheets(1, rng, "train")[0]
+        i = rng.randrange(len(sheet.things))
+        kind = rng.choice(KINDS)
+        question = _question(kind, sheet, i).question
+        thing, person, place = sheet.things[i], sheet.people[i], sheet.places[i]
+        first_half = kind == "builder" or (kind == "builder_birthplace" and rng.random() < 0.5)
+        prompt = f"Who built the {thing}?" if first_half else question
+        reply, name = rng.choice(reply_forms("builder" if first_half else "birthplace", thing, person, place))
+        script = [ASK.format(thought="I ask the large model.", prompt=prompt), reply]
+        if first_half and rng.random() < 0.5:  # ask again, about the person the reply named
+            script.append(ASK.format(thought=f"The reply names {name}.", prompt=f"Where was {name} born?"))
+            reply, name = rng.choice(reply_forms("birthplace", thing, person, place))
+            script.append(reply)
+        script.append(ANSWER.format(answer=name))
+        episodes.append((question, script))
+    return episodes
+
+
+def cold_start(
+    out: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = 12,
+    episodes: int = 256,
+    batch_size: int = 8,
+    lr: float = 2e-3,
+    base: str = BASE,
+    say: Any = None,
+) -> Path:
+    """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` for `steps` steps; save the adapter to OUT/adapter
+    and the merged model (the trainer's starting point) to OUT/model. Returns OUT/model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prompt_r1.agents.builtin import resolve_model
+    from prompt_r1.testing.tiny_models import episode_rows
+
+    out = Path(out)
+    folder = resolve_model(base)
+    tok = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(seed)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(**LORA))
+    rows = episode_rows(tok, demonstrations(episodes, seed))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    order = torch.Generator().manual_seed(seed)
+    model.train()
+    for step in range(steps):
+        batch = [rows[i] for i in torch.randperm(len(rows), generator=order)[:batch_size].tolist()]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r, _ in batch])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        for group in optimizer.param_groups:  # linear decay to 0: the model saved is where training settled
+            group["lr"] = lr * (1 - (step + 1) / steps)
+        if say is not None:
+            say(f"cold start: step {step + 1}/{steps}, loss {loss.item():.3f}")
+    save_adapter(model, out / "adapter", {"stage": "cold start", "seed": seed, "steps": steps})
+    merged = model.merge_and_unload()
+    merged.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+    return out / "model"
+
+
+def save_adapter(model: Any, path: str | Path, facts: dict[str, Any]) -> Path:
+    """Save `model`'s LoRA adapter to PATH in float16, its base named `smollm2-135m` (not this machine's folder),
+    with FACTS (how it was made) in PATH/prompt-r1-adapter.json."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(path)
+    model.save_pretrained(path)
+    weights = path / "adapter_model.safetensors"
+    save_file({k: v.half().contiguous() for k, v in load_file(weights).items()}, weights)
+    config = json.loads((path / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = BASE
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (path / "prompt-r1-adapter.json").write_text(json.dumps(facts, indent=2) + "\n")
+    return path

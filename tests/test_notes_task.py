@@ -1,0 +1,145 @@
+"""The notes task (prompt_r1.tasks.notes): sheets no model can know, questions of 1 and 2 dependent calls, the
+environment that finds an episode's sheet by the names its prompts carry, cold-start demonstrations drawn from the
+training pool only; and, on the real built-in models, 2 GRPO steps of the task and the shipped agent
+(`smollm2-135m-notes`) following the protocol on held-out questions."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+
+import pytest
+
+from prompt_r1.tasks.notes import (
+    EMPTY,
+    FACTS,
+    POOLS,
+    NotesEnvironment,
+    NotesQuestion,
+    NotesWorld,
+    Sheet,
+    calls_of,
+    draw_sheets,
+    notes_system_prompt,
+    parse,
+    questions_for,
+    training_questions,
+)
+
+
+def _words(pool: str) -> set[str]:
+    return {w for words in POOLS[pool].values() for w in words}
+
+
+def test_the_training_and_evaluation_pools_share_no_word():
+    assert _words("train") and _words("eval")
+    assert _words("train").isdisjoint(_words("eval"))
+
+
+def test_sheets_in_play_share_no_name_and_no_sheet_repeats_a_word():
+    sheets = draw_sheets(40, random.Random(0), "eval")
+    names = [n for s in sheets for n in s.names()]
+    assert len(names) == len(set(names)) == 40 * 2 * FACTS
+    for sheet in sheets:
+        words = [w for n in sheet.names() for w in n.split() if w not in ("Bridge", "Clock", "Mill", "Tower",
+                 "Lighthouse", "Gate", "Fountain", "Hall")]  # fmt: skip
+        assert len(words) == len(set(words)), sheet
+        assert len(sheet.lines()) == 2 * FACTS
+
+
+def test_questions_parse_back_and_their_answers_come_from_their_sheet():
+    questions = questions_for(40, random.Random(1), "eval")
+    assert {q.calls for q in questions} == {1, 2}
+    for q in questions:
+        kind, name = parse(q.question)
+        assert kind == q.kind and name in q.sheet.names()
+        i = (q.sheet.people if kind == "birthplace" else q.sheet.things).index(name)
+        assert q.answer == (q.sheet.people[i] if kind == "builder" else q.sheet.places[i])
+        assert calls_of(kind) == (2 if kind == "builder_birthplace" else 1)
+    with pytest.raises(ValueError, match="not a notes question"):
+        parse("What is the capital of France?")
+
+
+def test_redraw_keeps_each_named_thing_and_draws_the_rest_afresh():
+    questions = training_questions(8, seed=3)
+    world = NotesWorld()
+    first = world.redraw(questions + questions[:2], random.Random(10))
+    again = world.redraw(questions, random.Random(11))
+    for a, b in zip(first, again, strict=False):
+        assert (
+            a.question == b.question
+            and parse(a.question)[1] in a.sheet.names()
+            and parse(b.question)[1] in b.sheet.names()
+        )
+    assert first[0].sheet == first[8].sheet  # one question twice in a step: one sheet
+    assert any(a.answer != b.answer for a, b in zip(first, again, strict=False))  # facts redrawn
+    assert set(world.sheets) == {q.sheet for q in again}
+    # Two questions about one thing share its sheet (a name is in one sheet only).
+    kind, thing = parse(next(q for q in questions if "builder" in q))
+    both = world.redraw(
+        [f"Who built the {thing}?", f"Where was the builder of the {thing} born?"], random.Random(2)
+    )
+    assert both[0].sheet == both[1].sheet
+
+
+def test_the_environment_reaches_the_sheet_the_prompts_name():
+    asked = questions_for(6, random.Random(4), "eval")
+    world = NotesWorld()
+    world.put(asked)
+    sheet = asked[2].sheet
+    assert world.sheet_for([f"who made the {sheet.things[0].upper()}?"]) == sheet  # case does not matter
+    assert world.sheet_for([f"Who built the {sheet.things[1]}?", "And where was that person born?"]) == sheet
+    assert world.sheet_for(["Tell me something."]) == EMPTY
+    world.withheld = True
+    assert world.sheet_for([asked[0].question]) == EMPTY
+    with pytest.raises(ValueError, match="share a name"):
+        other = Sheet(
+            (asked[0].sheet.things[0], "Umber Mill"), ("Arlo Wend", "Vero Pryor"), ("Ostwick", "Vantry")
+        )
+        world.put([asked[0], NotesQuestion("Who built the Umber Mill?", "Vero Pryor", "builder", other)])
+
+
+class _Recording:
+    retries = 0
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+
+    async def respond(self, prompt, history=(), *, run_config=None, system_prompt=None):
+        self.calls.append((prompt, system_prompt))
+        return prompt
+
+
+def test_the_environment_answers_with_the_sheets_notes_as_its_system_prompt():
+    asked = questions_for(3, random.Random(5), "eval")
+    world = NotesWorld()
+    world.put(asked)
+    client = _Recording()
+    environment = NotesEnvironment(client, world)
+    person = asked[1].sheet.people[0]
+    asyncio.run(environment.respond(f"Where was {person} born?", system_prompt="the loop's own"))
+    asyncio.run(environment.respond("Nothing named here."))
+    assert client.calls[0][1] == notes_system_prompt(asked[1].sheet)
+    assert all(line in client.calls[0][1] for line in asked[1].sheet.lines())
+    assert client.calls[1][1] == notes_system_prompt(EMPTY) and "(nothing)" in client.calls[1][1]
+    assert environment.retries == 0
+
+
+def test_cold_start_demonstrations_hold_no_evaluation_name_and_teach_no_choice():
+    from prompt_r1.tasks.notes_agent import demonstrations
+
+    episodes = demonstrations(400, seed=0)
+    text = " ".join(q + " " + " ".join(script) for q, script in episodes)
+    found = set(re.findall(r"[A-Z][a-z]+", text))
+    assert found & _words("train")
+    assert not found & _words("eval"), found & _words("eval")
+    # After a builder reply the demonstrations ask again as often as they answer, whatever the question.
+    for kind in ("Who built", "Where was the builder"):
+        after = [len(script) for q, script in episodes if q.startswith(kind) and "built" in script[1]]
+        asked_again = sum(n == 5 for n in after) / len(after)
+        assert 0.35 < asked_again < 0.65, (kind, asked_again)
+    # Every answer copies the last reply's name.
+    for _, script in episodes:
+        answer = re.search(r"<answer>(.*)</answer>", script[-1]).group(1)
+        assert answer in script[-2]
