@@ -299,6 +299,49 @@ def test_a_rerun_without_ray_replays_the_ledger(tmp_path, cluster, provider):
     assert env_calls(json.loads(out.with_name("out.summary.json").read_text())) == 4
 
 
+def test_an_eval_rerun_without_ray_replays_the_ledger(tmp_path, cluster, provider):
+    # As for batch: an `eval --ray` run leaves paid calls in predictions.calls.sqlite for the rows it did not finish
+    # (each agent fails once it has the environment's first reply, as a killed run's rows stop). The rerun without
+    # --ray on the same folder answers them from the ledger: none is sent twice, metered or priced again.
+    from prompt_r1.evaluation.harness import read_predictions
+    from prompt_r1.testing.servers import Fault
+
+    def agent_fails_after_a_reply(model, body):
+        second = any(m["role"] == "assistant" for m in body.get("messages", ()))
+        return Fault("400") if model == "agent" and second else None
+
+    provider.fault_rule = agent_fails_after_a_reply
+    questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "eval"
+    ledger = out / "predictions.calls.sqlite"
+    prices = tmp_path / "prices.yaml"  # $1 a token: a call metered twice shows in the estimate
+    prices.write_text("env: {input: 1000000, output: 1000000}\nagent: {input: 0, output: 0}\n")
+    args = ["eval", "--dataset", questions, "--method", "prompt-r1", "--out", out, "--no-chart",
+            "--prices", prices]  # fmt: skip
+    with RedisServer() as redis:
+        code, _, err = run_cli([*args, "--ray", cluster.address, "--ray-actors", 2, *flags(provider, redis)])
+    assert code == 1, err
+    assert all(r["status"] == "agent_error" for r in rows_of(out / "predictions.jsonl")), err
+    assert not list(out.glob("predictions.calls.sqlite-*"))
+    assert _ledger_calls(ledger) == 4  # one paid call per row
+    assert sum(r.model == "env" for r in provider.requests) == 4
+    provider.fault_rule = None
+    code, _, err = run_cli([*args, *flags(provider)])
+    assert code == 0, err
+    rows = read_predictions(out / "predictions.jsonl")
+    assert sorted(r["id"] for r in rows) == [f"q{i}" for i in range(4)]
+    assert all(r["prediction"] == f"Response 2: What is item {r['id'][1:]}? / part 2" for r in rows)
+    assert max(env_requests(provider).values()) == 1  # the first calls were answered from the ledger
+    assert sum(r.model == "env" for r in provider.requests) == 8
+    # Each row's first call replayed (not priced in the row), its second sent; the run's meter, what --budget
+    # stops on, counts only the calls sent: its estimate is the rows' own.
+    calls = [[t["environment_call"] for t in r["turns"] if t.get("environment_call")] for r in rows]
+    assert all([bool(c.get("cached")) for c in each] == [True, False] for each in calls), calls
+    sent = sum(r["cost_usd"] for r in rows)
+    assert sent > 0 and f"${sent:.4f} estimated" in err, err
+    assert not list(out.glob("predictions.calls.sqlite-*"))
+    assert _ledger_calls(ledger) == 0  # the rows are written: nothing to replay
+
+
 @pytest.mark.slow
 def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
     # The agent is slow only once its episode has paid for an environment call (its messages then hold the

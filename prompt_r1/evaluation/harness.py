@@ -13,7 +13,9 @@ Rows run on the shared worker pool (prompt_r1.runs.pool) into the shared results
 rows through the shared episode runner (prompt_r1.runs.episode), as `batch` runs: one row that raises is that row's
 `internal_error` and the others go on; `max_failures` and `budget` stop a run; Ctrl-C stops it cleanly, keeping
 the rows written, and the next run does each remaining row exactly once. A finished row whose question has since
-changed (another file under the same dataset name) is kept, not rerun, and reported.
+changed (another file under the same dataset name) is kept, not rerun, and reported. A call ledger beside the rows
+(predictions.calls.sqlite, left by an `eval --ray` run killed or stopped mid-row) is replayed by any rerun, with Ray
+or without: the calls it holds are answered from it, not paid for again (prompt_r1.runs.call_ledger).
 
 The baselines ask for the answer in `<answer>` tags; a reply without them is scored as a whole and marked
 `answer_tagged: false`. Scores and reports: prompt_r1.evaluation.reports.
@@ -56,6 +58,7 @@ from prompt_r1.evaluation.reports import (
 )
 from prompt_r1.evaluation.rows import EvalItem, eval_work, row_head
 from prompt_r1.loop.graph import STATUSES
+from prompt_r1.runs.call_ledger import EpisodeLedger, LedgeredEnvironment, earlier_ledger, ledger_episode
 from prompt_r1.runs.episode import FAILED_STATUSES, as_environment, describe_exception
 from prompt_r1.runs.metering import (
     MeteredAgent,
@@ -123,6 +126,11 @@ def prediction_problem(row: Mapping[str, Any]) -> str | None:
 
 def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(row["method"]), str(row["dataset"]), str(row["id"]))
+
+
+def _ledger_key(item: EvalItem) -> str:
+    """A row's episode in the call ledger, the same with Ray or without (so either replays the other's calls)."""
+    return "/".join(item.key)
 
 
 def read_predictions(
@@ -230,7 +238,13 @@ async def run_evaluation(
         check_budget_prices(prices, environment, agent)
     out_dir = Path(out_dir)
     # One writer per folder (re-entered when `prompt-r1 eval` already holds it), held to the end.
-    with hold_output(out_dir, "--out", folder=True):
+    with hold_output(out_dir, "--out", folder=True), contextlib.ExitStack() as files:
+        # Without Ray, an `eval --ray` run's ledger (that run killed, or stopped mid-row) answers the calls it
+        # holds; an existing one only (none is made here), opened before the settings or a row are written, so one
+        # that is damaged is refused with them untouched. With Ray, its keeper opens it.
+        ledger = earlier_ledger(out_dir / PREDICTIONS) if ray is None else None
+        if ledger is not None:
+            files.callback(ledger.close)  # a run that ends closes it: no -wal or -shm file left
         record_settings(
             out_dir,
             methods,
@@ -260,7 +274,7 @@ async def run_evaluation(
                 episodes = stack.enter_context(
                     RayEpisodes(ray, eval_work, out=out_dir / PREDICTIONS, concurrency=concurrency, budget=budget,
                                 agent_config=agent_config, environment_config=environment_config, loop=loop,
-                                prices=prices, meter=meter, options=options, key=lambda item: "/".join(item.key))
+                                prices=prices, meter=meter, options=options, key=_ledger_key)
                 )  # fmt: skip
                 work, after_write, stop = episodes.work, episodes.after_write, episodes.stop_rule()
             else:
@@ -268,13 +282,35 @@ async def run_evaluation(
                 environment = (
                     MeteredEnvironment(environment, meter, redact) if environment is not None else None
                 )
+                # Outermost: a call replayed from the ledger is neither sent nor metered (nor against --budget).
+                if ledger is not None and environment is not None:
+                    environment = LedgeredEnvironment(environment, ledger.answer)
                 work = eval_work(agent, environment, loop, prices, **options)
-                episodes, after_write, stop = None, None, budget_rule(meter, budget)
+                after_write = None
+                if ledger is not None:
+                    work, after_write = _replaying(work, ledger)
+                episodes, stop = None, budget_rule(meter, budget)
             outcome = await _run_rows(samples, methods, store, work, after_write, stop, meter, concurrency,
                                       max_failures, progress, log)  # fmt: skip
             if episodes is not None:
                 outcome.ray = episodes.figures()
         return outcome
+
+
+def _replaying(work, ledger: EpisodeLedger):
+    """`work` with each row's environment calls its episode's in `ledger` (answered from it where an earlier run
+    paid for them), and the pool's `after_write`: a finished row's calls leave the ledger (a rerun skips the row);
+    a failed row's stay, to be replayed by the next run (as the Ray path's keeper does)."""
+
+    async def replaying(item: EvalItem) -> dict[str, Any]:
+        with ledger_episode(_ledger_key(item)):
+            return await work(item)
+
+    async def forget_finished(item: EvalItem, row: dict[str, Any]) -> None:
+        if row["status"] not in FAILED_STATUSES:
+            ledger.forget(_ledger_key(item))
+
+    return replaying, forget_finished
 
 
 async def _run_rows(samples, methods, store, work, after_write, stop, meter, concurrency, max_failures, progress,

@@ -15,8 +15,9 @@ ledger keeper beside the driver (prompt_r1.runs.ray_batch), and read by every ac
 with synchronous=FULL: a reply is on disk before the episode sees it, so a killed driver's rerun replays it too.
 
 Any rerun on the results file replays what its ledger holds, with Ray or without: a Ray run killed and rerun as a
-local batch (prompt_r1.runs.batch) answers the killed run's paid calls from the ledger too. Both wrap their
-environment in `LedgeredEnvironment` and run each episode inside `ledger_episode(key)`:
+local batch (prompt_r1.runs.batch) or a local eval (prompt_r1.evaluation.harness, whose ledger sits beside its
+predictions.jsonl) answers the killed run's paid calls from the ledger too. All wrap their environment in
+`LedgeredEnvironment` and run each episode inside `ledger_episode(key)`:
 
     environment = LedgeredEnvironment(client, lookup=..., record=...)   # async callables: a keeper's, or a file's
     with ledger_episode("q7") as calls:
