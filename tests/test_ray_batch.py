@@ -342,6 +342,22 @@ def test_an_eval_rerun_without_ray_replays_the_ledger(tmp_path, cluster, provide
     assert _ledger_calls(ledger) == 0  # the rows are written: nothing to replay
 
 
+@pytest.mark.parametrize("ray_flags", [[], ["--ray"]], ids=["plain", "ray"])
+def test_an_eval_on_a_damaged_ledger_writes_nothing(tmp_path, provider, ray_flags):
+    # The ledger is checked before the folder's settings and manifest are recorded (and before Ray starts): a file
+    # there that is not a ledger is one line, exit 2, nothing sent and nothing written beside it.
+    questions, out = write_questions(tmp_path / "q.jsonl", 2), tmp_path / "eval"
+    out.mkdir()
+    (out / "predictions.calls.sqlite").write_bytes(b"not a ledger\n" * 100)
+    code, _, err = run_cli(["eval", "--dataset", questions, "--method", "prompt-r1", "--out", out, "--no-chart",
+                            *ray_flags, *flags(provider)])  # fmt: skip
+    line = err.strip()
+    assert (
+        code == 2 and "\n" not in line and line.startswith("prompt-r1: error: ") and "call ledger" in line
+    ), err
+    assert provider.requests == [] and sorted(p.name for p in out.iterdir()) == ["predictions.calls.sqlite"]
+
+
 @pytest.mark.slow
 def test_a_worker_node_lost_mid_run_sends_no_request_twice(tmp_path, provider):
     # The agent is slow only once its episode has paid for an environment call (its messages then hold the

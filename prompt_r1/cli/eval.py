@@ -52,6 +52,7 @@ from prompt_r1.evaluation.optimizers.search import check_search_prices, search_s
 from prompt_r1.evaluation.reports import summarize, write_reports
 from prompt_r1.evaluation.search_run import search_then_run
 from prompt_r1.evaluation.sweep import SWEEP_FIELDS, environment_sweep, write_sweep_report
+from prompt_r1.runs.call_ledger import earlier_ledger
 from prompt_r1.runs.metering import check_budget_prices
 from prompt_r1.runs.output_lock import hold_output
 from prompt_r1.runs.pool import named_keys
@@ -211,6 +212,12 @@ def _eval_folders(
         raise ConfigError(
             "--env-cache is not supported with --ray yet: run without --ray to replay from a cache"
         )
+    # A call ledger beside the rows (an earlier --ray run's) that is not one, or is damaged, is refused before a
+    # file is written: the run would refuse it later, with its settings and manifest already recorded.
+    for folder, _ in folders:
+        ledger = earlier_ledger(Path(folder) / PREDICTIONS)
+        if ledger is not None:
+            ledger.close()
     # Ray's side before a file is written: the address, Ray installed, the cluster reachable, a shared store for
     # every environment (the actors load the players; here their endpoints are checked).
     ray = ray_settings_from(args)
