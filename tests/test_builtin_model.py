@@ -164,7 +164,7 @@ def test_bad_models_and_a_port_in_use_are_one_line_each(builtin_cache, tmp_path,
     cases = {
         "not built in": (
             ["run", QUESTION, "--agent-model", "smollm2-360m"],
-            "not a built-in model (smollm2-135m)",
+            "not a built-in model (smollm2-135m, smollm2-135m-notes)",
         ),
         "not a model": (
             ["run", QUESTION, "--agent-model", str(not_a_model)],

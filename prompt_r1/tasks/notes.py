@@ -21,7 +21,8 @@ right about 14 times in 16 and a birthplace about 10 (more facts, or sheets that
 and asked a 2-call question directly it answers with the builder, or a wrong place, almost always (1 right of 16).
 So the chain, not the environment's reading, is what separates a good prompting policy from a bad one: asked
 directly, the environment cannot do the second hop; asked the two sub-questions in turn, it can. The reward is the
-paper's double-constrained reward on the final answer against the gold name.
+double-constrained reward on the final answer against the gold name, with the release's coefficients
+(`notes_training.grpo_config` says why).
 
 Routing: many sheets are in play at once (a training step's questions, an evaluation's chunk of questions run
 concurrently), and the environment finds an episode's sheet by the names its prompts carry: `NotesWorld.sheet_for`
@@ -209,8 +210,15 @@ def parse(question: str) -> tuple[str, str]:
 
 def training_questions(n: int, seed: int, *, two_call_share: float = 0.5) -> list[str]:
     """`n` question texts from the training pool, for a trainer's dataset: each names a thing or a person whose
-    sheet `NotesWorld.redraw` draws afresh at every step."""
-    return [q.question for q in questions_for(n, random.Random(seed), "train", two_call_share=two_call_share)]
+    sheet `NotesWorld.redraw` draws afresh at every step (drawn 40 at a time: a question's name is in play with
+    its step's others only)."""
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        out += [
+            q.question
+            for q in questions_for(min(40, n - len(out)), rng, "train", two_call_share=two_call_share)
+        ]
+    return out
 
 
 def _mentions(text: str, name: str) -> bool:

@@ -96,7 +96,10 @@ def training_rows(questions: list[str]) -> list[dict[str, Any]]:
 def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> Any:
     """The GRPO settings of the notes task (`settings` override them): the built-in model as environment, served
     by the trainer's process and greedy (a seed replays its replies); up to 3 calls (one more than any question
-    needs); the paper's reward; LoRA on the attention projections, as the cold start's."""
+    needs); the double-constrained reward with the release's coefficients (`release`: one well-formed prompt and
+    an answer pass its gate; the paper's coefficients need two prompts before an answer counts, which would reward
+    a needless second call on every 1-call question and never a 1-call answer); LoRA on the attention
+    projections, as the cold start's."""
     from prompt_r1.tasks.notes_agent import LORA
     from prompt_r1.training.run import trainer_config
 
@@ -114,7 +117,7 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
         learning_rate=5e-4,
         beta=0.0,
         temperature=1.0,
-        reward_preset="paper",
+        reward_preset="release",
         use_peft=True,
         lora_r=LORA["r"],
         lora_alpha=LORA["lora_alpha"],

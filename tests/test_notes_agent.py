@@ -1,0 +1,130 @@
+"""The notes task on the real built-in models: 2 GRPO steps of the task (the policy and the environment both
+SmolLM2-135M-Instruct, the environment served over HTTP with each episode's notes), and the shipped trained agent
+`smollm2-135m-notes` following the protocol on held-out questions, through the library and through `run`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from prompt_r1.agents.builtin import MANIFEST, ModelNameError, check_builtin, resolve_model
+from prompt_r1.agents.trained import TRAINED_AGENTS, adapter_folders
+
+pytest.importorskip("gguf")
+pytest.importorskip("peft")
+AGENT = "smollm2-135m-notes"
+
+
+def test_the_shipped_adapters_are_small_and_name_a_portable_base():
+    for folder in adapter_folders(TRAINED_AGENTS[AGENT]):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "smollm2-135m"
+        assert (folder / "adapter_model.safetensors").stat().st_size < 5_000_000
+
+
+def test_a_missing_adapter_is_one_line(monkeypatch, tmp_path):
+    import prompt_r1.agents.trained as trained
+
+    monkeypatch.setattr(trained, "SHIPPED", tmp_path)
+    with pytest.raises(
+        ModelNameError, match=f"the built-in agent {AGENT}: the package's adapter file .* is missing"
+    ):
+        check_builtin(AGENT)
+
+
+def test_the_shipped_agent_follows_the_protocol_on_held_out_questions(builtin_cache):
+    """Merged once into an ordinary folder of its own; greedy on 6 held-out questions against the served built-in
+    environment holding their notes: every episode calls the environment about the question's thing or person,
+    then answers."""
+    from prompt_r1.agents.local import TransformersAgent
+    from prompt_r1.agents.model_server import model_server_in_thread
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
+    from prompt_r1.tasks.notes import parse
+    from prompt_r1.tasks.notes_eval import agent_method, held_out
+
+    folder = resolve_model(AGENT)
+    assert folder.startswith(str(builtin_cache / "models" / AGENT))
+    assert (
+        builtin_cache / "models" / AGENT
+    ).exists() is False  # the folder's name carries the adapters' digest
+    assert json.loads((__import__("pathlib").Path(folder) / MANIFEST).read_text())["name"] == AGENT
+    assert resolve_model(AGENT) == folder  # made once
+    questions = held_out(6, seed=2024)
+    with model_server_in_thread("smollm2-135m", seed=0) as server:
+        client = EnvironmentClient(
+            EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=32, temperature=0.0),
+            api_key="none",
+        )
+        agent = TransformersAgent(AgentConfig(model=folder, temperature=0.0, seed=0, max_new_tokens=48))
+        loop = LoopConfig(max_turns=3, max_turn_tokens=48, max_total_tokens=256)
+        rows = asyncio.run(agent_method(agent, client, questions, loop))
+    for row in rows:
+        assert row["status"] == "answered", row
+        assert 1 <= row["calls"] <= 3 and row["prediction"].strip(), row
+        assert parse(row["question"])[1].lower() in row["prompts"][0].lower(), row
+
+
+def test_run_takes_the_shipped_agent_by_name_offline(builtin_cache):
+    environ = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    environ["PROMPT_R1_CACHE"] = str(builtin_cache)
+    result = subprocess.run(
+        [sys.executable, "-m", "prompt_r1", "run", "Who built the Varn Bridge?", "--agent-model", AGENT,
+         "--agent-temperature", "0", "--json"],
+        capture_output=True, text=True, timeout=300, env=environ,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    episode = json.loads(result.stdout)
+    assert episode["status"] == "answered" and episode["usage"]["env_calls"] >= 1
+    assert "Varn Bridge" in episode["turns"][0]["prompt"]
+
+
+def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, tmp_path):
+    """The synchronous trainer on the task: the shipped agent as policy (LoRA), the built-in model served as the
+    environment with each step's notes; the step's gold answers are its sheets', and the task's figures are
+    logged."""
+    pytest.importorskip("trl")
+    from prompt_r1.tasks.notes import parse, training_questions
+    from prompt_r1.tasks.notes_training import grpo_config, notes_trainer, training_rows
+
+    config = grpo_config(
+        tmp_path / "run", resolve_model(AGENT), max_steps=2, per_device_train_batch_size=2, num_generations=2,
+        max_turn_tokens=40, seed=5, data_seed=5,
+    )  # fmt: skip
+    trainer = notes_trainer(config, training_rows(training_questions(4, seed=5)))
+    rollout = trainer.rollout_func
+    trainer.train()
+    assert trainer.state.global_step == 2
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert len(logged) == 2 and all("notes/em" in h and "notes/calls" in h for h in logged)
+    assert all(h["notes/calls"] >= 1 for h in logged)
+    for asked, episode in zip(rollout.last_asked, rollout.last_results, strict=True):
+        assert parse(asked.question)[1] in asked.sheet.names()
+        assert asked.sheet in rollout.world.sheets
+        assert episode.question == asked.question
+
+
+@pytest.mark.slow  # CI trains the task above; this runs it twice (about 3 minutes on 2 cores)
+def test_the_same_seed_gives_the_same_step_lines(builtin_cache, tmp_path):
+    pytest.importorskip("trl")
+    from prompt_r1.tasks.notes import training_questions
+    from prompt_r1.tasks.notes_training import NOTES_METRICS, grpo_config, notes_trainer, training_rows
+
+    def run(where: str) -> list[str]:
+        config = grpo_config(
+            tmp_path / where, resolve_model(AGENT), max_steps=2, per_device_train_batch_size=2,
+            num_generations=2, max_turn_tokens=40, seed=9, data_seed=9,
+        )  # fmt: skip
+        trainer = notes_trainer(config, training_rows(training_questions(4, seed=9)))
+        trainer.train()
+        keys = ("reward", "episode/env_calls", "episode/agent_completion_tokens", *NOTES_METRICS)
+        # repr: a figure with no episode to average is nan, which equals nothing
+        return [repr([h.get(k) for k in keys]) for h in trainer.state.log_history if "reward" in h]
+
+    first = run("a")
+    assert len(first) == 2 and first == run("b")
