@@ -52,6 +52,7 @@ __all__ = [
     "parse",
     "training_questions",
     "notes_system_prompt",
+    "question_about",
     "questions_for",
 ]
 
@@ -150,7 +151,8 @@ def calls_of(kind: str) -> int:
     return 2 if kind == "builder_birthplace" else 1
 
 
-def _question(kind: str, sheet: Sheet, i: int) -> NotesQuestion:
+def question_about(kind: str, sheet: Sheet, i: int) -> NotesQuestion:
+    """The `kind` question about the sheet's `i`-th thing (or person, for `birthplace`), with its gold answer."""
     thing, person, place = sheet.things[i], sheet.people[i], sheet.places[i]
     if kind == "builder":
         return NotesQuestion(f"Who built the {thing}?", person, kind, sheet)
@@ -186,7 +188,7 @@ def questions_for(
     out = []
     for sheet in sheets:
         kind = "builder_birthplace" if rng.random() < two_call_share else rng.choice(KINDS[:2])
-        out.append(_question(kind, sheet, rng.randrange(FACTS)))
+        out.append(question_about(kind, sheet, rng.randrange(FACTS)))
     return out
 
 
@@ -198,7 +200,7 @@ _PATTERNS = {
 
 
 def parse(question: str) -> tuple[str, str]:
-    """(kind, the thing or person named) of a question `_question` wrote; ValueError for any other text."""
+    """(kind, the thing or person named) of a question `question_about` wrote; ValueError for any other text."""
     for kind in reversed(
         KINDS
     ):  # the 2-call form first: "Where was the builder of ..." also fits "Where was ..."
@@ -260,7 +262,7 @@ class NotesWorld:
             things, people, i = list(drawn.things), list(drawn.people), rng.randrange(FACTS)
             (people if kind == "birthplace" else things)[i] = name
             around[name] = Sheet(tuple(things), tuple(people), drawn.places), i
-        asked = {text: _question(kind, *around[name]) for text, (kind, name) in parsed.items()}
+        asked = {text: question_about(kind, *around[name]) for text, (kind, name) in parsed.items()}
         self.put(list(asked.values()))
         return [asked[q] for q in questions]
 

@@ -23,7 +23,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.tasks.notes import KINDS, _question, draw_sheets
+from prompt_r1.tasks.notes import KINDS, draw_sheets, question_about
 
 __all__ = [
     "ANSWER",
@@ -70,7 +70,7 @@ def demonstrations(n: int, seed: int) -> list[tuple[str, list[str]]]:
         sheet = draw_sheets(1, rng, "train")[0]
         i = rng.randrange(len(sheet.things))
         kind = rng.choice(KINDS)
-        question = _question(kind, sheet, i).question
+        question = question_about(kind, sheet, i).question
         thing, person, place = sheet.things[i], sheet.people[i], sheet.places[i]
         first_half = kind == "builder" or (kind == "builder_birthplace" and rng.random() < 0.5)
         prompt = f"Who built the {thing}?" if first_half else question
