@@ -1,7 +1,6 @@
 """The notes task (prompt_r1.tasks.notes): sheets no model can know, questions of 1 and 2 dependent calls, the
 environment that finds an episode's sheet by the names its prompts carry, cold-start demonstrations drawn from the
-training pool only; and, on the real built-in models, 2 GRPO steps of the task and the shipped agent
-(`smollm2-135m-notes`) following the protocol on held-out questions."""
+training pool only. On the real built-in models: tests/test_notes_agent.py."""
 
 from __future__ import annotations
 
@@ -143,3 +142,12 @@ def test_cold_start_demonstrations_hold_no_evaluation_name_and_teach_no_choice()
     for _, script in episodes:
         answer = re.search(r"<answer>(.*)</answer>", script[-1]).group(1)
         assert answer in script[-2]
+
+
+def test_a_redrawn_sheet_shares_no_word_with_the_name_it_is_drawn_around():
+    world = NotesWorld()
+    for seed in range(30):
+        for asked in world.redraw(training_questions(8, seed=seed), random.Random(seed)):
+            words = [w for n in asked.sheet.names() for w in n.split() if w not in ("Bridge", "Clock", "Mill",
+                     "Tower", "Lighthouse", "Gate", "Fountain", "Hall")]  # fmt: skip
+            assert len(words) == len(set(words)), asked.sheet

@@ -11,6 +11,7 @@ OUT/seed-S/. Then one table on `--questions` held-out questions (evaluation pool
 of them 2-call): direct, instruction, OPRO and GEPA (their search budget in metric calls: as many as the
 episodes one seed trained on, `--search-budget`), each seed's cold-started and trained agent, and the controls
 (the trained agent with the notes withheld; answered at once). Agents decode greedily; the environment is greedy.
+The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
 OUT/curves.png; OUT defaults to a folder under the system's temporary directory, outside the checkout.
 
@@ -64,9 +65,14 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     work = out / f"seed-{seed}"
     started = time.monotonic()
     cold = work / "cold"
-    if not (cold / "model" / "config.json").is_file():
+    marker = cold / "cold_start.json"  # written last: a finished cold start of these steps, reused by a rerun
+    made = json.loads(marker.read_text()) if marker.is_file() else {}
+    if made.get("steps") != args.cold_steps:
         cold_start(cold, seed=seed, steps=args.cold_steps, say=lambda line: say(f"seed {seed}: {line}"))
-    cold_s = time.monotonic() - started
+        made = {"steps": args.cold_steps, "seconds": time.monotonic() - started}
+        marker.write_text(json.dumps(made) + "\n")
+    cold_s = made["seconds"]
+    started = time.monotonic()
     run = work / "grpo"
     questions = training_questions(args.steps * EPISODES_PER_STEP // 4 + 4, seed)
     config = grpo_config(
@@ -75,7 +81,7 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     )  # fmt: skip
     trainer = notes_trainer(config, training_rows(questions))
     trainer.train()
-    grpo_s = time.monotonic() - started - cold_s
+    grpo_s = time.monotonic() - started
     save_adapter(trainer.model, run / "adapter", {"stage": "grpo", "seed": seed, "steps": args.steps})
     merged = trainer.model.merge_and_unload()
     merged.save_pretrained(run / "model")
@@ -219,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             suffix = f" {run['seed']}" if len(runs) > 1 else ""
             agents[f"untrained{suffix}"] = run["cold_model"]
             agents[f"trained{suffix}"] = run["trained_model"]
-    budget = args.search_budget or (args.steps * EPISODES_PER_STEP if seeds else 200)
+    # Cost-matched: as many metric calls as the episodes one seed trains on (the shipped agent: 16 steps of 16).
+    budget = args.search_budget or args.steps * EPISODES_PER_STEP
     result = asyncio.run(compare(args, agents, budget))
     print_table(result["table"])
     for line in targets(result["table"], seeds or [0]):

@@ -2,10 +2,10 @@
 
 Each question has a sheet of notes of its own about made-up things, people and places, which the environment (a
 real instruct model, the built-in `smollm2-135m` served over HTTP) holds in its system prompt and the agent never
-sees. A sheet has three things, each built by a person, and where each person was born:
+sees. A sheet has two things, each built by a person, and where each person was born:
 
-    The Varn Bridge was built by Tovi Lannet.        (three of these)
-    Tovi Lannet was born in Quellmoor.               (and three of these, in the same order)
+    The Varn Bridge was built by Tovi Lannet.        (two of these)
+    Tovi Lannet was born in Quellmoor.               (and two of these, in the same order)
 
 Questions ask for one fact (1 call) or a fact about a fact (2 dependent calls):
 - "Who built the Varn Bridge?"                      -> Tovi Lannet   (1 call)
@@ -14,11 +14,13 @@ Questions ask for one fact (1 call) or a fact about a fact (2 dependent calls):
   were born; the second call names what the first reply gave)
 
 Why this design. The names are drawn from word pools (`POOLS`): training draws from the `train` pool and
-evaluation from the `eval` pool, which share no first name, surname, place or thing-name, so no fact (and no name
-of an evaluation question) is ever seen in training, and neither model can know a fact beforehand. Three facts of
-each kind is about what the built-in environment reads reliably: measured on 16 sheets each, it names a builder
-right about 14 times in 16 and a birthplace about 10 (more facts, or sheets that mix the two kinds, read worse),
-and asked a 2-call question directly it answers with the builder, or a wrong place, almost always (1 right of 16).
+evaluation from the `eval` pool, which share no first name, surname, place or thing-name (the kinds of thing,
+Bridge or Mill, are common to both), so no fact (and no name of an evaluation question) is ever seen in training,
+and neither model can know a fact beforehand. Two facts of each kind is what the built-in environment reads
+reliably enough: on 12 held-out sheets, greedy, it named the builder of the first thing 11 times and of the second
+8, the birthplace of the first person 7 times and of the second 10; with three of each it fell to 6-12 of 12 for
+builders and 3-7 of 12 for birthplaces. Asked a 2-call question directly it answers with the builder, not the
+place (0 right of 24).
 So the chain, not the environment's reading, is what separates a good prompting policy from a bad one: asked
 directly, the environment cannot do the second hop; asked the two sub-questions in turn, it can. The reward is the
 double-constrained reward on the final answer against the gold name, with the release's coefficients
@@ -162,8 +164,9 @@ def question_about(kind: str, sheet: Sheet, i: int) -> NotesQuestion:
 
 
 def draw_sheets(n: int, rng: random.Random, pool: str = "train") -> list[Sheet]:
-    """`n` sheets from `pool`. Within a sheet no two names share a word (the environment would mix "Dara Lannet"
-    and "Dara Nettle" up); across the sheets no whole name repeats, so a name finds one sheet."""
+    """`n` sheets from `pool`. Within a sheet no two names share a word, the kinds of thing aside (the environment
+    would mix "Dara Lannet" and "Dara Nettle" up); across the sheets no whole name repeats, so a name finds one
+    sheet."""
     words, sheets, seen = POOLS[pool], [], set()
     if n > len(words["prefixes"]) * len(_KINDS_OF_THING) // FACTS:
         raise ValueError(f"too many sheets in play at once: {n}")
@@ -223,6 +226,15 @@ def training_questions(n: int, seed: int, *, two_call_share: float = 0.5) -> lis
     return out
 
 
+def _shares_a_word(names: Sequence[str], others: Sequence[str]) -> bool:
+    """Whether a name of `names` shares a word with one of `others` (the kinds of thing aside)."""
+
+    def words(group: Sequence[str]) -> set[str]:
+        return {w for n in group for w in n.split() if w not in _KINDS_OF_THING}
+
+    return not words(names).isdisjoint(words(others))
+
+
 def _mentions(text: str, name: str) -> bool:
     return re.search(rf"\b{re.escape(name.lower())}\b", text.lower()) is not None
 
@@ -255,11 +267,16 @@ class NotesWorld:
         for kind, name in parsed.values():
             if name in around:
                 continue
-            drawn = draw_sheets(1, rng, pool)[0]
-            while set(drawn.names()) & used:  # a name already in play: draw again (the pools hold hundreds)
+            i = rng.randrange(FACTS)
+            while True:  # the pools hold hundreds of names: a few draws find one that fits
                 drawn = draw_sheets(1, rng, pool)[0]
-            used.update(drawn.names())
-            things, people, i = list(drawn.things), list(drawn.people), rng.randrange(FACTS)
+                things, people = list(drawn.things), list(drawn.people)
+                kept = people[:i] + people[i + 1 :] if kind == "birthplace" else things[:i] + things[i + 1 :]
+                others = [*(things if kind == "birthplace" else people), *kept]
+                # No name already in play, and none sharing a word with the named one (as within any drawn sheet).
+                if used.isdisjoint(others) and not _shares_a_word([name], others):
+                    break
+            used.update(others)
             (people if kind == "birthplace" else things)[i] = name
             around[name] = Sheet(tuple(things), tuple(people), drawn.places), i
         asked = {text: question_about(kind, *around[name]) for text, (kind, name) in parsed.items()}

@@ -6,11 +6,12 @@ demonstrations comes first (`cold_start`): LoRA on the attention projections, on
 *training* pool only (no evaluation name, place or fact is in them), with the environment's replies written in a
 few of the forms the built-in environment answers in and masked out of the loss, as the trainer masks them. The
 demonstrations teach the skills: ask a question of the environment, ask where a person a reply named was born,
-answer with the last name a reply gave. They teach no choice: at every turn after a reply, answering and asking
-again are equally likely whatever the question asked (`demonstrations`), and the first call is the question
-itself or, for a 2-call question, its first half, equally often. So the cold-started agent answers a builder
-question right only when it stops after one reply, and a 2-call question only when it asks again: when to call
-again, and what to ask first, is what GRPO has to learn.
+answer with the last name a reply gave. They teach no choice that depends on the question: after a reply that
+names a builder, answering and asking where that person was born are equally likely whatever the question asked
+(after a birthplace the episode answers), and the first call of a 2-call question is the question itself or its
+first half equally often (`demonstrations`). So the cold-started agent answers a builder question right only
+when it stops after one reply, and a 2-call question only when it asks again: when to call again, and what to
+ask first, is what GRPO has to learn.
 
 The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
 few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
