@@ -26,7 +26,7 @@ from typing import Any
 
 from prompt_r1.runs.episode import Episode
 from prompt_r1.tasks.door_codes import CODES, DoorTable, named_doors
-from prompt_r1.tasks.skeleton import TaskRollout
+from prompt_r1.tasks.skeleton import TaskRollout, task_config
 
 __all__ = ["CHANCE", "DOOR_METRICS", "DoorRollout", "control", "door_figures", "door_trainer", "grpo_config"]
 
@@ -105,8 +105,6 @@ def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **
     `reference` reward preset (its gate lets a two-turn episode through); `settings` override them.
     `async_grpo=True` in `settings` gives the async trainer's config (`PromptR1AsyncGRPOConfig`), with the same
     defaults. The choices and the runs behind them are in docs (the learning benchmark)."""
-    from prompt_r1.training.run import trainer_config
-
     defaults: dict[str, Any] = dict(
         output_dir=str(output_dir),
         model_name_or_path=str(model),
@@ -123,14 +121,8 @@ def grpo_config(output_dir: str | Path, model: str | Path, env_base_url: str, **
         beta=0.04,  # a KL term: at lr 2e-3, seed 100 gained +0.20 without it, +0.35 with it
         temperature=1.0,
         reward_preset="reference",
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        seed=0,
-        data_seed=0,
     )
-    return trainer_config(**{**defaults, **settings})
+    return task_config(defaults, settings)
 
 
 def door_trainer(

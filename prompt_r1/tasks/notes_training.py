@@ -21,7 +21,7 @@ from prompt_r1.agents.batching import derive_seed
 from prompt_r1.runs.episode import Episode
 from prompt_r1.scoring.metrics import exact_match, f1
 from prompt_r1.tasks.notes import NotesEnvironment, NotesQuestion, NotesWorld
-from prompt_r1.tasks.skeleton import TaskRollout
+from prompt_r1.tasks.skeleton import TaskRollout, task_config
 from prompt_r1.training.shared.trajectories import question_of
 
 __all__ = [
@@ -101,7 +101,6 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
     a needless second call on every 1-call question and never a 1-call answer); LoRA on the attention
     projections, as the cold start's."""
     from prompt_r1.tasks.notes_agent import LORA
-    from prompt_r1.training.run import trainer_config
 
     defaults: dict[str, Any] = dict(
         output_dir=str(output_dir),
@@ -123,14 +122,8 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
         lora_alpha=LORA["lora_alpha"],
         lora_dropout=LORA["lora_dropout"],
         lora_target_modules=LORA["target_modules"],
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        seed=0,
-        data_seed=0,
     )
-    return trainer_config(**{**defaults, **settings})
+    return task_config(defaults, settings)
 
 
 def notes_trainer(config: Any, rows: list[dict[str, Any]]) -> Any:

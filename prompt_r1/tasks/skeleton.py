@@ -14,7 +14,7 @@ A task subclasses `TaskRollout` and gives only what is its own:
         def draw(self, prompts, trainer): return self.table.draw(trainer.state.global_step)
         ...
 
-The door-codes, hops and notes tasks are built on it (`door_training`, `hops_training`, `notes_training`).
+`task_config(defaults, settings)` is every task's trainer config: the run settings all share (`RUN_DEFAULTS`), the task's, then the caller's. The door-codes, hops and notes tasks are built on both (`door_training`, `hops_training`, `notes_training`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,20 @@ from typing import Any
 from prompt_r1.runs.episode import Episode
 from prompt_r1.training.sync.rollout import GraphRollout
 
-__all__ = ["TaskRollout", "log_means"]
+__all__ = ["TaskRollout", "log_means", "task_config"]
+
+# What every task's trainer config holds: a line per step, no reporting service, no checkpoints, the CPU.
+RUN_DEFAULTS: dict[str, Any] = dict(
+    logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, data_seed=0
+)
+
+
+def task_config(defaults: dict[str, Any], settings: dict[str, Any]) -> Any:
+    """A task's trainer config: `RUN_DEFAULTS`, then the task's `defaults`, then the caller's `settings`
+    (`async_grpo=True` among them: the async trainer's config)."""
+    from prompt_r1.training.run import trainer_config
+
+    return trainer_config(**{**RUN_DEFAULTS, **defaults, **settings})
 
 
 def log_means(trainer: Any, names: Sequence[str], figures: Sequence[dict[str, float | None]]) -> None:
