@@ -14,7 +14,9 @@ A task subclasses `TaskRollout` and gives only what is its own:
         def draw(self, prompts, trainer): return self.table.draw(trainer.state.global_step)
         ...
 
-`task_config(defaults, settings)` is every task's trainer config: the run settings all share (`RUN_DEFAULTS`), the task's, then the caller's. The door-codes, hops and notes tasks are built on both (`door_training`, `hops_training`, `notes_training`).
+`task_config(defaults, settings)` is every task's trainer config: the run settings all share (`RUN_DEFAULTS`), the
+task's, then the caller's. The door-codes, hops and notes tasks are built on both (`door_training`, `hops_training`,
+`notes_training`).
 """
 
 from __future__ import annotations
