@@ -266,17 +266,19 @@ def test_an_address_that_never_answers_is_refused_in_bounded_time(tmp_path, prov
         assert f"no Ray cluster answers within {CONNECT_SECONDS:g} s" in (ROOT / doc).read_text(), doc
 
 
+def _agent_fails_after_a_reply(model, body):
+    """A fault rule: the agent fails once it has the environment's first reply (as a killed run's episodes stop)."""
+    from prompt_r1.testing.servers import Fault
+
+    second = any(m["role"] == "assistant" for m in body.get("messages", ()))
+    return Fault("400") if model == "agent" and second else None
+
+
 def test_a_rerun_without_ray_replays_the_ledger(tmp_path, cluster, provider):
     # A --ray run leaves paid calls in its ledger for the episodes it did not finish (here each agent fails once it
     # has the environment's first reply, as a killed run's episodes stop; the ledger keeps a failed row's calls).
     # The rerun without --ray on the same --out answers those calls from the ledger: none is sent twice.
-    from prompt_r1.testing.servers import Fault
-
-    def agent_fails_after_a_reply(model, body):
-        second = any(m["role"] == "assistant" for m in body.get("messages", ()))
-        return Fault("400") if model == "agent" and second else None
-
-    provider.fault_rule = agent_fails_after_a_reply
+    provider.fault_rule = _agent_fails_after_a_reply
     questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "out.jsonl"
     with RedisServer() as redis:
         code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--ray-actors", 2,
@@ -304,13 +306,8 @@ def test_an_eval_rerun_without_ray_replays_the_ledger(tmp_path, cluster, provide
     # (each agent fails once it has the environment's first reply, as a killed run's rows stop). The rerun without
     # --ray on the same folder answers them from the ledger: none is sent twice, metered or priced again.
     from prompt_r1.evaluation.harness import read_predictions
-    from prompt_r1.testing.servers import Fault
 
-    def agent_fails_after_a_reply(model, body):
-        second = any(m["role"] == "assistant" for m in body.get("messages", ()))
-        return Fault("400") if model == "agent" and second else None
-
-    provider.fault_rule = agent_fails_after_a_reply
+    provider.fault_rule = _agent_fails_after_a_reply
     questions, out = write_questions(tmp_path / "q.jsonl", 4), tmp_path / "eval"
     ledger = out / "predictions.calls.sqlite"
     prices = tmp_path / "prices.yaml"  # $1 a token: a call metered twice shows in the estimate
