@@ -1,8 +1,9 @@
 """Training you can watch: one line per step on stderr, and the curves drawn into the output folder at the end.
 
 `StepLines` prints, on the main process, the step's mean reward with its format and answer parts, the episodes'
-turns, environment calls and agent tokens, and the time per step, from the metrics TRL logs each step (logging_steps
-1 gives a line per step). `CurvesPNG` draws `curves.png` from the trainer's log history when training ends.
+turns, environment calls and agent tokens, the time per step and where it went (`breakdown`), from the metrics TRL
+logs each step (logging_steps 1 gives a line per step). `CurvesPNG` draws `curves.png` from the trainer's log
+history when training ends.
 `draw_curves` is the drawing, shared with `evals/bench/learning.py`, which draws several seeds (mean and spread).
 `install` puts both on a trainer, in place of the dict of every logged metric that transformers prints.
 """
@@ -24,9 +25,11 @@ __all__ = [
     "STUCK_STEPS",
     "CurvesPNG",
     "StepLines",
+    "breakdown",
     "draw_curves",
     "install",
     "step_series",
+    "time_metrics",
     "time_scoring",
 ]
 
@@ -158,22 +161,8 @@ class StepLines(TrainerCallback):
                 total, ".2f" if total is not None and total >= 1 else ".4f"
             )  # cents show under $1
             line += f"  ${cost} this step, ${total} total"
-        # The sync rollout's breakdown (prompt_r1.training.sync.rollout._RolloutClock), means over the logged
-        # steps; the rest of a step is TRL's: scoring, the forward and backward passes and the optimizer.
-        if "time/rollout_s" in logs:
-            steps = max(state.global_step - self._last_step, 1)
-            rollout = logs["time/rollout_s"]
-            line += (
-                f"  (rollout {_number(rollout, '.2f')} s: generate {_number(logs.get('time/generate_s'), '.2f')}, "
-                f"env {_number(logs.get('time/environment_s'), '.2f')}, "
-                f"loop {_number(logs.get('time/loop_s'), '.2f')}; "
-            )
-            rest = seconds / steps - rollout
-            if "time/scoring_s" in logs:
-                scoring = logs["time/scoring_s"]
-                line += f"scoring {_number(scoring, '.2f')} s, training {_number(rest - scoring, '.2f')} s)"
-            else:
-                line += f"rest {_number(rest, '.2f')} s)"
+        steps = max(state.global_step - self._last_step, 1)
+        line += breakdown(logs, seconds / steps)
         self._last_step = state.global_step
         # The async trainer: how old the samples it trained on were, and how many it dropped.
         if "sample/staleness_max" in logs:
@@ -199,6 +188,53 @@ class StepLines(TrainerCallback):
                     "row; a KL term (beta), a lower learning rate or a stronger starting agent are the usual remedies"
                 )
         return said
+
+
+def breakdown(logs: dict[str, Any], step_s: float) -> str:
+    """Where a step of `step_s` seconds went, from the `time/*` metrics of `logs` ("" when none were logged).
+
+    The synchronous trainer (prompt_r1.training.sync.rollout): the rollout's parts, then the reward functions
+    (`time_scoring`) and the rest of the step, TRL's forward and backward passes and optimizer:
+    `(rollout R s: generate G, env E, loop L; scoring S s, training T s)`.
+
+    The asynchronous one (prompt_r1.training.asynchronous.step_times), whose rollouts run beside its steps: the
+    rollout worker's seconds a group, averaged over the groups the step trained on, then the step's own parts, the
+    wait for samples, training, the weight sync and the rest, which add up to the step's time:
+    `(rollout R s a group: generate G, env E, loop L; scoring S s; step: wait W s, training T s, sync Y s,
+    other O s)`. The logged means are over the steps since the last line, and so is `step_s`."""
+    group = None
+    if "time/rollout_s" in logs:
+        group = (
+            f"rollout {_number(logs['time/rollout_s'], '.2f')} s{' a group' if 'time/training_s' in logs else ''}: "
+            f"generate {_number(logs.get('time/generate_s'), '.2f')}, "
+            f"env {_number(logs.get('time/environment_s'), '.2f')}, "
+            f"loop {_number(logs.get('time/loop_s'), '.2f')}"
+        )
+    scoring = logs.get("time/scoring_s")
+    if "time/training_s" not in logs:
+        if group is None:
+            return ""
+        rest = step_s - logs["time/rollout_s"]
+        if scoring is None:
+            return f"  ({group}; rest {_number(rest, '.2f')} s)"
+        return (
+            f"  ({group}; scoring {_number(scoring, '.2f')} s, training {_number(rest - scoring, '.2f')} s)"
+        )
+    parts = {key: logs.get(f"time/{key}_s") or 0.0 for key in ("wait", "training", "weight_sync")}
+    other = step_s - sum(parts.values())
+    step = (
+        f"step: wait {_number(parts['wait'], '.2f')} s, training {_number(parts['training'], '.2f')} s, "
+        f"sync {_number(parts['weight_sync'], '.2f')} s, other {_number(other, '.2f')} s"
+    )
+    worker = [] if group is None else [group]
+    if scoring is not None:
+        worker.append(f"scoring {_number(scoring, '.2f')} s")
+    return f"  ({'; '.join([*worker, step])})"
+
+
+def time_metrics(times: dict[str, float]) -> dict[str, float]:
+    """Seconds by part (`times`) under the keys the step lines read: `time/{part}_s`."""
+    return {f"time/{part}_s": seconds for part, seconds in times.items()}
 
 
 def time_scoring(trainer: Any) -> None:

@@ -29,6 +29,7 @@ from prompt_r1.core.errors import ConfigError
 from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.shared.ledger import call_scope
+from prompt_r1.training.shared.progress import time_metrics
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
 from prompt_r1.training.sync.policy import VLLMServerPolicy, trainer_policy
 
@@ -262,5 +263,5 @@ def log_episode_metrics(
         metrics[mode][f"episode/status_{status}"].append(value / episodes)
     if generate_calls is not None:
         metrics[mode]["rollout/generate_calls"].append(float(generate_calls))
-    for part, seconds in (times or {}).items():
-        metrics[mode][f"time/{part}_s"].append(seconds)
+    for key, seconds in time_metrics(times or {}).items():
+        metrics[mode][key].append(seconds)
