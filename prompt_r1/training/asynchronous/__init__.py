@@ -8,6 +8,7 @@
 - `weight_transfer`: the trained weights to that server after every step (TRL's NCCL client on CUDA, a file
   without it).
 - `on_cpu`: what TRL's async trainer assumes of a GPU, replaced so that it trains on CPU.
+- `step_times`: where each step's seconds went, for the step lines: the worker's per group, the trainer's per step.
 
 Where a change goes:
 - add a trainer option (this trainer only): a field of `PromptR1AsyncGRPOConfig` in `config.py` with its help

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 import urllib.request
 from functools import partial
 from typing import Any
@@ -55,6 +56,7 @@ def trainer_class() -> type:
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from prompt_r1.training.asynchronous.reference import ReferencePolicy
+    from prompt_r1.training.asynchronous.step_times import StepClock
     from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
 
     class PromptR1AsyncTrainer(AsyncGRPOTrainer):
@@ -62,6 +64,9 @@ def trainer_class() -> type:
             super().__init__(*args, **kwargs)
             # The KL term to the starting policy (`beta`), which TRL's async trainer does not have.
             self.reference = ReferencePolicy(self) if getattr(self.args, "beta", 0.0) else None
+            # Where each step's seconds went, for the step lines (after TRL's callbacks: see StepClock).
+            self.step_clock = StepClock(self._metrics["train"])
+            self.add_callback(self.step_clock)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.reference is None:
@@ -83,6 +88,13 @@ def trainer_class() -> type:
             super()._save_checkpoint(model, trial)
 
         def _sync_weight(self):
+            started = time.monotonic()
+            try:
+                self._sync_weight_now()
+            finally:
+                self.step_clock.synced(time.monotonic() - started)
+
+        def _sync_weight_now(self):
             transfer, worker = self.weight_transfer, self.rollout_worker
             if worker is None or not hasattr(transfer, "when_new_weights"):
                 return self._sync_weight_timed()

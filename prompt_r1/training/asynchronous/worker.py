@@ -29,7 +29,9 @@ The trainer drops samples older than `max_staleness` versions when it takes them
 
 The worker's own measures go to `metrics_queue` every group: episodes, failures, environment calls and latency,
 cost, groups in flight. The per-episode figures the progress lines read (reward and its parts, turns,
-environment calls, agent tokens) ride on each sample's `metrics`, which the trainer averages per step.
+environment calls, agent tokens) ride on each sample's `metrics`, which the trainer averages per step; so do the
+seconds of the sample's group, by part, for the step lines' breakdown (`step_times.GroupClock`: `time/rollout_s`,
+`time/generate_s`, `time/environment_s`, `time/loop_s`, and `time/scoring_s`, the worker's scoring of the group).
 
 A run must not hang on a dead server. An episode the agent could not finish (the vLLM server gone) stops the
 worker. So do `max_failed_groups` groups in a row in which the environment answered no call. `check_health`,
@@ -52,7 +54,9 @@ from prompt_r1.core.aio import background_loop
 from prompt_r1.core.errors import PromptR1Error
 from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
+from prompt_r1.training.asynchronous.step_times import GroupClock, TimedAgent, TimedEnvironment
 from prompt_r1.training.shared.ledger import call_scope
+from prompt_r1.training.shared.progress import time_metrics
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
 
 __all__ = ["GraphRolloutWorker", "IdleClock", "RolloutFailed", "group_advantages"]
@@ -245,10 +249,12 @@ class GraphRolloutWorker:
         limit = self._max_inflight() if callable(self._max_inflight) else self._max_inflight
         limit = max(limit - self.headroom, min(limit, self.headroom))
         slots = asyncio.Semaphore(max(1, limit // self.num_generations))  # whole groups
-        graph = build_graph(self.agent, self.environment, loop=self.rollout.loop, token_exact=True)
+        # Each group's episodes count their calls on its clock (`_group`).
+        agent, environment = TimedAgent(self.agent), TimedEnvironment(self.environment)
+        graph = build_graph(agent, environment, loop=self.rollout.loop, token_exact=True)
         runner = EpisodeRunner(
-            self.agent,
-            self.environment,
+            agent,
+            environment,
             self.rollout.loop,
             graph=graph,
             price=self.price,
@@ -306,7 +312,7 @@ class GraphRolloutWorker:
     async def _group(self, runner: EpisodeRunner, group_id: int, row: dict[str, Any]) -> None:
         try:
             version = self.model_version
-            started = time.monotonic()
+            clock = GroupClock()
             question = question_of(row["prompt"])
             tag = {"rollout_group": group_id}
 
@@ -317,10 +323,11 @@ class GraphRolloutWorker:
 
             self.idle.busy(+1)
             try:
-                episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
+                with clock.running():
+                    episodes = await asyncio.gather(*(episode(i) for i in range(self.num_generations)))
             finally:
                 self.idle.busy(-1)  # what follows is scoring and, with a full queue, waiting for room
-            await self._deliver(group_id, row, version, episodes, time.monotonic() - started)
+            await self._deliver(group_id, row, version, episodes, clock.split())
         except asyncio.CancelledError:
             raise
         except RolloutFailed as exc:
@@ -329,12 +336,23 @@ class GraphRolloutWorker:
             self.error = self.error or f"the rollout worker failed: {type(exc).__name__}: {exc}"
 
     async def _deliver(
-        self, group_id: int, row: dict[str, Any], version: int, episodes: list[Episode], seconds: float
+        self,
+        group_id: int,
+        row: dict[str, Any],
+        version: int,
+        episodes: list[Episode],
+        times: dict[str, float],
     ) -> None:
+        """Score the group and queue its samples; `times`: where its seconds went (`GroupClock.split`)."""
         broken = next((e for e in episodes if e.status in ("agent_error", "internal_error")), None)
         if broken is not None:  # the policy is the vLLM server: its failure is the run's, not an outcome
             raise RolloutFailed(f"a rollout episode failed ({broken.status}): {broken.error}")
+        started = time.monotonic()
         samples, metrics = self.score(group_id, row, version, episodes)
+        # The step lines' breakdown: each sample carries its group's seconds, which the trainer averages per step.
+        seconds = time_metrics({**times, "scoring": time.monotonic() - started})
+        for sample in samples:
+            sample.metrics.update(seconds)
         self.finished[group_id] = version if samples else None
         failed = sum(1 for e in episodes if e.status == "environment_error")
         # The environment is gone when it answered none of a group's calls (episodes that never called it, such
@@ -362,7 +380,7 @@ class GraphRolloutWorker:
         self.groups_done += 1
         self.samples_queued += len(samples)
         self.failed_episodes += failed
-        metrics["rollout/group_s"] = seconds
+        metrics["rollout/group_s"] = times["rollout"]
         self.metrics_queue.put(metrics)
         self._heartbeat = time.time()
 

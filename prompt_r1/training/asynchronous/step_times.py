@@ -1,0 +1,171 @@
+"""Where an asynchronous step's seconds went, for the step lines (`prompt_r1.training.shared.progress.StepLines`).
+
+The async step has two sides, one on each end of the rollout queue, and a clock for each:
+- `GroupClock`, the rollout worker's, one per group: from the group's start to its last episode's end, the
+  seconds in which some of its episodes waited for the policy (`generate`), else some waited for the environment
+  (`environment`), else none waited on anything but the event loop (`loop`: the graph, parsing, tokenising, and
+  the other groups' turns on the same thread). The three add up to the group's wall time (`rollout`). The worker
+  puts them, with the seconds it spent scoring the group (`scoring`), into each of the group's samples' metrics,
+  which TRL averages over the samples a step trains on: the step line shows them as seconds a group.
+  `TimedAgent` and `TimedEnvironment` tell the clock of the group that calls them (a context variable: each group
+  runs in a task of its own, and its episodes in tasks made from it).
+- `StepClock`, the trainer's, a callback: the step's wall time split into the wait for samples (TRL's queue wait,
+  `perf/rollout_wait_s`: what overlapping rollouts with training hides or not), `training` (the step's forward and
+  backward passes to its optimizer step), the weight sync to the server, and `other`, the rest (taking the samples
+  and packing them into micro-batches, the step's callbacks). Logged as `time/wait_s`, `time/training_s`,
+  `time/weight_sync_s`, `time/other_s`, adding up to `time/step_s`.
+
+Cheap enough to stay on: two clock readings per agent or environment call, three per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from transformers import TrainerCallback
+
+from prompt_r1.training.shared.progress import time_metrics
+
+__all__ = ["GroupClock", "StepClock", "TimedAgent", "TimedEnvironment"]
+
+_CURRENT: contextvars.ContextVar[GroupClock | None] = contextvars.ContextVar(
+    "prompt_r1_group_clock", default=None
+)
+
+
+class GroupClock:
+    """Where one group's seconds went (see the module docstring). Read and written on the event loop's thread
+    only, so it needs no lock. `now`: the clock read (a test's own)."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._start = self._since = now()
+        # Episodes waiting now, by what they wait for, in the order that decides which part a moment belongs to:
+        # while any episode waits for the policy, the group does.
+        self._waiting = {"generate": 0, "environment": 0}
+        self._seconds = {"generate": 0.0, "environment": 0.0, "loop": 0.0}
+
+    def _mark(self) -> None:
+        now = self._now()
+        part = next((part for part, count in self._waiting.items() if count), "loop")
+        self._seconds[part] += now - self._since
+        self._since = now
+
+    @contextlib.contextmanager
+    def waiting(self, part: str) -> Iterator[None]:
+        """One episode waits for `part` ("generate" or "environment") while the block runs."""
+        self._mark()
+        self._waiting[part] += 1
+        try:
+            yield
+        finally:
+            self._mark()
+            self._waiting[part] -= 1
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[GroupClock]:
+        """The block runs the group's episodes: the agent's and the environment's calls made in it (in tasks it
+        starts too) are counted on this clock."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def split(self) -> dict[str, float]:
+        """Seconds so far: `rollout` (the wall time) and its parts `generate`, `environment` and `loop`."""
+        self._mark()
+        return {"rollout": self._since - self._start, **self._seconds}
+
+
+def _waiting(part: str) -> contextlib.AbstractContextManager:
+    clock = _CURRENT.get()
+    return clock.waiting(part) if clock is not None else contextlib.nullcontext()
+
+
+class TimedAgent:
+    """The agent as the worker's episodes call it: each `generate` counted on the calling group's clock; every
+    other attribute the agent's own."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.agent, name)
+
+    async def generate(self, request: Any) -> Any:
+        with _waiting("generate"):
+            return await self.agent.generate(request)
+
+
+class TimedEnvironment:
+    """The environment as the worker's episodes call it: each `respond` (its throttle and retries included)
+    counted on the calling group's clock; every other attribute the environment's own."""
+
+    def __init__(self, environment: Any) -> None:
+        self.environment = environment
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.environment, name)
+
+    async def respond(self, *args: Any, **kwargs: Any) -> Any:
+        with _waiting("environment"):
+            return await self.environment.respond(*args, **kwargs)
+
+
+class StepClock(TrainerCallback):
+    """The trainer's side of an async step (see the module docstring), appended to `metrics` (the trainer's sink
+    of training metrics, which TRL averages over the steps of a log) at each step's end. Added after TRL's own
+    callbacks: its step starts once TRL's first weight sync and the worker's start are done, as the step lines'
+    does, and TRL's queue wait of the step is in the sink when the step ends. The trainer reports its weight
+    syncs (`synced`). `now`: the clock read (a test's own)."""
+
+    def __init__(self, metrics: dict[str, list], now: Callable[[], float] = time.monotonic) -> None:
+        self.metrics, self._now = metrics, now
+        self._window: float | None = None  # when the step began: the end of the last one
+        self._begin: float | None = None  # when its training began
+        self._training = self._sync = 0.0
+        self._waits: list | None = None  # TRL's list of queue waits, and how much of it was taken
+        self._waits_taken = 0
+
+    def synced(self, seconds: float) -> None:
+        """The trainer spent `seconds` syncing the weights to the server."""
+        self._sync += seconds
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._window, self._training, self._sync = self._now(), 0.0, 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._begin = self._now()  # the step's samples are taken: its first forward comes next
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self._begin is not None:
+            self._training += self._now() - self._begin
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = self._now()
+        if self._window is None:
+            self._window = now
+            return
+        step = now - self._window
+        parts = {"wait": self._wait(), "training": self._training, "weight_sync": self._sync}
+        parts["other"] = step - sum(parts.values())
+        for key, seconds in time_metrics({**parts, "step": step}).items():
+            self.metrics[key].append(seconds)
+        self._window, self._begin, self._training, self._sync = now, None, 0.0, 0.0
+
+    def _wait(self) -> float:
+        """The queue waits TRL logged since the last step's end (on the main process, which takes the samples;
+        none elsewhere). Its list is a new one after each log, which empties the sink."""
+        waits = self.metrics.get("perf/rollout_wait_s")
+        if waits is None:
+            return 0.0
+        if waits is not self._waits:
+            self._waits, self._waits_taken = waits, 0
+        new = waits[self._waits_taken :]
+        self._waits_taken = len(waits)
+        return float(sum(new))
