@@ -3,7 +3,7 @@
 - `ReplayWorker`: training alone, the trainer fed without end samples a real worker produced, none stale.
 - `step_clock`: a trainer callback keeping, at every step's end, the time, the rollout worker's idle seconds and
   the CPU seconds the whole benchmark has used so far (`tree_cpu`).
-- `figures` of one run and `print_async`, the table.
+- `figures` of one run and `print_async`, the table, and where the async steps' seconds went (`step_parts`).
 
 The CPU seconds are what the ceiling needs on a machine with few cores. Overlapping rollouts with training hides at
 best the shorter of the two, `max(rollout alone, training alone)`, but only when each has cores of its own: where
@@ -25,7 +25,16 @@ import statistics
 import sys
 import time
 
-__all__ = ["ReplayWorker", "figures", "measured", "print_async", "processes_label", "step_clock", "tree_cpu"]
+__all__ = [
+    "ReplayWorker",
+    "figures",
+    "measured",
+    "print_async",
+    "processes_label",
+    "step_clock",
+    "step_parts",
+    "tree_cpu",
+]
 
 
 def tree_cpu(root: int) -> float:
@@ -125,6 +134,18 @@ def figures(run: dict) -> dict:
         "tokens": statistics.mean(run["tokens"]) if run["tokens"] else math.nan,
         "staleness": statistics.mean(run["staleness"]) if run["staleness"] else math.nan,
         "dropped": run.get("dropped", 0),
+        "parts": step_parts(run.get("times", [])),
+    }
+
+
+def step_parts(times: list[dict]) -> dict:
+    """Each part of a step the async trainer logged (`time/*_s` of `times`, one dict per step: the step's own parts
+    and its groups'), its mean over the steps after the first, by part name. Means, not medians: they add up."""
+    later = times[1:] if len(times) > 1 else times
+    keys = sorted({key for row in later for key in row})
+    return {
+        key.removeprefix("time/").removesuffix("_s"): statistics.mean(row[key] for row in later if key in row)
+        for key in keys
     }
 
 
@@ -225,3 +246,37 @@ def print_async(args, base: float, n_tokens: int, sync: dict, alone: dict, train
             "file written while paused) and the worker starting groups whatever the samples queued, with no headroom; "
             "the other async rows pause it only for the reload, and count queued samples against max_inflight"
         )
+    breakdown = [
+        (f"training alone (replayed samples), {processes_label(n)}", trained[n], False) for n in counts
+    ]
+    breakdown += [
+        (f"async, {processes_label(n)}, env {lat:.1f} s{f', {v}' if v else ''}", runs[lat, n, v], True)
+        for lat in latencies
+        for n in counts
+        for v in variants
+    ]
+    print_breakdown(args, breakdown)
+
+
+def print_breakdown(args, rows: list[tuple[str, dict, bool]]) -> None:
+    """Where the async steps' seconds went, a row per (label, `figures`, whether its groups' seconds are its own:
+    not for replayed samples, whose groups ran in the rollout alone)."""
+    print(
+        f"\nwhere an async step's seconds went, means over steps 2..{args.steps}: the step (wait for samples, "
+        "training, weight sync, other; named = the share of the step the first three cover), then a group's "
+        "seconds in the rollout worker, averaged over the groups a step trained on"
+    )
+    step_cols = ("step", "wait", "training", "weight_sync", "other")
+    group_cols = ("rollout", "generate", "environment", "loop", "scoring")
+    print(
+        f"{'run':48} {'step s':>6} {'wait':>6} {'train':>6} {'sync':>6} {'other':>6} {'named':>6} | "
+        f"{'group':>6} {'gen':>6} {'env':>6} {'loop':>6} {'score':>6}"
+    )
+    for label, figures, own in rows:
+        parts = figures.get("parts", {})
+        if "step" not in parts:
+            continue
+        step = " ".join(f"{parts.get(c, math.nan):6.2f}" for c in step_cols)
+        named = 1 - parts.get("other", math.nan) / parts["step"]
+        group = " ".join(f"{parts.get(c, math.nan):6.2f}" if own else f"{'-':>6}" for c in group_cols)
+        print(f"{label:48} {step} {named:6.0%} | {group}")

@@ -185,7 +185,7 @@ def async_run(
     headroom). The main process returns its figures: the steps' seconds (perf/step_s, from the second step), the
     trainer's wait for samples and its weight syncs per step, the worker's idle seconds and the CPU seconds of
     process `cpu_root`'s tree (this process's by default; the benchmark's own, when run as ranks) at each step's end,
-    agent tokens and staleness."""
+    agent tokens, staleness, and each step's `time/*` parts."""
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
     config = _config(
@@ -228,6 +228,10 @@ def async_run(
         ],
         "staleness": [h["sample/staleness_mean"] for h in history if "sample/staleness_mean" in h],
         "dropped": sum(h.get("sample/dropped_stale_total") or 0 for h in history),
+        # Where each step's seconds went (prompt_r1.training.asynchronous.step_times), every step.
+        "times": [
+            {k: v for k, v in h.items() if k.startswith("time/")} for h in history if "time/step_s" in h
+        ],
     }
 
 
