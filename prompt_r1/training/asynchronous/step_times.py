@@ -119,10 +119,10 @@ class TimedEnvironment:
 
 class StepClock(TrainerCallback):
     """The trainer's side of an async step (see the module docstring), appended to `metrics` (the trainer's sink
-    of training metrics, which TRL averages over the steps of a log) at each step's end. Added after TRL's own
-    callbacks: its step starts once TRL's first weight sync and the worker's start are done, as the step lines'
-    does, and TRL's queue wait of the step is in the sink when the step ends. The trainer reports its weight
-    syncs (`synced`). `now`: the clock read (a test's own)."""
+    of training metrics, which TRL averages over the steps of a log) at each step's end. It comes after TRL's own
+    callbacks (`build_async_trainer` puts it after every other): its first step starts once TRL's first weight
+    sync and the worker's start are done, as the step lines' does, and TRL's queue wait of a step is in the sink
+    when the step ends. The trainer reports its weight syncs (`synced`). `now`: the clock read (a test's own)."""
 
     def __init__(self, metrics: dict[str, list], now: Callable[[], float] = time.monotonic) -> None:
         self.metrics, self._now = metrics, now

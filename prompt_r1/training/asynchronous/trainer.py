@@ -349,4 +349,8 @@ def build_async_trainer(
     on_cpu.install(trainer.accelerator.device)
     progress.install(trainer)
     spend.install(trainer, environment, config, worker)  # env/cost per step; max_env_cost and max_env_calls
+    # The step clock last among the callbacks: what the others do at a step's end (the spend cap draining the worker
+    # at the last step) is then in that step's time, as it is in the step line's.
+    trainer.pop_callback(trainer.step_clock)
+    trainer.add_callback(trainer.step_clock)
     return trainer
