@@ -90,12 +90,9 @@ def _question(row: dict[str, Any]) -> str:
 def door_async_trainer(config: Any, table: DoorTable, rows: list[dict[str, Any]]) -> Any:
     """The async trainer of `config` (`grpo_config(..., async_grpo=True, vllm_server_base_url=...)`) on the task,
     its environment the scripted server at `config.env_base_url` answering from `table` (`door_environment`)."""
-    from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
-    environment = GroupKeyedEnvironment(
-        EnvironmentClient(config.environment_config(num_processes=config.world_size))
-    )
+    environment = GroupKeyedEnvironment(config.environment_client())
     return build_async_trainer(
         config, environment=environment, train_rows=rows, worker_options=door_worker_options(table)
     )
