@@ -12,7 +12,7 @@ same seed draws the same sheets, and a resumed run's groups play theirs again.
 - `episode_metrics` gives each episode's notes figures (`NOTES_METRICS`, NaN where one does not apply), which the
   trainer averages per step as the synchronous rollout logs them.
 The sheet is found by the group, not by the names a prompt carries (`NotesWorld.sheet_for`, which needs every
-name in play on one sheet only): groups in flight together are drawn apart, so they may share a name.
+name in play on one sheet only): groups in flight together are drawn independently, so two may share a name.
 
     run = train_async(cold_model, training_rows(questions), out, seed=3, max_steps=16)
     run["log_history"], run["trainer"], run["sheets"].asked(0)
