@@ -2,15 +2,17 @@
 SmolLM2-135M-Instruct as agent and as environment, trained with GRPO, against direct prompting and the prompt
 optimisers on held-out questions.
 
-    python evals/bench/real_agent.py --seed0 S --seeds N [--out DIR]    # train N seeds, then compare
+    python evals/bench/real_agent.py --seed0 S --seeds N [--async] [--out DIR]    # train N seeds, then compare
     python evals/bench/real_agent.py --eval-only [--questions N] [--seed S]       # the shipped agent, no training
 
 Per seed: the cold start (LoRA on format demonstrations from the training pool: prompt_r1.tasks.notes_agent),
 then `--steps` GRPO steps (prompt_r1.tasks.notes_training; a line per step), the adapters saved under
-OUT/seed-S/. Then one table on `--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half
-of them 2-call): direct, instruction, OPRO and GEPA (their search budget in metric calls: as many as the
-episodes one seed trained on, `--search-budget`), each seed's cold-started and trained agent, and the controls
-(the trained agent with the notes withheld; answered at once). Agents decode greedily; the environment is greedy.
+OUT/seed-S/. `--async`: the GRPO steps with the asynchronous trainer instead (prompt_r1.tasks.notes_async: a
+sheet per group of episodes, the policy served by a vLLM server of its own; the `vllm` extra), under
+OUT/seed-S/grpo-async (a seed's cold start is reused from OUT). Then one table on `--questions` held-out questions
+(evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and GEPA (their
+search budget in metric calls: as many as the episodes one seed trained on, `--search-budget`), each seed's
+cold-started and trained agent, and the controls (the trained agent with the notes withheld; answered at once). Agents decode greedily; the environment is greedy.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
 OUT/curves.png; OUT defaults to a folder under the system's temporary directory, outside the checkout.
@@ -73,26 +75,36 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
         marker.write_text(json.dumps(made) + "\n")
     cold_s = made["seconds"]
     started = time.monotonic()
-    run = work / "grpo"
-    questions = training_questions(args.steps * EPISODES_PER_STEP // 4 + 4, seed)
-    config = grpo_config(
-        run, cold / "model", max_steps=args.steps, seed=seed, data_seed=seed,
-        per_device_train_batch_size=4, gradient_accumulation_steps=4,
-    )  # fmt: skip
-    trainer = notes_trainer(config, training_rows(questions))
-    trainer.train()
+    run = work / ("grpo-async" if args.async_grpo else "grpo")
+    rows = training_rows(training_questions(args.steps * EPISODES_PER_STEP // 4 + 4, seed))
+    # 16 episodes a step under either trainer: 4 questions (groups) x 4 samples.
+    settings = dict(
+        max_steps=args.steps, data_seed=seed, per_device_train_batch_size=4, gradient_accumulation_steps=4
+    )
+    if args.async_grpo:
+        from prompt_r1.tasks.notes_async import train_async
+
+        trained = train_async(cold / "model", rows, run, seed=seed, **settings)
+        trainer, training_s = trained["trainer"], trained["seconds"]
+    else:
+        trainer = notes_trainer(grpo_config(run, cold / "model", seed=seed, **settings), rows)
+        trainer.train()
+        training_s = time.monotonic() - started
     grpo_s = time.monotonic() - started
     save_adapter(trainer.model, run / "adapter", {"stage": "grpo", "seed": seed, "steps": args.steps})
     merged = trainer.model.merge_and_unload()
     merged.save_pretrained(run / "model")
     trainer.processing_class.save_pretrained(run / "model")
     series = step_series(trainer.state.log_history, extra=[key for _, key in CURVES])
-    say(f"seed {seed}: cold start {cold_s / 60:.1f} min, GRPO {args.steps} steps {grpo_s / 60:.1f} min")
+    kind = "async" if args.async_grpo else "sync"
+    say(f"seed {seed}: cold start {cold_s / 60:.1f} min, GRPO ({kind}) {args.steps} steps {grpo_s / 60:.1f} min "
+        f"(training {training_s / 60:.1f} min)")  # fmt: skip
     return {
         "seed": seed,
+        "trainer": kind,
         "cold_model": str(cold / "model"),
         "trained_model": str(run / "model"),
-        "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60},
+        "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60, "training": training_s / 60},
         "series": series,
     }
 
@@ -204,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--eval-only", action="store_true", help="the shipped agent and the baselines, no training"
     )
+    parser.add_argument(
+        "--async", dest="async_grpo", action="store_true",
+        help="GRPO with the asynchronous trainer (its policy served by a vLLM server of its own)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="where figures and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
     draw = random.SystemRandom()
@@ -214,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="prompt-r1-real-agent-"))
     out.mkdir(parents=True, exist_ok=True)
     seeds = [] if args.eval_only else list(range(args.seed0, args.seed0 + args.seeds))
-    say(f"real agent: seeds {seeds or '(none: --eval-only)'}, held-out draw {args.eval_seed}, "
-        f"{args.questions} questions, out {out}")  # fmt: skip
+    say(f"real agent: seeds {seeds or '(none: --eval-only)'}{', async GRPO' if args.async_grpo else ''}, "
+        f"held-out draw {args.eval_seed}, {args.questions} questions, out {out}")  # fmt: skip
     runs = [train_seed(seed, args, out) for seed in seeds]
     if args.eval_only:
         agents = _shipped_agents(out)
@@ -234,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     if runs:
         from prompt_r1.training.shared.progress import draw_curves
 
-        curves = draw_curves([r["series"] for r in runs], out / "curves.png", "notes task, GRPO", CURVES)
+        curves = draw_curves(
+            [r["series"] for r in runs],
+            out / "curves.png",
+            f"notes task, GRPO{' (async)' if args.async_grpo else ''}",
+            CURVES,
+        )
         say(f"curves: {curves}")
     summary_path = out / "real_agent.json"
     summary_path.write_text(json.dumps({"seeds": seeds, "runs": runs, "search_budget": budget, **result},

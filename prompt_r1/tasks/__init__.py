@@ -11,8 +11,9 @@ from, and the rollout hooks and figures that say whether GRPO taught the agent t
 - `notes`: a task for real models: the environment (the built-in instruct model, served over HTTP) holds a sheet
   of notes about made-up things and people, and a question needs 1 or 2 dependent calls; `notes_agent`: the cold
   start that teaches the built-in model the protocol, and the adapters; `notes_training`: its rollout and figures;
-  `notes_eval`: the comparison with direct prompting, an instruction, OPRO and GEPA
-  (`evals/bench/real_agent.py`; the trained agent ships as `smollm2-135m-notes`).
+  `notes_async`: the same task under the asynchronous trainer (a sheet per group); `notes_eval`: the comparison
+  with direct prompting, an instruction, OPRO and GEPA (`evals/bench/real_agent.py`; the trained agent ships as
+  `smollm2-135m-notes`).
 
 Add a task: a module with its facts (redrawn per step, or per group under the async trainer, so that nothing can
 be memorised), a `ScriptedServer` responder, rows, and an agent builder that teaches skills, not the choice; a

@@ -41,15 +41,26 @@ __all__ = [
 class GroupKeyedEnvironment:
     """An environment client whose every request names its episode's group in the system message (`mark(group)`:
     the task's table mark, door codes' `table_mark` by default), read from the `rollout_group` the async worker
-    puts in the episode's run config. Calls without a group go through unchanged."""
+    puts in the episode's run config; or, with `system`, whose system message is the group's own (`system(group)`:
+    the notes task's sheet). Calls without a group go through unchanged."""
 
-    def __init__(self, inner: Any, mark: Callable[[int], str] = table_mark) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        mark: Callable[[int], str] = table_mark,
+        *,
+        system: Callable[[int], str] | None = None,
+    ) -> None:
         self.inner = inner
         self.mark = mark
+        self.system = system
 
     @property
     def retries(self) -> int:
         return self.inner.retries
+
+    def __getattr__(self, name: str) -> Any:  # the client's meters and settings (its model, for the price)
+        return getattr(self.inner, name)
 
     async def respond(
         self,
@@ -60,7 +71,9 @@ class GroupKeyedEnvironment:
         system_prompt: str | None = None,
     ) -> Any:
         group = ((run_config or {}).get("metadata") or {}).get("rollout_group")
-        if group is not None:
+        if group is not None and self.system is not None:
+            system_prompt = self.system(int(group))
+        elif group is not None:
             system_prompt = f"{system_prompt or self.inner.system_prompt}\n{self.mark(int(group))}"
         extra = {} if system_prompt is None else {"system_prompt": system_prompt}
         return await self.inner.respond(prompt, history, run_config=run_config, **extra)
@@ -90,12 +103,9 @@ def _question(row: dict[str, Any]) -> str:
 def door_async_trainer(config: Any, table: DoorTable, rows: list[dict[str, Any]]) -> Any:
     """The async trainer of `config` (`grpo_config(..., async_grpo=True, vllm_server_base_url=...)`) on the task,
     its environment the scripted server at `config.env_base_url` answering from `table` (`door_environment`)."""
-    from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
-    environment = GroupKeyedEnvironment(
-        EnvironmentClient(config.environment_config(num_processes=config.world_size))
-    )
+    environment = GroupKeyedEnvironment(config.environment_client())
     return build_async_trainer(
         config, environment=environment, train_rows=rows, worker_options=door_worker_options(table)
     )
@@ -153,26 +163,27 @@ def run_async(
     *,
     configure: Callable[..., Any],
     build: Callable[[Any], Any],
-    measure: Callable[[str | Path], Any],
+    measure: Callable[[str | Path], Any] | None,
     seed: int,
     launch: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
     """A task's async training run: `measure(model)` before, the async trainer of `build(configure(**settings))`
     trained with the policy served by a `vllm serve` of its own (seeded with `seed`, always stopped at the end),
-    then `measure` of the trained agent. `configure` gets `settings` with `async_grpo` and the server's address
-    (it builds the async trainer's config). `launch(keywords, final)`, for a run across
-    processes, trains instead of this process: each rank builds the config from `configure`'s `keywords` (a config
-    is built once per process), and the model goes to `final`; it returns `log_history` and `seconds`. Returns the
-    trainer's `log_history`, the figures before and after, the training's seconds, the config, and the stopped
-    server's exit code."""
+    then `measure` of the trained agent (`measure` None: neither, for a task that measures elsewhere). `configure`
+    gets `settings` with `async_grpo` and the server's address (it builds the async trainer's config).
+    `launch(keywords, final)`, for a run across processes, trains instead of this process: each rank builds the
+    config from `configure`'s `keywords` (a config is built once per process), and the model goes to `final`; it
+    returns `log_history` and `seconds`. Returns the trainer's `log_history`, the figures before and after, the
+    training's seconds, the config, the stopped server's exit code, and the trainer (None with `launch`)."""
     import time
 
     from prompt_r1.testing.vllm_process import start_vllm_server, stop_vllm_server
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    before = measure(model)
+    before = measure(model) if measure is not None else None
+    trainer = None
     root, server = start_vllm_server(model, output_dir / "vllm.log", seed=seed)
     try:
         keywords = {
@@ -193,7 +204,7 @@ def run_async(
             log_history = trainer.state.log_history
     finally:
         stop_vllm_server(server)  # with its engine and worker
-    after = measure(output_dir / "final")
+    after = measure(output_dir / "final") if measure is not None else None
     return {
         "log_history": log_history,
         "before": before,
@@ -201,4 +212,5 @@ def run_async(
         "seconds": seconds,
         "config": config,
         "server_returncode": server.returncode,
+        "trainer": trainer,
     }

@@ -40,12 +40,9 @@ def hops_worker_options(table: HopsTable) -> dict[str, Any]:
 def hops_async_trainer(config: Any, table: HopsTable, rows: list[dict[str, Any]]) -> Any:
     """The async trainer of `config` on the task, its environment the scripted server at `config.env_base_url`
     answering from `table` (`hops_environment`)."""
-    from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.asynchronous.trainer import build_async_trainer
 
-    environment = GroupKeyedEnvironment(
-        EnvironmentClient(config.environment_config(num_processes=config.world_size)), mark=table_mark
-    )
+    environment = GroupKeyedEnvironment(config.environment_client(), mark=table_mark)
     return build_async_trainer(
         config, environment=environment, train_rows=rows, worker_options=hops_worker_options(table)
     )

@@ -259,11 +259,9 @@ def build_async_trainer(
     from transformers import AutoTokenizer
 
     from prompt_r1.agents.builtin import resolve_model
-    from prompt_r1.agents.model_server import local_environment
     from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.agents.served import ServedAgent
     from prompt_r1.clients.costs import PriceTable
-    from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
     from prompt_r1.runs.metering import environment_cost
     from prompt_r1.training.asynchronous import on_cpu, spend
@@ -288,9 +286,7 @@ def build_async_trainer(
     served = _served_model(root, config.model_name_or_path)  # before anything loads
     if environment is None:
         # A built-in environment model with no base URL: served on 127.0.0.1 by this process.
-        environment = EnvironmentClient(
-            local_environment(config.environment_config(num_processes=config.world_size))
-        )
+        environment = config.environment_client()
     # Priced and counted for the spend caps, every call the worker pays for; recorded in this process's ledger.
     environment = paid_environment(config, environment)
     if train_rows is None:

@@ -211,6 +211,14 @@ class PromptR1Fields(EnvironmentFields):
                 values[name] = max(1, values[name] // max(1, num_processes))
         return EnvironmentConfig(**values)
 
+    def environment_client(self) -> Any:
+        """The environment client of a run given none: this process's share of `environment_config`, a built-in
+        environment model with no base URL served on 127.0.0.1 by this process."""
+        from prompt_r1.agents.model_server import local_environment
+        from prompt_r1.clients.environment import EnvironmentClient
+
+        return EnvironmentClient(local_environment(self.environment_config(num_processes=self.world_size)))
+
     def loop_config(self) -> LoopConfig:
         """The loop's settings for rollouts: every `LoopConfig` field is a field of this config of the same name,
         but those training fixes (`ROLLOUT_LOOP`: running out of turns is the agent's outcome to learn from, so

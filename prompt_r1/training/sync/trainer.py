@@ -46,9 +46,7 @@ def build_trainer(
     from trl import GRPOTrainer
 
     from prompt_r1.agents.builtin import resolve_model
-    from prompt_r1.agents.model_server import local_environment
     from prompt_r1.agents.model_source import check_model_source
-    from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.training.shared import spend
 
     if getattr(config, "async_grpo", False):
@@ -58,9 +56,7 @@ def build_trainer(
         )
     if environment is None:
         # A built-in environment model with no base URL: served on 127.0.0.1 by this process.
-        environment = EnvironmentClient(
-            local_environment(config.environment_config(num_processes=config.world_size))
-        )
+        environment = config.environment_client()
     environment = spend.paid_environment(config, environment)  # priced; recorded in the call ledger
     if train_rows is None:
         train_rows = load_training_rows(config.resolved_train_data(), limit=config.max_train_samples)
