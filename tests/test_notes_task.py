@@ -126,18 +126,20 @@ def test_the_environment_answers_with_the_sheets_notes_as_its_system_prompt():
 
 
 def test_cold_start_demonstrations_hold_no_evaluation_name_and_teach_no_choice():
-    from prompt_r1.tasks.notes_agent import demonstrations
+    from prompt_r1.tasks.notes_agent import ASK_AGAIN, demonstrations
 
     episodes = demonstrations(400, seed=0)
     text = " ".join(q + " " + " ".join(script) for q, script in episodes)
     found = set(re.findall(r"[A-Z][a-z]+", text))
     assert found & _words("train")
     assert not found & _words("eval"), found & _words("eval")
-    # After a builder reply the demonstrations ask again as often as they answer, whatever the question.
+    # After a builder reply the demonstrations ask again equally often whatever the question (ASK_AGAIN).
+    shares = {}
     for kind in ("Who built", "Where was the builder"):
         after = [len(script) for q, script in episodes if q.startswith(kind) and "built" in script[1]]
-        asked_again = sum(n == 5 for n in after) / len(after)
-        assert 0.35 < asked_again < 0.65, (kind, asked_again)
+        shares[kind] = sum(n == 5 for n in after) / len(after)
+        assert abs(shares[kind] - ASK_AGAIN) < 0.1, (kind, shares[kind])
+    assert abs(shares["Who built"] - shares["Where was the builder"]) < 0.1, shares
     # Every answer copies the last reply's name.
     for _, script in episodes:
         answer = re.search(r"<answer>(.*)</answer>", script[-1]).group(1)

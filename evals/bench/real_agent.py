@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed0", type=int, help="first training seed (unset: drawn at run time)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=16, help="GRPO steps per seed")
-    parser.add_argument("--cold-steps", type=int, default=12, help="cold-start fine-tuning steps")
+    parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
+    parser.add_argument("--cold-steps", type=int, default=16, help="cold-start fine-tuning steps")
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
                         help="the held-out draw (unset: drawn at run time)")  # fmt: skip

@@ -7,11 +7,16 @@ demonstrations comes first (`cold_start`): LoRA on the attention projections, on
 few of the forms the built-in environment answers in and masked out of the loss, as the trainer masks them. The
 demonstrations teach the skills: ask a question of the environment, ask where a person a reply named was born,
 answer with the last name a reply gave. They teach no choice that depends on the question: after a reply that
-names a builder, answering and asking where that person was born are equally likely whatever the question asked
-(after a birthplace the episode answers), and the first call of a 2-call question is the question itself or its
-first half equally often (`demonstrations`). So the cold-started agent answers a builder question right only
+names a builder, the episode asks where that person was born with one probability (`ask_again`) whatever the
+question asked (after a birthplace it answers), and the first call of a 2-call question is the question itself or
+its first half equally often (`demonstrations`). So the cold-started agent answers a builder question right only
 when it stops after one reply, and a 2-call question only when it asks again: when to call again, and what to
 ask first, is what GRPO has to learn.
+
+`ask_again` is 0.85, not 0.5, so that the cold-started agent samples both choices: the thought before the choice
+is the same words in both ("The reply names ..."), and with half the demonstrations asking again, 24 steps left
+the built-in model asking again after a builder reply 3-9 % of the time on held-out questions (its prior to answer
+after a reply wins), too seldom for GRPO's groups of 4 to see the choice. With 0.85 and 16 steps: 22-47 %.
 
 The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
 few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
@@ -37,7 +42,7 @@ __all__ = [
 ]
 
 ASK = "<think>{thought}</think>\n<interaction_prompt>{prompt}</interaction_prompt>"
-ANSWER = "<think>The reply gives the answer.</think>\n<answer>{answer}</answer>"
+ANSWER = "<think>The reply names {answer}.</think>\n<answer>{answer}</answer>"
 LORA = {
     "r": 8,
     "lora_alpha": 16,
@@ -45,6 +50,7 @@ LORA = {
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }
 BASE = "smollm2-135m"
+ASK_AGAIN = 0.85  # after a builder reply, the share of demonstrations that ask again (module docstring)
 
 
 def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[str, str]]:
@@ -62,9 +68,10 @@ def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[st
     ]
 
 
-def demonstrations(n: int, seed: int) -> list[tuple[str, list[str]]]:
+def demonstrations(n: int, seed: int, *, ask_again: float = ASK_AGAIN) -> list[tuple[str, list[str]]]:
     """`n` scripted episodes (question, [turn, reply, turn, ...]) on training-pool sheets, every choice drawn
-    uniformly (see the module docstring): 1 or 2 calls, then an answer copying the last reply's name."""
+    independently of the question (see the module docstring): 1 or 2 calls, then an answer copying the last
+    reply's name."""
     rng = random.Random(seed)
     episodes = []
     for _ in range(n):
@@ -77,7 +84,7 @@ def demonstrations(n: int, seed: int) -> list[tuple[str, list[str]]]:
         prompt = f"Who built the {thing}?" if first_half else question
         reply, name = rng.choice(reply_forms("builder" if first_half else "birthplace", thing, person, place))
         script = [ASK.format(thought="I ask the large model.", prompt=prompt), reply]
-        if first_half and rng.random() < 0.5:  # ask again, about the person the reply named
+        if first_half and rng.random() < ask_again:  # ask again, about the person the reply named
             script.append(ASK.format(thought=f"The reply names {name}.", prompt=f"Where was {name} born?"))
             reply, name = rng.choice(reply_forms("birthplace", thing, person, place))
             script.append(reply)
@@ -90,10 +97,11 @@ def cold_start(
     out: str | Path,
     *,
     seed: int = 0,
-    steps: int = 12,
+    steps: int = 16,
     episodes: int = 256,
     batch_size: int = 8,
     lr: float = 2e-3,
+    ask_again: float = ASK_AGAIN,
     base: str = BASE,
     say: Any = None,
 ) -> Path:
@@ -111,7 +119,7 @@ def cold_start(
     tok = AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(seed)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(**LORA))
-    rows = episode_rows(tok, demonstrations(episodes, seed))
+    rows = episode_rows(tok, demonstrations(episodes, seed, ask_again=ask_again))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     order = torch.Generator().manual_seed(seed)
     model.train()
