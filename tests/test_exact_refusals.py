@@ -1,7 +1,7 @@
 """Every refusal as exact as the run's (issue 51, item 4): `batch --dry-run` refuses what the run refuses, with the
 same line and exit 2; `--summary NAME.manifest.json` is refused before anything is written; the async trainer's
 dry run prints its schedule; `max_inflight_tasks` 0 or below -1 is refused; an empty model folder is one line,
-exit 2. Real files, a real scripted server on 127.0.0.1, the real CLI."""
+exit 2, for `train` and `run` alike. Real files, a real scripted server on 127.0.0.1, the real CLI."""
 
 from __future__ import annotations
 
@@ -56,6 +56,17 @@ def test_an_empty_model_folder_is_one_line_exit_2(tmp_path, relay_server):
     code, _, err = run_cli(tiny_train_args(tmp_path / "model", relay_server.base_url, data, tmp_path / "out"))
     lines = [line for line in err.splitlines() if "Triton" not in line]
     assert code == 2 and len(lines) == 1 and "holds no model" in lines[0], err
+
+
+def test_run_with_an_empty_model_folder_is_one_line_exit_2_as_train(tmp_path, relay_server):
+    """`run` mapped the empty folder to exit 3 (unreachable) where `train` gave 2; one check now maps both."""
+    (tmp_path / "model").mkdir()
+    args = ["run", "q", "--agent-model", tmp_path / "model", "--env-model", "env", "--env-base-url",
+            relay_server.base_url, "--env-api-key-env", "BATCH_TEST_KEY"]  # fmt: skip
+    code, out, err = run_cli(args)
+    lines = [line for line in err.splitlines() if "Triton" not in line]
+    assert code == 2 and len(lines) == 1 and "holds no model" in lines[0], err
+    assert "Traceback" not in err and out == "" and relay_server.requests == []
 
 
 def _rows_file(path, rows, tail=""):

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prompt_r1.agents.builtin import ModelNameError, check_builtin, is_builtin
 from prompt_r1.core.config import hub_endpoint, unreachable_reason
 from prompt_r1.core.errors import ConfigError
 
 __all__ = ["EmptyModelFolder", "check_model_source"]
 
 
-class EmptyModelFolder(ConfigError):
+class EmptyModelFolder(ModelNameError):
     """A folder given as a model that holds none (no config.json): the user's to fix (exit 2), not a service
     that cannot be reached."""
 
@@ -38,7 +39,6 @@ def check_model_source(name: str, flag: str) -> None:
     """A `ConfigError` naming `flag` when `name` is neither a local model folder nor a hub id that can be
     loaded here (cached, or the hub reachable). A hub id that is reachable but wrong is left to the loader, whose
     error says so."""
-    from prompt_r1.agents.builtin import ModelNameError, check_builtin, is_builtin
     from prompt_r1.core.defaults import BUILTIN_MODEL_NAMES
 
     if is_builtin(name):
