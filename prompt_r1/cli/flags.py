@@ -41,6 +41,7 @@ __all__ = [
     "add_run_flags",
     "add_stop_flags",
     "build_players",
+    "check_model",
     "check_rate_store",
     "check_reachable",
     "check_run_flags",
@@ -325,22 +326,29 @@ def check_rate_store(url: str) -> None:
         )
 
 
+def check_model(name: str, flag: str) -> None:
+    """Check, in seconds and before anything loads it, the model `flag` names (agents/model_source.py), with
+    every command's exit codes: a `CommandFailure` with exit 2 for the user's to fix (a mistyped name, an empty
+    folder, a package to install: `ModelNameError`), with exit 3 for a model that cannot be had here (the hub
+    unreachable)."""
+    from prompt_r1.agents.builtin import ModelNameError
+    from prompt_r1.agents.model_source import check_model_source
+
+    try:
+        check_model_source(name, flag)
+    except ModelNameError as exc:  # a name to fix, a folder with no model in it, or a package to install
+        raise CommandFailure(str(exc), EXIT_USAGE) from None
+    except ConfigError as exc:  # a hub that cannot be reached
+        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+
+
 def build_players(agent_cfg: AgentConfig | None, env_cfg: EnvironmentConfig | None):
     """The run's (agent, environment client) from its configs (a config None: that player is not needed, and
     None comes back in its place), cheapest checks first: keys, sockets, then model loading. An unreachable
     endpoint or model is a `CommandFailure` with exit code 3."""
     from prompt_r1.agents import load_agent
     from prompt_r1.agents.builtin import ModelNameError, is_builtin
-    from prompt_r1.agents.model_source import check_model_source
     from prompt_r1.clients.environment import OPENAI_BASE_URL, EnvironmentClient
-
-    def check_model(name: str, flag: str) -> None:
-        try:
-            check_model_source(name, flag)
-        except ModelNameError as exc:  # a name to fix or a package to install
-            raise CommandFailure(str(exc), EXIT_USAGE) from exc
-        except ConfigError as exc:  # a hub that cannot be reached
-            raise CommandFailure(str(exc), EXIT_UNREACHABLE) from exc
 
     environment = agent = None
     builtin_env = env_cfg is not None and is_builtin(env_cfg.model) and env_cfg.base_url is None

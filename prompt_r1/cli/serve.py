@@ -164,19 +164,12 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def cmd_serve_model(args: argparse.Namespace) -> int:
-    from prompt_r1.agents.builtin import ModelNameError
     from prompt_r1.agents.model_server import build_model_app, load_served_model
-    from prompt_r1.agents.model_source import check_model_source
-    from prompt_r1.cli.flags import EXIT_UNREACHABLE, CommandFailure
+    from prompt_r1.cli.flags import check_model
     from prompt_r1.integrations.server import serve
 
     _check_port_free(args.host, args.port)
-    try:
-        check_model_source(args.model, "model")
-    except ModelNameError:
-        raise
-    except ConfigError as exc:  # a hub id the hub cannot give
-        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+    check_model(args.model, "model")
     server = load_served_model(args.model, name=args.served_model_name, temperature=args.temperature,
                                seed=args.seed, device=args.device)  # fmt: skip
 

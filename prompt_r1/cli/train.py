@@ -6,13 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from prompt_r1.agents.model_source import EmptyModelFolder, check_model_source
 from prompt_r1.cli.flags import (
     EXIT_OK,
     EXIT_SPEND_CAP,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
     CommandFailure,
+    check_model,
     check_rate_store,
     check_reachable,
 )
@@ -231,16 +230,11 @@ def cmd_train(argv: list[str]) -> int:
         return train_dry_run(
             config, style="text", expect_turns=flags.expect_turns, expect_from=flags.expect_from
         )
-    from prompt_r1.agents.builtin import ModelNameError, is_builtin
+    from prompt_r1.agents.builtin import is_builtin
 
-    try:
-        check_model_source(config.model_name_or_path, "model_name_or_path")
-        if is_builtin(config.env_model) and not config.env_base_url:
-            check_model_source(config.env_model, "env_model")
-    except (EmptyModelFolder, ModelNameError):  # a name to fix or a package to install: exit 2
-        raise
-    except ConfigError as exc:
-        raise CommandFailure(str(exc), EXIT_UNREACHABLE) from None
+    check_model(config.model_name_or_path, "model_name_or_path")
+    if is_builtin(config.env_model) and not config.env_base_url:
+        check_model(config.env_model, "env_model")
     if not (is_builtin(config.env_model) and not config.env_base_url):  # else the trainer serves it here
         check_reachable(config.env_base_url or OPENAI_BASE_URL, "environment", "--env-base-url")
     check_rate_store(config.env_rate_store)
