@@ -7,7 +7,8 @@
 - `limit_store`, `shared_limit`: one endpoint's limits shared by every process and machine through Redis;
 - `costs`: price tables (`prices.yaml`) and usage meters;
 - `response_cache`: answers paid for once and replayed (`--env-cache`), in a file or the store's Redis;
-  `sqlite_files`: how the cache and training's call ledger make and check their SQLite files.
+  `cache_store`: the cache's base class and its SQLite file; `sqlite_files`: how the cache and training's call
+  ledger make and check their SQLite files.
 
 Add a provider: nothing here for an OpenAI-compatible endpoint (`--env-base-url`, `--env-model`,
 `--env-api-key-env`); any other LangChain chat model goes in as `EnvironmentClient(config, chat_model=...)`.
