@@ -50,7 +50,7 @@ LORA = {
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }
 BASE = "smollm2-135m"
-ASK_AGAIN = 0.85  # after a builder reply, the share of demonstrations that ask again (module docstring)
+ASK_AGAIN = 0.7  # after a builder reply, the share of demonstrations that ask again (module docstring)
 
 
 def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[str, str]]:
@@ -80,11 +80,15 @@ def demonstrations(n: int, seed: int, *, ask_again: float = ASK_AGAIN) -> list[t
         kind = rng.choice(KINDS)
         question = question_about(kind, sheet, i).question
         thing, person, place = sheet.things[i], sheet.people[i], sheet.places[i]
-        first_half = kind == "builder" or (kind == "builder_birthplace" and rng.random() < 0.5)
-        prompt = f"Who built the {thing}?" if first_half else question
-        reply, name = rng.choice(reply_forms("builder" if first_half else "birthplace", thing, person, place))
+        prompt = question
+        if kind == "builder_birthplace" and rng.random() < 0.5:
+            prompt = f"Who built the {thing}?"
+        # Asked a 2-call question whole, the built-in environment names the builder, as it does when asked the
+        # first half: so do the demonstrations, and the same choice follows every reply that names a builder.
+        named_builder = kind != "birthplace"
+        reply, name = rng.choice(reply_forms("builder" if named_builder else "birthplace", thing, person, place))
         script = [ASK.format(thought="I ask the large model.", prompt=prompt), reply]
-        if first_half and rng.random() < ask_again:  # ask again, about the person the reply named
+        if named_builder and rng.random() < ask_again:  # ask again, about the person the reply named
             script.append(ASK.format(thought=f"The reply names {name}.", prompt=f"Where was {name} born?"))
             reply, name = rng.choice(reply_forms("birthplace", thing, person, place))
             script.append(reply)
