@@ -13,10 +13,14 @@ its first half equally often (`demonstrations`). So the cold-started agent answe
 when it stops after one reply, and a 2-call question only when it asks again: when to call again, and what to
 ask first, is what GRPO has to learn.
 
-`ask_again` is 0.85, not 0.5, so that the cold-started agent samples both choices: the thought before the choice
-is the same words in both ("The reply names ..."), and with half the demonstrations asking again, 24 steps left
-the built-in model asking again after a builder reply 3-9 % of the time on held-out questions (its prior to answer
-after a reply wins), too seldom for GRPO's groups of 4 to see the choice. With 0.85 and 16 steps: 22-47 %.
+The demonstrations' environment answers as the built-in one does: asked a 2-call question whole, it names the
+builder (the built-in environment never answered one right, 0 of 24), so every reply that names a builder, after
+either first call, is followed by the same choice. `ask_again` is 0.7, not 0.5, so that the cold-started agent
+samples both: GRPO learns a choice only from groups in which some samples make it. With half the demonstrations
+asking again, the built-in model asked again after a builder reply 0-9 % of the time on held-out questions (its
+prior to answer after a reply wins); with 0.85, but the whole question answered with the birthplace in the
+demonstrations, it sent 2-call questions whole and then answered, asking again in 4 of 19 sampled 2-call
+episodes against the real environment, and GRPO took it to one call an episode within 9 steps.
 
 The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
 few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
@@ -86,7 +90,9 @@ def demonstrations(n: int, seed: int, *, ask_again: float = ASK_AGAIN) -> list[t
         # Asked a 2-call question whole, the built-in environment names the builder, as it does when asked the
         # first half: so do the demonstrations, and the same choice follows every reply that names a builder.
         named_builder = kind != "birthplace"
-        reply, name = rng.choice(reply_forms("builder" if named_builder else "birthplace", thing, person, place))
+        reply, name = rng.choice(
+            reply_forms("builder" if named_builder else "birthplace", thing, person, place)
+        )
         script = [ASK.format(thought="I ask the large model.", prompt=prompt), reply]
         if named_builder and rng.random() < ask_again:  # ask again, about the person the reply named
             script.append(ASK.format(thought=f"The reply names {name}.", prompt=f"Where was {name} born?"))
