@@ -59,7 +59,7 @@ def test_an_empty_model_folder_is_one_line_exit_2(tmp_path, relay_server):
 
 
 def test_run_with_an_empty_model_folder_is_one_line_exit_2_as_train(tmp_path, relay_server):
-    """`run` mapped the empty folder to exit 3 (unreachable) where `train` gave 2; one check now maps both."""
+    """An empty model folder is the user's to fix: `run` says so in one line and exits 2, as `train` does."""
     (tmp_path / "model").mkdir()
     args = ["run", "q", "--agent-model", tmp_path / "model", "--env-model", "env", "--env-base-url",
             relay_server.base_url, "--env-api-key-env", "BATCH_TEST_KEY"]  # fmt: skip

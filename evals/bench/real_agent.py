@@ -12,7 +12,8 @@ sheet per group of episodes, the policy served by a vLLM server of its own; the 
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT). Then one table on `--questions` held-out questions
 (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and GEPA (their
 search budget in metric calls: as many as the episodes one seed trained on, `--search-budget`), each seed's
-cold-started and trained agent, and the controls (the trained agent with the notes withheld; answered at once). Agents decode greedily; the environment is greedy.
+cold-started and trained agent, and the controls (the trained agent with the notes withheld; answered at once).
+Agents decode greedily; the environment is greedy.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
 OUT/curves.png; OUT defaults to a folder under the system's temporary directory, outside the checkout.

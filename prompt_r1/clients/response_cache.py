@@ -38,9 +38,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.clients.cache_store import (
+from prompt_r1.clients.cache_store import (  # FileCache and BUSY_SECONDS: importable from here as ever
+    BUSY_SECONDS,  # noqa: F401
     FLAG,
     CacheError,
+    FileCache,  # noqa: F401
     ResponseCache,
     open_file,
     peek_file,

@@ -55,11 +55,11 @@ class GroupKeyedEnvironment:
         self.mark = mark
         self.system = system
 
-    @property
-    def retries(self) -> int:
-        return self.inner.retries
-
     def __getattr__(self, name: str) -> Any:  # the client's meters and settings (its model, for the price)
+        if (
+            "inner" not in self.__dict__
+        ):  # a copy or unpickling before __init__: no recursion through self.inner
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     async def respond(

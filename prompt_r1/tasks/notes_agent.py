@@ -16,11 +16,9 @@ ask first, is what GRPO has to learn.
 The demonstrations' environment answers as the built-in one does: asked a 2-call question whole, it names the
 builder (the built-in environment never answered one right, 0 of 24), so every reply that names a builder, after
 either first call, is followed by the same choice. `ask_again` is 0.7, not 0.5, so that the cold-started agent
-samples both: GRPO learns a choice only from groups in which some samples make it. With half the demonstrations
-asking again, the built-in model asked again after a builder reply 0-9 % of the time on held-out questions (its
-prior to answer after a reply wins); with 0.85, but the whole question answered with the birthplace in the
-demonstrations, it sent 2-call questions whole and then answered, asking again in 4 of 19 sampled 2-call
-episodes against the real environment, and GRPO took it to one call an episode within 9 steps.
+samples both: GRPO learns a choice only from groups in which some samples make it, and the base model's prior to
+answer after a reply keeps the choice it learns well under the demonstrations' share (docs/benchmarks.md, the
+real agent's section, has the measurements).
 
 The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
 few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
