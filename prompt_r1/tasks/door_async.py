@@ -56,10 +56,6 @@ class GroupKeyedEnvironment:
         self.system = system
 
     def __getattr__(self, name: str) -> Any:  # the client's meters and settings (its model, for the price)
-        if (
-            "inner" not in self.__dict__
-        ):  # a copy or unpickling before __init__: no recursion through self.inner
-            raise AttributeError(name)
         return getattr(self.inner, name)
 
     async def respond(

@@ -302,11 +302,7 @@ class NotesEnvironment:
         self.client = client
         self.world = world
 
-    @property
-    def retries(self) -> int:
-        return self.client.retries
-
-    def __getattr__(self, name: str) -> Any:  # the client's meters and settings (usage, config, cache)
+    def __getattr__(self, name: str) -> Any:  # the client's retries, meters and settings (usage, cache)
         return getattr(self.client, name)
 
     async def respond(self, prompt: str, history: Sequence[tuple[str, str]] = (), **kwargs: Any) -> Any:

@@ -95,10 +95,6 @@ class TimedAgent:
         self.agent = agent
 
     def __getattr__(self, name: str) -> Any:
-        if (
-            "agent" not in self.__dict__
-        ):  # a copy or unpickling before __init__: no recursion through self.agent
-            raise AttributeError(name)
         return getattr(self.agent, name)
 
     async def generate(self, request: Any) -> Any:
@@ -114,8 +110,6 @@ class TimedEnvironment:
         self.environment = environment
 
     def __getattr__(self, name: str) -> Any:
-        if "environment" not in self.__dict__:  # as TimedAgent's
-            raise AttributeError(name)
         return getattr(self.environment, name)
 
     async def respond(self, *args: Any, **kwargs: Any) -> Any:
