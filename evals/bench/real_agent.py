@@ -86,12 +86,13 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
         from prompt_r1.tasks.notes_async import train_async
 
         trained = train_async(cold / "model", rows, run, seed=seed, **settings)
-        trainer, training_s = trained["trainer"], trained["seconds"]
+        trainer = trained["trainer"]
     else:
         trainer = notes_trainer(grpo_config(run, cold / "model", seed=seed, **settings), rows)
         trainer.train()
-        training_s = time.monotonic() - started
     grpo_s = time.monotonic() - started
+    # The async run's training alone (its vLLM server's start aside); the sync run's is the whole stage.
+    training_s = trained["seconds"] if args.async_grpo else grpo_s
     save_adapter(trainer.model, run / "adapter", {"stage": "grpo", "seed": seed, "steps": args.steps})
     merged = trainer.model.merge_and_unload()
     merged.save_pretrained(run / "model")
