@@ -32,6 +32,7 @@ __all__ = [
     "GroupKeyedEnvironment",
     "door_async_trainer",
     "door_worker_options",
+    "group_keyed_trainer",
     "evaluate",
     "run_async",
     "train_async",
@@ -96,15 +97,23 @@ def _question(row: dict[str, Any]) -> str:
     return question_of(row["prompt"])
 
 
+def group_keyed_trainer(
+    config: Any, rows: list[dict[str, Any]], worker_options: dict[str, Any], **keyed: Any
+) -> Any:
+    """A task's async trainer: `config`'s environment, each request keyed by its episode's group
+    (`GroupKeyedEnvironment(..., **keyed)`: `mark` or `system`), and the task's `worker_options`."""
+    from prompt_r1.training.asynchronous.trainer import build_async_trainer
+
+    environment = GroupKeyedEnvironment(config.environment_client(), **keyed)
+    return build_async_trainer(
+        config, environment=environment, train_rows=rows, worker_options=worker_options
+    )
+
+
 def door_async_trainer(config: Any, table: DoorTable, rows: list[dict[str, Any]]) -> Any:
     """The async trainer of `config` (`grpo_config(..., async_grpo=True, vllm_server_base_url=...)`) on the task,
     its environment the scripted server at `config.env_base_url` answering from `table` (`door_environment`)."""
-    from prompt_r1.training.asynchronous.trainer import build_async_trainer
-
-    environment = GroupKeyedEnvironment(config.environment_client())
-    return build_async_trainer(
-        config, environment=environment, train_rows=rows, worker_options=door_worker_options(table)
-    )
+    return group_keyed_trainer(config, rows, door_worker_options(table))
 
 
 def evaluate(

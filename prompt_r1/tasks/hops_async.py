@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.tasks.door_async import GroupKeyedEnvironment, run_async
+from prompt_r1.tasks.door_async import group_keyed_trainer, run_async
 from prompt_r1.tasks.hops import HopsTable, named, table_mark
 from prompt_r1.tasks.hops_training import hops_figures
 
@@ -40,12 +40,7 @@ def hops_worker_options(table: HopsTable) -> dict[str, Any]:
 def hops_async_trainer(config: Any, table: HopsTable, rows: list[dict[str, Any]]) -> Any:
     """The async trainer of `config` on the task, its environment the scripted server at `config.env_base_url`
     answering from `table` (`hops_environment`)."""
-    from prompt_r1.training.asynchronous.trainer import build_async_trainer
-
-    environment = GroupKeyedEnvironment(config.environment_client(), mark=table_mark)
-    return build_async_trainer(
-        config, environment=environment, train_rows=rows, worker_options=hops_worker_options(table)
-    )
+    return group_keyed_trainer(config, rows, hops_worker_options(table), mark=table_mark)
 
 
 def evaluate(

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.agents.batching import derive_seed
-from prompt_r1.tasks.door_async import GroupKeyedEnvironment, run_async
+from prompt_r1.tasks.door_async import group_keyed_trainer, run_async
 from prompt_r1.tasks.notes import NotesQuestion, NotesWorld, notes_system_prompt
 from prompt_r1.tasks.notes_training import notes_figures
 
@@ -88,12 +88,7 @@ def notes_async_trainer(config: Any, rows: list[dict[str, Any]], sheets: GroupSh
     """The async trainer of `config` (`grpo_config(..., async_grpo=True, vllm_server_base_url=...)`) on the task:
     its environment the config's (the built-in model, served by this process), answering each episode from its
     group's sheet in `sheets`."""
-    from prompt_r1.training.asynchronous.trainer import build_async_trainer
-
-    environment = GroupKeyedEnvironment(config.environment_client(), system=sheets.system_prompt)
-    return build_async_trainer(
-        config, environment=environment, train_rows=rows, worker_options=sheets.worker_options()
-    )
+    return group_keyed_trainer(config, rows, sheets.worker_options(), system=sheets.system_prompt)
 
 
 def train_async(
