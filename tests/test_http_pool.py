@@ -69,3 +69,34 @@ def test_the_connection_limit_is_kept_and_expired_connections_are_not_reused():
     assert statuses == [200] * 11
     assert opened == 3 and seen["most"] <= 3
     assert seen["opened"] == 4  # the expired connections were closed, a new one opened
+
+
+def test_a_burst_on_idle_connections_hands_each_connection_to_one_request():
+    # httpcore's rule gave an idle connection to every request queued before the first one started on it; all but
+    # one then failed (ConnectionNotAvailable) and queued again.
+    from httpcore._async.connection_pool import AsyncPoolRequest
+
+    cleared = []
+    clear = AsyncPoolRequest.clear_connection
+
+    def counting(self):
+        cleared.append(self)
+        clear(self)
+
+    with ScriptedServer({"env": lambda body: "Ada"}, latency=0.02) as server:
+
+        async def run() -> tuple[list[int], dict, int]:
+            async with checked_async_client(10.0) as client:
+                seen = _counted(client)
+                statuses = await _burst(client, server.base_url, 40)
+                opened = seen["opened"]
+                AsyncPoolRequest.clear_connection = counting
+                try:
+                    statuses += await _burst(client, server.base_url, 40)
+                finally:
+                    AsyncPoolRequest.clear_connection = clear
+                return statuses, seen, opened
+
+        statuses, seen, opened = asyncio.run(run())
+    assert statuses == [200] * 80
+    assert cleared == [] and seen["opened"] == opened == 40
