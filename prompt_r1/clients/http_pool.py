@@ -42,12 +42,9 @@ class LinearPool(httpcore.AsyncConnectionPool):
         # `is_queued()` without a call per request, and a closed connection is left for the sweep (it is never
         # available, so never reused) unless the limit is reached, where it counts. Asking every connection
         # whether it closed, on every event, was most of the pool's CPU at 256 episodes.
-        queued, taken = [], set()
-        for r in self._requests:
-            if r.connection is None:
-                queued.append(r)
-            else:
-                taken.add(r.connection)
+        queued = [r for r in self._requests if r.connection is None]
+        # The connections handed to requests, only when some request waits for one (not on a response's close).
+        taken = {r.connection for r in self._requests if r.connection is not None} if queued else set()
         for pool_request in queued:
             origin = pool_request.request.url.origin
             connection = self._reusable(origin, closing, taken)
