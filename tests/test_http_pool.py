@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from httpcore._async.connection_pool import AsyncPoolRequest
 
 from prompt_r1.clients.http_client import checked_async_client
 from prompt_r1.clients.http_pool import LinearPool
@@ -36,7 +37,11 @@ async def _burst(client: httpx.AsyncClient, url: str, n: int) -> list[int]:
     return [r.status_code for r in replies]
 
 
-def test_bursts_are_answered_and_the_next_burst_reuses_the_connections():
+def test_bursts_are_answered_and_the_next_burst_reuses_the_connections(monkeypatch):
+    # Each idle connection goes to one request of the second burst: httpcore's rule gave it to every request queued
+    # before the first one started on it, and all but one then failed (ConnectionNotAvailable) and queued again.
+    cleared = []
+    clear = AsyncPoolRequest.clear_connection
     with ScriptedServer({"env": lambda body: "Ada"}, latency=0.05) as server:
 
         async def run() -> tuple[list[int], dict, int]:
@@ -44,12 +49,16 @@ def test_bursts_are_answered_and_the_next_burst_reuses_the_connections():
                 seen = _counted(client)
                 first = await _burst(client, server.base_url, 40)
                 opened = seen["opened"]
+                monkeypatch.setattr(
+                    AsyncPoolRequest, "clear_connection", lambda r: (cleared.append(r), clear(r))
+                )
                 second = await _burst(client, server.base_url, 40)
                 return first + second, seen, opened
 
         statuses, seen, opened = asyncio.run(run())
     assert statuses == [200] * 80
     assert opened == 40 and seen["opened"] == 40  # the second burst opened none: all 40 were kept alive
+    assert cleared == []
 
 
 def test_the_connection_limit_is_kept_and_expired_connections_are_not_reused():

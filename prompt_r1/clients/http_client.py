@@ -35,6 +35,7 @@ from langchain_core.exceptions import (
 from langchain_core.messages import AIMessage
 
 from prompt_r1.clients.http_pool import speed_up
+from prompt_r1.clients.openai_transform import speed_up_transform
 from prompt_r1.clients.shared_limit import parse_reset
 from prompt_r1.core import redaction
 from prompt_r1.core.errors import (
@@ -184,13 +185,15 @@ async def _check_response(response: httpx.Response) -> None:
 def checked_async_client(timeout: float | None, **kwargs: Any) -> httpx.AsyncClient:
     """An `httpx.AsyncClient` (no connection limit: the callers cap requests in flight themselves) that checks
     every chat-completions 200 as described above, and cuts the keys out of every response (`_redact_response`);
-    its pool's bookkeeping is linear in the requests in flight (prompt_r1.clients.http_pool)."""
+    its pool's bookkeeping is linear in the requests in flight (prompt_r1.clients.http_pool), and the SDK's
+    chat-completions body transform is skipped where it would change nothing (prompt_r1.clients.openai_transform)."""
     # Idle connections kept as many as were in flight (for 5 s, httpx's keep-alive): a step's burst of calls
     # reuses the last burst's connections instead of opening all but 20 of them again.
     kwargs.setdefault("limits", httpx.Limits(max_connections=None, max_keepalive_connections=None))
     # httpcore logs each response's headers at DEBUG before any hook runs: its loggers cut the keys themselves.
     redaction.protect_loggers(*_HTTP_LOGGERS)
     hooks = {"response": [_redact_response, _check_response]}
+    speed_up_transform()
     return speed_up(httpx.AsyncClient(timeout=timeout, event_hooks=hooks, **kwargs))
 
 
