@@ -492,3 +492,20 @@ async def test_lockstep_batches_wait_for_every_episode_and_keep_episode_order():
     assert (
         await run([0.0, 0.0, 0.3, 0.0]) == expected
     )  # the straggler is waited for, not left to a batch of one
+
+
+async def test_each_generate_calls_seconds_are_shared_among_the_turns_it_served():
+    """The step line's generation by turn: a call's seconds go to the turns of its rows, in proportion (a row of
+    no known turn keeps its share under None), and the shares add up to the calls' seconds."""
+    backend = _TimedBackend(0.05)
+    turns = [0, 0, 1, None]
+    await asyncio.gather(
+        *(
+            backend.generate(AgentRequest(messages=[], prompt_ids=[i], max_new_tokens=4, turn=turn))
+            for i, turn in enumerate(turns)
+        )
+    )
+    assert backend.batches == [4]
+    split = backend.generate_turn_s
+    assert split[0] == pytest.approx(2 * split[1]) and split[1] == pytest.approx(split[None]) and split[1] > 0
+    assert sum(split.values()) == pytest.approx(backend.generate_total_s)

@@ -69,6 +69,9 @@ def test_the_async_step_line_says_where_the_step_and_its_groups_seconds_went():
     # The synchronous trainer's line: the rollout's parts, then the rest of the step.
     sync = {key: GROUP[key] for key in GROUP if key != "time/scoring_s"}
     assert "(rollout 1.00 s: generate 0.25, env 0.50, loop 0.25; rest 1.00 s)" in _line(sync, seconds=2.0)
+    # Generation by turn, where it was logged.
+    turns = {"time/generate_turn1_s": 0.15, "time/generate_turn2_s": 0.1, "time/generate_turn3_s": 0.0}
+    assert "generate 0.25 (by turn 0.15, 0.10, 0.00), env 0.50" in _line({**sync, **turns}, seconds=2.0)
 
 
 def test_a_groups_clock_splits_its_wall_time_by_what_its_episodes_wait_for():
@@ -85,7 +88,28 @@ def test_a_groups_clock_splits_its_wall_time_by_what_its_episodes_wait_for():
         generating.__exit__(None, None, None)
         now.t = 15.5  # the environment alone
     now.t = 16.0
+    # A generation of no known turn, in a loop of no known most turns: no part by turn.
     assert clock.split() == {"rollout": 6.0, "generate": 2.0, "environment": 2.5, "loop": 1.5}
+
+
+def test_a_groups_generation_is_shared_among_the_turns_its_episodes_wait_for():
+    from prompt_r1.training.asynchronous.step_times import GroupClock
+
+    now = _Now(0.0)
+    clock = GroupClock(now, turns=3)
+    first = clock.waiting("generate", 0)
+    first.__enter__()
+    now.t = 1.0  # one episode's first turn alone
+    with clock.waiting("generate", 1):
+        now.t = 2.0  # two episodes, one at each turn: the moment is shared
+        first.__exit__(None, None, None)
+        now.t = 4.0  # the second turn alone
+    times = clock.split()
+    assert times["generate"] == 4.0
+    # The third turn, which none reached, is there at 0: a mean over groups counts every group.
+    assert {k: v for k, v in times.items() if "turn" in k} == {
+        "generate_turn1": 1.5, "generate_turn2": 2.5, "generate_turn3": 0.0
+    }  # fmt: skip
 
 
 def _counting_clock(splits: list | None = None) -> type:
@@ -94,13 +118,13 @@ def _counting_clock(splits: list | None = None) -> type:
     from prompt_r1.training.asynchronous.step_times import GroupClock
 
     class Counting(GroupClock):
-        def __init__(self) -> None:
-            super().__init__()
+        def __init__(self, **options) -> None:
+            super().__init__(**options)
             self.calls: Counter = Counter()
 
-        def waiting(self, part):
+        def waiting(self, part, turn=None):
             self.calls[part] += 1
-            return super().waiting(part)
+            return super().waiting(part, turn)
 
         def split(self):
             times = super().split()
@@ -194,6 +218,9 @@ def test_the_worker_times_each_group_and_puts_its_seconds_on_its_samples(tmp_pat
         assert seconds["time/rollout_s"] in rollouts  # its own group's
         parts = [seconds[f"time/{part}_s"] for part in ("generate", "environment", "loop")]
         assert sum(parts) == pytest.approx(seconds["time/rollout_s"]) and min(parts) >= 0
+        # Its generation by turn: each episode's two turns took some, and the turns add up to the generation.
+        turns = [value for key, value in seconds.items() if key.startswith("time/generate_turn")]
+        assert sum(turns) == pytest.approx(seconds["time/generate_s"]) and min(turns[:2]) > 0
         assert seconds["time/scoring_s"] >= 0
 
 

@@ -107,8 +107,9 @@ def _door_worker(
     from prompt_r1.agents.served import ServedAgent
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
-    from prompt_r1.tasks.door_async import GroupKeyedEnvironment, door_worker_options
+    from prompt_r1.tasks.door_async import door_worker_options
     from prompt_r1.tasks.door_training import grpo_config
+    from prompt_r1.tasks.skeleton_async import GroupKeyedEnvironment
     from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
     from prompt_r1.training.shared.rewards import reward_functions
     from prompt_r1.training.sync.rollout import GraphRollout
@@ -123,7 +124,7 @@ def _door_worker(
     )
     with agent_server as served, ScriptedServer({"env": door_environment(table)}) as env:
         config = grpo_config(tmp_path / "out", path, env.base_url, num_generations=4)
-        environment = GroupKeyedEnvironment(EnvironmentClient(config.environment_config()))
+        environment = GroupKeyedEnvironment(EnvironmentClient(config.environment_config()), table_mark)
         agent = ServedAgent(
             AgentConfig(
                 model="agent",
@@ -381,8 +382,9 @@ def test_the_spend_cap_is_held_by_the_worker_and_every_call_it_paid_for_is_count
     from prompt_r1.clients.costs import PriceTable
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig
-    from prompt_r1.tasks.door_async import GroupKeyedEnvironment, door_worker_options
+    from prompt_r1.tasks.door_async import door_worker_options
     from prompt_r1.tasks.door_training import grpo_config
+    from prompt_r1.tasks.skeleton_async import GroupKeyedEnvironment
     from prompt_r1.training.asynchronous.spend import AsyncSpendCap
     from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
     from prompt_r1.training.shared.ledger import CallLedger, LedgerEnvironment, ledger_path
@@ -399,7 +401,7 @@ def test_the_spend_cap_is_held_by_the_worker_and_every_call_it_paid_for_is_count
         config = grpo_config(tmp_path / "out", path, env.base_url, num_generations=4)
         ledger = CallLedger.open(ledger_path(config.output_dir, 0), {"seed": 3})
         environment = LedgerEnvironment(
-            GroupKeyedEnvironment(EnvironmentClient(config.environment_config())),
+            GroupKeyedEnvironment(EnvironmentClient(config.environment_config()), table_mark),
             ledger,
             PriceTable.load(None),
         )
@@ -433,3 +435,11 @@ def test_the_spend_cap_is_held_by_the_worker_and_every_call_it_paid_for_is_count
     assert (
         ledger.totals()["steps"] == groups and groups * 4 == paid
     )  # keyed by group: one call an episode here
+
+
+def test_a_group_keyed_environment_takes_one_of_mark_or_system():
+    from prompt_r1.tasks.skeleton_async import GroupKeyedEnvironment
+
+    for keyed in ({}, {"mark": table_mark, "system": str}):
+        with pytest.raises(TypeError, match="one of mark or system"):
+            GroupKeyedEnvironment(object(), **keyed)

@@ -18,10 +18,10 @@ import pytest
 from prompt_r1.core.config import LoopConfig
 from prompt_r1.core.prompts import extract_question
 from prompt_r1.runs.episode import EpisodeRunner
-from prompt_r1.tasks.door_async import GroupKeyedEnvironment
 from prompt_r1.tasks.notes import notes_system_prompt, parse, question_about, training_questions
 from prompt_r1.tasks.notes_async import GroupSheets
 from prompt_r1.tasks.notes_training import NOTES_METRICS, training_rows
+from prompt_r1.tasks.skeleton_async import GroupKeyedEnvironment
 from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment
 from prompt_r1.training.shared.trajectories import question_of
 

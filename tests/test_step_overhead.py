@@ -34,6 +34,15 @@ def test_the_overhead_benchmark_runs_tiny_and_ends_on_its_summary_line():
     splits = [line for line in lines if " rollout " in line and " = generate " in line]
     assert len(splits) == 2, lines
     for line in splits:
-        rollout, generate, environment, loop = (float(x) for x in re.findall(number, line))
+        found = re.search(
+            rf"rollout ({number}) = generate ({number}) \(by turn ({number}(?:, {number})*)\) \+ "
+            rf"environment ({number}) \+ loop ({number})",
+            line,
+        )
+        assert found, line
+        rollout, generate, environment, loop = (float(found[i]) for i in (1, 2, 4, 5))
         assert generate >= 0 and environment >= 0 and loop > 0
         assert generate + environment + loop == pytest.approx(rollout, abs=0.002), line
+        # The generation by turn: the loop's turns, adding up to it (each figure rounded to 1 ms).
+        turns = [float(x) for x in found[3].split(", ")]
+        assert len(turns) >= 2 and sum(turns) == pytest.approx(generate, abs=0.002 * len(turns)), line

@@ -48,7 +48,8 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
             r"step (\d+/\d+)  reward [-+][\d.]+ \(format [\d.]+, answer [\d.]+\)  turns [\d.]+  "
             r"env calls [\d.]+  tokens \d+  [\d.]+ s  \$- this step, \$- total"  # "env" has no price
             # Where the step's seconds went: the rollout's parts, the reward functions, the rest (training).
-            r"  \(rollout [\d.]+ s: generate [\d.]+, env [\d.]+, loop [\d.]+; scoring [\d.]+ s, training -?[\d.]+ s\)\n",
+            r"  \(rollout [\d.]+ s: generate [\d.]+ \(by turn [\d.]+, [\d.]+(?:, [\d.]+)*\), env [\d.]+, loop [\d.]+; "
+            r"scoring [\d.]+ s, training -?[\d.]+ s\)\n",
             captured.err,
         )
         assert lines == ["1/2", "2/2"], captured.err[-2000:]
@@ -62,6 +63,9 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
             parts = h["time/generate_s"] + h["time/environment_s"] + h["time/loop_s"]
             assert parts == pytest.approx(h["time/rollout_s"], rel=0.01)
             assert min(h["time/generate_s"], h["time/loop_s"], h["time/scoring_s"]) > 0
+            # Generation by turn: both turns of the two-turn episodes generated, and the turns add up to it.
+            turns = [value for key, value in h.items() if key.startswith("time/generate_turn")]
+            assert sum(turns) == pytest.approx(h["time/generate_s"]) and min(turns[:2]) > 0
         assert any(h["reward_std"] > 0 for h in logged)
 
         # Environment tokens contribute nothing to the loss: with the same episodes, two different runs of

@@ -204,6 +204,8 @@ def worker(args) -> None:
         "weight_sync": _median(trainer.state.log_history, "perf/weight_sync_s"),
         "weight_transfer": _median(trainer.state.log_history, "perf/weight_sync_transfer_s"),
         "ratio": mean("ratio"),
+        # Where a step's seconds went (the step line's parts, `time/*_s`), the median over steps 2.. of each.
+        "times": _median_times(logs[1:] or logs),
         "weights": type(getattr(trainer, "weight_transfer", None)).__name__,  # WeightTransferClient: NCCL
         "peak_allocated": memory.peak_allocated,
         "peak_reserved": memory.peak_reserved,
@@ -212,6 +214,22 @@ def worker(args) -> None:
         "processes": trainer.accelerator.num_processes,
     }
     Path(args.result).write_text(json.dumps(result))
+
+
+def _median_times(logs: list[dict]) -> dict[str, float]:
+    """Each `time/PART_s` metric of the logged steps as PART: its median over the steps that logged it."""
+    keys = {key for h in logs for key in h if key.startswith("time/") and key.endswith("_s")}
+    return {
+        key[len("time/") : -len("_s")]: statistics.median(h[key] for h in logs if key in h) for key in keys
+    }
+
+
+def _turns(parts: dict[str, float]) -> str:
+    """The generation's seconds by turn (`generate_turn1`, ...), in turn order."""
+    keys = sorted(
+        (p for p in parts if p.startswith("generate_turn")), key=lambda p: int(p[len("generate_turn") :])
+    )
+    return ", ".join(f"{parts[k]:.3f}" for k in keys)
 
 
 def _median(history: list[dict], key: str) -> float:
@@ -488,6 +506,14 @@ def main() -> int:
         f"step, {multi['answered']:.0%} answered, mean reward "
         f"{multi['reward']:.3f}; agent tokens per episode {multi['agent_tokens']:.1f}"
     )
+    parts = multi.get("times") or {}
+    if "rollout" in parts:
+        rest = multi["median_step"] - parts["rollout"] - parts.get("scoring", 0.0)
+        print(
+            f"Prompt-R1 step, where its seconds went (medians, s): rollout {parts['rollout']:.3f} = generate "
+            f"{parts['generate']:.3f} (by turn {_turns(parts)}) + environment {parts['environment']:.3f} + loop "
+            f"{parts['loop']:.3f}; scoring {parts.get('scoring', 0.0):.3f}; training and the rest {rest:.3f}"
+        )
     if runs:
         runs["sync", args.latency] = multi
         print(

@@ -248,9 +248,10 @@ def main() -> int:
     print("the last step's rollout, as the trainer's step line splits it (s): generate, environment, loop")
     for episodes, row in rows.items():
         t = row["times"]
+        turns = ", ".join(f"{t[f'generate_turn{i}']:.3f}" for i in range(1, 99) if f"generate_turn{i}" in t)
         print(
-            f"{episodes:>8} rollout {t['rollout']:.3f} = generate {t['generate']:.3f} + environment "
-            f"{t['environment']:.3f} + loop {t['loop']:.3f}"
+            f"{episodes:>8} rollout {t['rollout']:.3f} = generate {t['generate']:.3f} (by turn {turns}) + "
+            f"environment {t['environment']:.3f} + loop {t['loop']:.3f}"
         )
     small, large = (64, 256) if {64, 256} <= per_turn.keys() else (min(per_turn), max(per_turn))
     print(

@@ -23,6 +23,7 @@ class AgentRequest:
     prompt_ids: list[int] | None = None
     max_new_tokens: int | None = None  # None: the backend's configured default
     stop: tuple[str, ...] = STOP_SEQUENCES
+    turn: int | None = None  # the episode's turn this generation writes (0: the first), for the step's timing
 
 
 @dataclass

@@ -64,6 +64,7 @@ class PendingRequest:
     # (episode index, turn within the episode) when the episode was registered with an index, else None.
     key: tuple[int, int] | None = None
     registered: bool = False  # made by a registered episode (counted against the live ones)
+    turn: int | None = None  # the request's `AgentRequest.turn`
 
 
 @dataclass
@@ -114,6 +115,8 @@ class BatchingBackend:
         self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
         self.generate_seconds = 0.0  # moving average of one generate call's duration
         self.generate_total_s = 0.0  # every generate call's duration, summed (a step's breakdown)
+        # The same by turn (a call shared among its requests' turns, in proportion; None: the turn was not given).
+        self.generate_turn_s: dict[int | None, float] = {}
 
     @contextlib.contextmanager
     def episode(self, index: int | None = None) -> Iterator[None]:
@@ -167,7 +170,9 @@ class BatchingBackend:
             slot.turns += 1
         queue = self._queues.get()
         future = asyncio.get_running_loop().create_future()
-        item = PendingRequest(list(prompt_ids), max_new, tuple(request.stop), future, key, slot is not None)
+        item = PendingRequest(
+            list(prompt_ids), max_new, tuple(request.stop), future, key, slot is not None, request.turn
+        )
         queue.pending.append(item)
         queue.changed.set()
         if queue.drainer is None or queue.drainer.done():
@@ -245,6 +250,9 @@ class BatchingBackend:
             finally:
                 seconds = time.monotonic() - start
                 self.generate_total_s += seconds
+                for item in batch:
+                    turn_s = self.generate_turn_s.get(item.turn, 0.0)
+                    self.generate_turn_s[item.turn] = turn_s + seconds / len(batch)
                 first = len(self.batches) == 1
                 self.generate_seconds = seconds if first else 0.7 * self.generate_seconds + 0.3 * seconds
 

@@ -94,6 +94,7 @@ class LoopNodes:
             prompt_ids=prompt_ids,
             max_new_tokens=budget.max_new_tokens,
             stop=self.protocol.stop,
+            turn=index,
         )
         try:
             output = await traced_agent_call(self.agent, request, config, index)

@@ -15,6 +15,9 @@ from, and the rollout hooks and figures that say whether GRPO taught the agent t
   with direct prompting, an instruction, OPRO and GEPA (`evals/bench/real_agent.py`; the trained agent ships as
   `smollm2-135m-notes`).
 
+What every task shares: `skeleton` (the rollout that draws the task's facts each step, the trainer config) and
+`skeleton_async` (the environment keyed by the episode's group, the async trainer, the vLLM-served async run).
+
 Add a task: a module with its facts (redrawn per step, or per group under the async trainer, so that nothing can
 be memorised), a `ScriptedServer` responder, rows, and an agent builder that teaches skills, not the choice; a
 `*_training` module with its rollout and figures; then a `--task` entry in `evals/bench/learning.py`, and for

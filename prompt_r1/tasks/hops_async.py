@@ -14,9 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.tasks.door_async import group_keyed_trainer, run_async
 from prompt_r1.tasks.hops import HopsTable, named, table_mark
 from prompt_r1.tasks.hops_training import hops_figures
+from prompt_r1.tasks.skeleton_async import group_keyed_trainer, run_async
 
 __all__ = ["evaluate", "hops_async_trainer", "hops_worker_options", "train_async"]
 
@@ -70,7 +70,7 @@ def train_async(
     held_out_step: int,
     **settings: Any,
 ) -> dict[str, Any]:
-    """`run_async` on the hops task (see `prompt_r1.tasks.door_async.run_async` for what it returns)."""
+    """`run_async` on the hops task (see `prompt_r1.tasks.skeleton_async.run_async` for what it returns)."""
     from prompt_r1.tasks.hops_training import grpo_config
 
     def measure(agent: str | Path) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.agents.batching import derive_seed
-from prompt_r1.tasks.door_async import group_keyed_trainer, run_async
 from prompt_r1.tasks.notes import NotesQuestion, NotesWorld, notes_system_prompt
 from prompt_r1.tasks.notes_training import notes_figures
+from prompt_r1.tasks.skeleton_async import group_keyed_trainer, run_async
 
 __all__ = ["GroupSheets", "notes_async_trainer", "train_async"]
 

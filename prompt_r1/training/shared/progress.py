@@ -195,7 +195,7 @@ def breakdown(logs: dict[str, Any], step_s: float) -> str:
 
     The synchronous trainer (prompt_r1.training.sync.rollout): the rollout's parts, then the reward functions
     (`time_scoring`) and the rest of the step, TRL's forward and backward passes and optimizer:
-    `(rollout R s: generate G, env E, loop L; scoring S s, training T s)`.
+    `(rollout R s: generate G (by turn G1, G2, ...), env E, loop L; scoring S s, training T s)`.
 
     The asynchronous one (prompt_r1.training.asynchronous.step_times), whose rollouts run beside its steps: the
     rollout worker's seconds a group, averaged over the groups the step trained on, then the step's own parts, the
@@ -206,7 +206,7 @@ def breakdown(logs: dict[str, Any], step_s: float) -> str:
     if "time/rollout_s" in logs:
         group = (
             f"rollout {_number(logs['time/rollout_s'], '.2f')} s{' a group' if 'time/training_s' in logs else ''}: "
-            f"generate {_number(logs.get('time/generate_s'), '.2f')}, "
+            f"generate {_number(logs.get('time/generate_s'), '.2f')}{_by_turn(logs)}, "
             f"env {_number(logs.get('time/environment_s'), '.2f')}, "
             f"loop {_number(logs.get('time/loop_s'), '.2f')}"
         )
@@ -230,6 +230,22 @@ def breakdown(logs: dict[str, Any], step_s: float) -> str:
     if scoring is not None:
         worker.append(f"scoring {_number(scoring, '.2f')} s")
     return f"  ({'; '.join([*worker, step])})"
+
+
+def turn_parts(turn_s: dict[int | None, float], turns: int = 0) -> dict[str, float]:
+    """Generation seconds by turn (0: the first) as step parts, `generate_turn1`, `generate_turn2`, ..., for the
+    turns 1 to `turns` (the loop's most) or the last one timed, whichever is later: 0 where a turn generated
+    nothing, so that a mean over steps or groups counts every one. Seconds of no known turn are left out."""
+    last = max([turns, *(turn + 1 for turn in turn_s if turn is not None)])
+    return {f"generate_turn{turn + 1}": turn_s.get(turn, 0.0) for turn in range(last)}
+
+
+def _by_turn(logs: dict[str, Any]) -> str:
+    """ " (by turn A, B, ...)" from the `time/generate_turnK_s` metrics of `logs`, or "" when there are none."""
+    seconds = []
+    while (value := logs.get(f"time/generate_turn{len(seconds) + 1}_s")) is not None:
+        seconds.append(_number(value, ".2f"))
+    return f" (by turn {', '.join(seconds)})" if seconds else ""
 
 
 def time_metrics(times: dict[str, float]) -> dict[str, float]:

@@ -29,7 +29,7 @@ from prompt_r1.core.errors import ConfigError
 from prompt_r1.loop.graph import STATUSES, build_graph
 from prompt_r1.runs.episode import Episode, EpisodeRunner
 from prompt_r1.training.shared.ledger import call_scope
-from prompt_r1.training.shared.progress import time_metrics
+from prompt_r1.training.shared.progress import time_metrics, turn_parts
 from prompt_r1.training.shared.trajectories import Trajectories, question_of
 from prompt_r1.training.sync.policy import VLLMServerPolicy, trainer_policy
 
@@ -46,6 +46,7 @@ class GraphRollout(Trajectories):
         self.last_results: list[Episode] = []  # the episodes of the latest call, for inspection
         self.last_batch_sizes: list[int] = []
         self.last_generate_s = 0.0  # the latest call's seconds in the policy's generate calls
+        self.last_generate_turn_s: dict[int | None, float] = {}  # the same by turn (the batcher's split)
         self.last_times: dict[str, float] = {}  # the latest call's seconds, by part (_RolloutClock.split)
         self._last_step: tuple[int, bool] | None = None  # (step, training) of the latest call
         self._calls_at_step = 0
@@ -59,7 +60,7 @@ class GraphRollout(Trajectories):
         with _collect_only_the_rollouts_garbage():
             results, tokenizer = self.sample(trainer, questions, seed, call=self._last_call)
             output = self.to_trajectories(results, tokenizer)
-        self.last_times = clock.split(self.last_generate_s)
+        self.last_times = clock.split(self.last_generate_s, self.last_generate_turn_s, self.max_turns)
         self.calls += 1
         self.last_results = results
         log_episode_metrics(
@@ -84,6 +85,7 @@ class GraphRollout(Trajectories):
             results = self.run_episodes(agent, questions, call=call)
         self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
         self.last_generate_s = getattr(agent, "generate_total_s", 0.0)
+        self.last_generate_turn_s = dict(getattr(agent, "generate_turn_s", {}))
         return results, agent.tokenizer
 
     def step_seed(self, trainer: Any) -> int | None:
@@ -211,12 +213,15 @@ class _RolloutClock:
     event loop's thread): `generate` (the policy's generate calls, timed by the batcher), `loop` (the CPU time of
     the event loop's thread, where the graph, parsing, tokenising and the HTTP clients run, and of this thread,
     which assembles the trajectories), and `environment`: the rest of the wall time, which in lockstep batches is
-    the wait for the environment's replies (the loop is idle during a generate call and during that wait)."""
+    the wait for the environment's replies (the loop is idle during a generate call and during that wait).
+    `generate` is split by turn too (`progress.turn_parts`: `generate_turn1`, ...)."""
 
     def __init__(self) -> None:
         self.wall, self.cpu, self.loop_cpu = time.monotonic(), time.thread_time(), _loop_thread_cpu()
 
-    def split(self, generate_s: float) -> dict[str, float]:
+    def split(
+        self, generate_s: float, turn_s: dict[int | None, float] | None = None, turns: int = 0
+    ) -> dict[str, float]:
         wall = time.monotonic() - self.wall
         loop = (_loop_thread_cpu() - self.loop_cpu) + (time.thread_time() - self.cpu)
         return {
@@ -224,6 +229,7 @@ class _RolloutClock:
             "generate": generate_s,
             "loop": loop,
             "environment": max(wall - generate_s - loop, 0.0),
+            **turn_parts(turn_s or {}, turns),
         }
 
 
