@@ -113,7 +113,10 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
         max_turns=3,
         max_turn_tokens=48,  # a turn of the cold-started agent is 20-35 tokens
         max_total_tokens=256,
-        learning_rate=5e-4,
+        # One GRPO step at 5e-4 or 1e-4 took the cold-started agent from asking again after 11 of 16 builder
+        # replies to none (Adam's first step moves every LoRA weight by the learning rate, and the 1-call questions'
+        # penalty for asking again outweighed the 2-call questions' gain); at 3e-5 it kept asking through 10 steps.
+        learning_rate=3e-5,
         beta=0.0,
         # Sampled at 1.0, the 135M agent garbles the names it copies into a second prompt ("Where is Gita Vesk
         # born?" for Gita Pryor), so a second call seldom paid and GRPO learned to stop asking; at 0.7 the names
