@@ -252,3 +252,12 @@ def release_name_episodes(*agents: Any) -> list[dict]:
 def rows_of(path: Path) -> list[dict]:
     """The JSON rows of a JSONL file, blank lines skipped."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def async_tiny_config(tmp_path: Path, **overrides):
+    """The tiny run's config (`tiny_grpo_config`) at 8 episodes a step, as the async GRPO tests use it;
+    `async_grpo=True` gives the async trainer's (`trainer_config`)."""
+    settings = dict(
+        per_device_train_batch_size=8, num_generations=8, max_steps=3, learning_rate=1e-4, bf16=False
+    )
+    return tiny_grpo_config(tmp_path / "out", **{**settings, **overrides})
