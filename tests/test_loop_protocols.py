@@ -67,3 +67,24 @@ def test_the_loop_reads_in_one_sitting(module):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert long == []
+
+
+@pytest.mark.parametrize("force_final_answer", [True, False])
+def test_the_most_agent_turns_is_what_an_agent_that_never_answers_makes(force_final_answer):
+    """The step lines log generation for every turn the loop allows (`most_agent_turns`): under the paper protocol
+    a turn per call, the turn after the last reply, and the final-answer request; under release, `max_turns`."""
+    from conftest import PROMPT
+
+    from prompt_r1.loop.graph import build_graph
+    from prompt_r1.testing.scripted import ScriptedAgent, ScriptedEnvironment, scripted_agent
+    from prompt_r1.testing.servers import echo_environment
+
+    loop = LoopConfig(max_turns=2, force_final_answer=force_final_answer)
+    agent = ScriptedAgent(scripted_agent([PROMPT.format(k=k) for k in range(1, 10)]))
+    build_graph(agent, ScriptedEnvironment(echo_environment()), loop=loop).invoke({"question": "Q?"})
+    made = [request.turn for request in agent.requests]
+    assert made == list(range(len(made))) and len(made) == protocol_for(loop).most_agent_turns(
+        2, force_final_answer
+    )
+    assert len(made) == 2 + 1 + force_final_answer
+    assert protocol_for(LoopConfig(protocol="release")).most_agent_turns(3, True) == 3

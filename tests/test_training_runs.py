@@ -66,6 +66,9 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
             # Generation by turn: both turns of the two-turn episodes generated, and the turns add up to it.
             turns = [value for key, value in h.items() if key.startswith("time/generate_turn")]
             assert sum(turns) == pytest.approx(h["time/generate_s"]) and min(turns[:2]) > 0
+            assert (
+                len(turns) == trainer.rollout_func.most_agent_turns
+            )  # every turn the loop allows, each step
         assert any(h["reward_std"] > 0 for h in logged)
 
         # Environment tokens contribute nothing to the loss: with the same episodes, two different runs of

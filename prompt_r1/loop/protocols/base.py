@@ -127,6 +127,10 @@ class LoopProtocol(ABC):
     def turns_used_up(self, state: dict, max_turns: int) -> bool:
         """After the environment's reply: True when the episode ends there."""
 
+    @abstractmethod
+    def most_agent_turns(self, max_turns: int, force_final_answer: bool) -> int:
+        """The most agent generations an episode can make under these settings (the step lines' turns)."""
+
     # What the trainer and the evaluation score
 
     @abstractmethod

@@ -85,6 +85,10 @@ class PaperProtocol(LoopProtocol):
     def turns_used_up(self, state: dict, max_turns: int) -> bool:
         return False  # the router before the environment counts its calls
 
+    def most_agent_turns(self, max_turns: int, force_final_answer: bool) -> int:
+        # A turn per call, the turn after the last reply, and the final-answer request if that turn prompts.
+        return max_turns + 1 + int(force_final_answer)
+
     def finish_trajectory(
         self,
         tokenizer: Any,

@@ -349,6 +349,9 @@ class ReleaseProtocol(LoopProtocol):
     def turns_used_up(self, state: dict, max_turns: int) -> bool:
         return len(state["turns"]) >= max_turns  # max_turns counts agent generations
 
+    def most_agent_turns(self, max_turns: int, force_final_answer: bool) -> int:
+        return max_turns
+
     def finish_trajectory(
         self,
         tokenizer: Any,

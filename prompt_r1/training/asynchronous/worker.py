@@ -312,7 +312,7 @@ class GraphRolloutWorker:
     async def _group(self, runner: EpisodeRunner, group_id: int, row: dict[str, Any]) -> None:
         try:
             version = self.model_version
-            clock = GroupClock(turns=self.rollout.max_turns)
+            clock = GroupClock(turns=self.rollout.most_agent_turns)
             question = question_of(row["prompt"])
             tag = {"rollout_group": group_id}
 

@@ -234,7 +234,7 @@ def breakdown(logs: dict[str, Any], step_s: float) -> str:
 
 def turn_parts(turn_s: dict[int | None, float], turns: int = 0) -> dict[str, float]:
     """Generation seconds by turn (0: the first) as step parts, `generate_turn1`, `generate_turn2`, ..., for the
-    turns 1 to `turns` (the loop's most) or the last one timed, whichever is later: 0 where a turn generated
+    turns 1 to `turns` (the loop's most agent generations) or the last one timed, whichever is later: 0 where a turn generated
     nothing, so that a mean over steps or groups counts every one. Seconds of no known turn are left out."""
     last = max([turns, *(turn + 1 for turn in turn_s if turn is not None)])
     return {f"generate_turn{turn + 1}": turn_s.get(turn, 0.0) for turn in range(last)}

@@ -79,6 +79,13 @@ class Trajectories:
         return self.loop.max_turns
 
     @property
+    def most_agent_turns(self) -> int:
+        """The most agent generations an episode makes under the loop's protocol and settings."""
+        return protocol_for(self.loop).most_agent_turns(
+            self.loop.max_turns, bool(self.loop.force_final_answer)
+        )
+
+    @property
     def max_turn_tokens(self) -> int:
         return self.loop.max_turn_tokens
 

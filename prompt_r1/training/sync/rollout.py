@@ -60,7 +60,7 @@ class GraphRollout(Trajectories):
         with _collect_only_the_rollouts_garbage():
             results, tokenizer = self.sample(trainer, questions, seed, call=self._last_call)
             output = self.to_trajectories(results, tokenizer)
-        self.last_times = clock.split(self.last_generate_s, self.last_generate_turn_s, self.max_turns)
+        self.last_times = clock.split(self.last_generate_s, self.last_generate_turn_s, self.most_agent_turns)
         self.calls += 1
         self.last_results = results
         log_episode_metrics(
