@@ -5,15 +5,34 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from typing import Annotated
 
-from openai import NOT_GIVEN, omit
-from openai._utils._transform import async_maybe_transform
-from openai.types.beta.agents.automation_target_param import AutomationTargetParamNewSession
+import openai
+from openai import NOT_GIVEN
+from openai._utils._transform import PropertyInfo, async_maybe_transform
 from openai.types.chat import completion_create_params
+from typing_extensions import TypedDict
 
 from prompt_r1.clients.openai_transform import plain_transform, speed_up_transform
 
 PARAMS = completion_create_params.CompletionCreateParamsNonStreaming
+omit = getattr(openai, "omit", NOT_GIVEN)  # the SDK's newer omitted-value marker, where it has one
+
+
+class _Compaction(TypedDict, total=False):
+    async_: Annotated[bool, PropertyInfo(alias="async")]
+
+
+class _Agent(TypedDict, total=False):
+    compaction: _Compaction
+
+
+class _Target(
+    TypedDict, total=False
+):  # a parameter type with an alias three TypedDicts down, as the SDK writes them
+    agent: _Agent
+
+
 BODY = {
     "messages": [
         {"role": "system", "content": "You answer."},
@@ -50,8 +69,8 @@ def test_values_the_sdk_would_change_are_left_to_it():
 def test_types_with_an_alias_anywhere_are_left_to_the_sdk():
     # `async_` is renamed to `async` three TypedDicts down.
     body = {"agent": {"compaction": {"async_": True}}}
-    assert plain_transform(body, AutomationTargetParamNewSession) is None
-    assert _sdk(body, AutomationTargetParamNewSession) == {"agent": {"compaction": {"async": True}}}
+    assert plain_transform(body, _Target) is None
+    assert _sdk(body, _Target) == {"agent": {"compaction": {"async": True}}}
 
 
 def test_the_chat_completions_module_checks_first_once_installed():

@@ -69,10 +69,13 @@ def plain_transform(data: Any, expected_type: Any) -> dict | None:
 
 
 def speed_up_transform() -> None:
-    """Check for a plain body before the chat-completions module's `async_maybe_transform` (idempotent; any SDK
-    without that function is left alone)."""
+    """Check for a plain body before the chat-completions module's `async_maybe_transform` (idempotent; an SDK
+    without that function, or without any of the internals the check reads, is left alone)."""
     try:
+        from openai._utils import is_given  # noqa: F401 - the check reads these at call time
+        from openai._utils._transform import PropertyInfo, get_type_hints  # noqa: F401
         from openai.resources.chat.completions import completions
+        from typing_extensions import is_typeddict  # noqa: F401
     except ImportError:  # pragma: no cover - an SDK laid out otherwise
         return
     original = getattr(completions, "async_maybe_transform", None)
