@@ -510,7 +510,7 @@ def main() -> int:
     if "rollout" in parts:
         rest = multi["median_step"] - parts["rollout"] - parts.get("scoring", 0.0)
         print(
-            f"Prompt-R1 step, where its seconds went (medians, s): rollout {parts['rollout']:.3f} = generate "
+            f"Prompt-R1 step, where its seconds went (each part's median over the steps, s): rollout {parts['rollout']:.3f} = generate "
             f"{parts['generate']:.3f} (by turn {_turns(parts)}) + environment {parts['environment']:.3f} + loop "
             f"{parts['loop']:.3f}; scoring {parts.get('scoring', 0.0):.3f}; training and the rest {rest:.3f}"
         )

@@ -28,15 +28,12 @@ from typing import Any
 
 from prompt_r1.tasks.door_codes import DoorTable, named_doors, table_mark
 from prompt_r1.tasks.door_training import DOOR_METRICS, door_figures
-from prompt_r1.tasks.skeleton_async import GroupKeyedEnvironment, group_keyed_trainer, run_async
+from prompt_r1.tasks.skeleton_async import group_keyed_trainer, run_async
 
 __all__ = [
-    "GroupKeyedEnvironment",
     "door_async_trainer",
     "door_worker_options",
-    "group_keyed_trainer",
     "evaluate",
-    "run_async",
     "train_async",
 ]
 

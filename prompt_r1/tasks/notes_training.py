@@ -113,14 +113,15 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
         max_turns=3,
         max_turn_tokens=48,  # a turn of the cold-started agent is 20-35 tokens
         max_total_tokens=256,
-        # One GRPO step at 5e-4 or 1e-4 took the cold-started agent from asking again after 11 of 16 builder
-        # replies to none (Adam's first step moves every LoRA weight by the learning rate, and the 1-call questions'
-        # penalty for asking again outweighed the 2-call questions' gain); at 3e-5 it kept asking through 10 steps.
+        # One GRPO step stopped every second call of a cold-started agent (asked again after 11 of 12 builder
+        # replies, then 0 of 8, at 5e-4; 14 of 27, then 0 of 26, at 1e-4 with 32 episodes a step): Adam's first
+        # step moves every LoRA weight by the learning rate, and asking again cost more on the 1-call questions
+        # than it gained on the 2-call ones. At 3e-5 it kept asking through 10 steps (docs/benchmarks.md).
         learning_rate=3e-5,
         beta=0.0,
-        # Sampled at 1.0, the 135M agent garbles the names it copies into a second prompt ("Where is Gita Vesk
-        # born?" for Gita Pryor), so a second call seldom paid and GRPO learned to stop asking; at 0.7 the names
-        # survive and the choice to ask again stays uncertain (docs/benchmarks.md, the real agent's recipe).
+        # Sampled at 1.0, the 135M agent garbles names it copies into a second prompt ("Where is Gita Vesk born?"
+        # for Gita Pryor): on 32 training-pool questions its cold start asked twice on 8 of 19 2-call questions and
+        # got 7 right; at 0.7, 11 and 10 (docs/benchmarks.md, the real agent's recipe).
         temperature=0.7,
         reward_preset="release",
         use_peft=True,

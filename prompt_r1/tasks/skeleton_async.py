@@ -7,8 +7,8 @@ each episode with its group (`rollout_group` in the run config's metadata); `Gro
 environment that group's facts; the task's worker options give the group's golden answers and the episode's
 figures from the same facts (`door_async.door_worker_options`, `hops_async`, `notes_async.GroupSheets`).
 
-    trainer = group_keyed_trainer(config, rows, worker_options, mark=table_mark)      # or system=sheet_of_group
-    result = run_async(model, out, configure=..., build=..., measure=..., seed=seed)  # vLLM served, trained, stopped
+    trainer = group_keyed_trainer(config, rows, worker_options, mark=table_mark)  # or system=sheet_of_group
+    result = run_async(model, out, configure=..., build=..., measure=..., seed=seed)  # serve, train, stop
 """
 
 from __future__ import annotations
