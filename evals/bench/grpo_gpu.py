@@ -219,17 +219,7 @@ def worker(args) -> None:
 def _median_times(logs: list[dict]) -> dict[str, float]:
     """Each `time/PART_s` metric of the logged steps as PART: its median over the steps that logged it."""
     keys = {key for h in logs for key in h if key.startswith("time/") and key.endswith("_s")}
-    return {
-        key[len("time/") : -len("_s")]: statistics.median(h[key] for h in logs if key in h) for key in keys
-    }
-
-
-def _turns(parts: dict[str, float]) -> str:
-    """The generation's seconds by turn (`generate_turn1`, ...), in turn order."""
-    keys = sorted(
-        (p for p in parts if p.startswith("generate_turn")), key=lambda p: int(p[len("generate_turn") :])
-    )
-    return ", ".join(f"{parts[k]:.3f}" for k in keys)
+    return {key[len("time/") : -len("_s")]: _median(logs, key) for key in keys}
 
 
 def _median(history: list[dict], key: str) -> float:
@@ -508,11 +498,15 @@ def main() -> int:
     )
     parts = multi.get("times") or {}
     if "rollout" in parts:
+        from prompt_r1.training.shared.progress import by_turn
+
         rest = multi["median_step"] - parts["rollout"] - parts.get("scoring", 0.0)
         print(
-            f"Prompt-R1 step, where its seconds went (each part's median over the steps, s): rollout {parts['rollout']:.3f} = generate "
-            f"{parts['generate']:.3f} (by turn {_turns(parts)}) + environment {parts['environment']:.3f} + loop "
-            f"{parts['loop']:.3f}; scoring {parts.get('scoring', 0.0):.3f}; training and the rest {rest:.3f}"
+            f"Prompt-R1 step, where its seconds went (each part's median over the steps, s): rollout "
+            f"{parts['rollout']:.3f} = generate {parts['generate']:.3f} (by turn "
+            f"{', '.join(f'{seconds:.3f}' for seconds in by_turn(parts))}) + environment "
+            f"{parts['environment']:.3f} + loop {parts['loop']:.3f}; scoring {parts.get('scoring', 0.0):.3f}; "
+            f"training and the rest {rest:.3f}"
         )
     if runs:
         runs["sync", args.latency] = multi

@@ -245,10 +245,12 @@ def main() -> int:
             f"{episodes:>8} {row['turns']:>6.0f} {1000 * row['cpu']:>11.1f} {1000 * row['wall']:>12.1f} "
             f"{per_turn[episodes]:>14.3f} {per_turn[episodes] / first:>7.2f}"
         )
+    from prompt_r1.training.shared.progress import by_turn
+
     print("the last step's rollout, as the trainer's step line splits it (s): generate, environment, loop")
     for episodes, row in rows.items():
         t = row["times"]
-        turns = ", ".join(f"{t[f'generate_turn{i}']:.3f}" for i in range(1, 99) if f"generate_turn{i}" in t)
+        turns = ", ".join(f"{seconds:.3f}" for seconds in by_turn(t))
         print(
             f"{episodes:>8} rollout {t['rollout']:.3f} = generate {t['generate']:.3f} (by turn {turns}) + "
             f"environment {t['environment']:.3f} + loop {t['loop']:.3f}"

@@ -10,8 +10,8 @@ connections, and the count inside is itself n).
 `LinearPool` keeps the same rules with less work: a connection is checked for expiry (its keep-alive over, or
 the server gone) right before it is reused, as before; the sweep that closes expired and surplus idle connections
 (and drops closed ones) runs at most every `SWEEP_S` seconds instead of on every event; counting is `len`.
-`speed_up(client)` puts it under a client's default transport (proxies and every other setting untouched), and leaves any other httpcore
-version alone: the override follows 1.0's internals.
+`speed_up(client)` puts it under a client's default transport (proxies and every other setting untouched), and
+leaves any other httpcore version alone: the override follows 1.0's internals.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ _CURRENT: contextvars.ContextVar[GroupClock | None] = contextvars.ContextVar(
 
 class GroupClock:
     """Where one group's seconds went (see the module docstring). Read and written on the event loop's thread
-    only, so it needs no lock. `turns`: the loop's most agent generations (`progress.turn_parts`); `now`: the clock read (a
-    test's own)."""
+    only, so it needs no lock. `turns`: the loop's most agent generations (`progress.turn_parts`); `now`: the
+    clock read (a test's own)."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic, *, turns: int = 0) -> None:
         self._now, self._turns = now, turns

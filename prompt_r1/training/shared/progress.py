@@ -234,17 +234,25 @@ def breakdown(logs: dict[str, Any], step_s: float) -> str:
 
 def turn_parts(turn_s: dict[int | None, float], turns: int = 0) -> dict[str, float]:
     """Generation seconds by turn (0: the first) as step parts, `generate_turn1`, `generate_turn2`, ..., for the
-    turns 1 to `turns` (the loop's most agent generations) or the last one timed, whichever is later: 0 where a turn generated
-    nothing, so that a mean over steps or groups counts every one. Seconds of no known turn are left out."""
+    turns 1 to `turns` (the loop's most agent generations) or the last one timed, whichever is later: 0 where a
+    turn generated nothing, so that a mean over steps or groups counts every one. Seconds of no known turn are
+    left out."""
     last = max([turns, *(turn + 1 for turn in turn_s if turn is not None)])
     return {f"generate_turn{turn + 1}": turn_s.get(turn, 0.0) for turn in range(last)}
 
 
+def by_turn(parts: dict[str, Any], key: str = "generate_turn{}") -> list[float]:
+    """The generation's seconds by turn, in turn order, from `turn_parts`' keys (`key`: as logged, e.g.
+    "time/generate_turn{}_s"), up to the first turn missing."""
+    seconds: list[float] = []
+    while (value := parts.get(key.format(len(seconds) + 1))) is not None:
+        seconds.append(value)
+    return seconds
+
+
 def _by_turn(logs: dict[str, Any]) -> str:
     """ " (by turn A, B, ...)" from the `time/generate_turnK_s` metrics of `logs`, or "" when there are none."""
-    seconds = []
-    while (value := logs.get(f"time/generate_turn{len(seconds) + 1}_s")) is not None:
-        seconds.append(_number(value, ".2f"))
+    seconds = [_number(value, ".2f") for value in by_turn(logs, "time/generate_turn{}_s")]
     return f" (by turn {', '.join(seconds)})" if seconds else ""
 
 
