@@ -55,8 +55,7 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 # KEYS: flight, done, tok, lease_tok, state, procs.
 # ARGV: lease, tokens, rate_limit, period, token_limit (0: none), token_period, lease_ttl, max_in_flight, process,
 # seconds a process stays counted after its last request.
-# Returns {granted 0/1, wait seconds as text (-1: poll, a slot frees only when a request completes), processes,
-# and when granted the requests now in the window, this one included}.
+# Returns {granted 0/1, wait seconds as text (-1: poll, a slot frees only when a request completes), processes}.
 _ACQUIRE = (
     _PRELUDE
     + """
@@ -124,7 +123,7 @@ redis.call('HSET', KEYS[4], lease, tokens)
 redis.call('HINCRBY', KEYS[5], 'tok_res', tokens)
 local keep = math.ceil(1000 * (math.max(period, tperiod) + ttl + 60))
 for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], keep) end
-return {1, '0', procs, redis.call('ZCARD', KEYS[2]) + flying + 1}
+return {1, '0', procs}
 """
 )
 
@@ -259,7 +258,6 @@ class RedisLimitStore:
     def __init__(self, client: Any, prefix: str) -> None:
         self.client, self.prefix = client, prefix
         self.keys = [prefix + s for s in self.SUFFIXES]
-        self.last_used = 0  # requests in the window at this process's last grant
         self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
         self._renew = client.register_script(_RENEW)
@@ -293,7 +291,7 @@ class RedisLimitStore:
     async def acquire(self, lease: str, tokens: int, limits: Limits, process: str) -> tuple[bool, float, int]:
         """Take a lease when every window has room: (granted, seconds to wait before asking again (-1: soon),
         processes seen lately)."""
-        granted, wait, procs, *used = await self._acquire(
+        granted, wait, procs = await self._acquire(
             keys=self.keys,
             args=[
                 lease,
@@ -308,7 +306,6 @@ class RedisLimitStore:
                 PROCESS_SEEN_SECONDS,
             ],
         )
-        self.last_used = int(used[0]) if used else self.last_used
         return bool(granted), float(wait), int(procs)
 
     async def release(

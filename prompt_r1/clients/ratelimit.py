@@ -277,6 +277,15 @@ class EndpointLimiter:
                 self._tokens._log.append((stamp, tokens))
                 self._tokens._logged += tokens
 
+    def hold(self, requests: int, tokens: int) -> None:
+        """Count `requests` requests and `tokens` tokens as sent now by someone else: room this limiter leaves
+        for one window (the time stamp is now, so they follow every entry already in the windows)."""
+        now = time.monotonic()
+        self._throttler._task_logs.extend([now] * requests)
+        if self._tokens is not None and tokens:
+            self._tokens._log.append((now, tokens))
+            self._tokens._logged += tokens
+
     def cool_down(self, seconds: float) -> None:
         """No request of this limiter starts in the next `seconds` (a later cool-down never shortens one)."""
         self._cool_until = max(self._cool_until, time.monotonic() + seconds)

@@ -18,9 +18,10 @@ estimate and corrected from the reply. What it adds:
   reset it names.
 - **Faults.** A store that has never answered this process refuses each request (`RateStoreUnreachable`,
   nothing sent): with no count of the other processes, any share it took could overrun the provider. The
-  command-line surfaces check the store before they start instead. When the store stops answering later, the limiter says so once (a warning), goes on with a local share
-  of the limits (each limit divided by the processes last seen in the store), and tries the store again every
-  `rejoin_every` seconds; when it answers, the limiter says so and rejoins. No request waits on a dead store
+  command-line surfaces check the store before they start instead. When the store stops answering later, the
+  limiter says so once (a warning), goes on with a local share of the limits (each limit divided by the
+  processes last seen in the store; for the first window, only the slots its own requests free, as the others'
+  requests of that window are unknown), and tries the store again every `rejoin_every` seconds; when it answers, the limiter says so and rejoins. No request waits on a dead store
   and none is dropped: only the limiter changes under the running episodes.
 """
 
@@ -157,7 +158,7 @@ class SharedLimiter:
         # forgotten the window the provider still counts).
         self._recent: deque[tuple[float, int]] = deque()
         self._flying: dict[str, int] = {}  # leases in flight: their token estimates
-        self._store_seen = (0.0, 0)  # (monotonic time, requests in the store's window) at the last grant
+        self._flying_at_loss: set[str] = set()  # leases in flight when the store was lost
         self._probing = False
         self.losses = 0  # times the store was lost (each reported once)
         self.joined = False  # the store has granted this process a lease at least once
@@ -186,13 +187,20 @@ class SharedLimiter:
                 token_period=limits.token_period,
             )
             now = time.monotonic()
-            # Requests still in flight under the store count too: the provider has them, or soon will.
+            # Requests still in flight under the store count too: the provider has them, or soon will (and each
+            # is counted again when it completes, as it may arrive after this moment).
+            self._flying_at_loss = set(self._flying)
             mine = [*self._recent, *[(now, n) for n in self._flying.values()]]
-            # And this process's share of what every process had in the window at its last grant: one that sent
-            # less than its share must not fill the window the others filled.
-            used_at, used = self._store_seen
-            missing = -(-used // share) - len(mine)
-            self._local.seed(mine + [(used_at, 0)] * max(0, missing))
+            self._local.seed(mine)
+            # What the other processes sent in the window is unknown from here: the store's count is gone, and
+            # one that sent more than its share left that much less to the others. So the share starts as if the
+            # window were full: this process's own requests where they lie, the rest of its share as sent now.
+            # For one window it only reuses the slots its own requests free; after that no share can meet another
+            # process's requests from before the loss.
+            self._local.hold(
+                requests=max(0, self._local.rate_limit - len(mine)),
+                tokens=max(0, (self._local.tokens_per_minute or 0) - sum(n for _, n in mine)),
+            )
             self._lost_since = time.monotonic()
         self._lost_at = time.monotonic()
 
@@ -235,7 +243,6 @@ class SharedLimiter:
             self.processes_seen = max(1, procs)
             if granted:
                 self.joined = True
-                self._store_seen = (time.monotonic(), store.last_used)
                 return
             await asyncio.sleep(_POLL if wait < 0 else min(max(wait, 0.001), 5.0))
 
@@ -314,7 +321,11 @@ class SharedLimiter:
         finally:
             renewal.cancel()
             self._flying.pop(lease, None)
-            self._remember(handle.actual if handle.actual is not None else tokens)
+            used = handle.actual if handle.actual is not None else tokens
+            self._remember(used)
+            if lease in self._flying_at_loss and self._local is not None:
+                self._flying_at_loss.discard(lease)
+                self._local.seed([(time.monotonic(), used)])
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
                 ago = time.monotonic() - handle.replied_at if handle.replied_at is not None else 0.0
