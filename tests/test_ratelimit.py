@@ -55,3 +55,22 @@ def test_rate_window_serves_waiters_in_order_and_a_cancelled_waiter_passes_its_t
     assert [i for i, _ in sent] == [0, 1, 3, 5, 6, 7]
     assert max_in_window([t for _, t in sent], 0.3) <= 2
     assert (stats.completed, stats.waiting, stats.in_flight) == (6, 0, 0)
+
+
+async def test_a_request_adopted_from_elsewhere_counts_in_flight_until_it_completes_then_for_a_window():
+    """Both slots of 2 a half-second are held by requests sent elsewhere (a lost shared store's): a new request
+    waits for one to complete (0.3 s) and then for its completion stamp to leave the window (0.5 s more)."""
+    limiter = EndpointLimiter(2, 0.5, 8)
+    limiter.adopt(0)
+    limiter.adopt(0)
+
+    async def complete_later() -> None:
+        await asyncio.sleep(0.3)
+        limiter.complete(0, 0)
+
+    started = time.monotonic()
+    task = asyncio.create_task(complete_later())
+    async with limiter.slot():
+        waited = time.monotonic() - started
+    await task
+    assert 0.75 < waited < 1.5

@@ -228,14 +228,26 @@ async def test_each_absence_of_the_store_seeds_its_own_requests(redis):
     await store.close()
 
 
-async def test_a_lost_store_leaves_the_other_processes_what_they_sent_since_this_ones_last_grant(redis):
-    """Two processes on a limit of 10 a second: the light one's last grant saw 4 in the window, then the heavy one
-    sent 6 more, then the store died. The light one goes on with its share (5), but cannot know the heavy one's
-    6: it reuses only its own 3 slots as they free, and the rest of its share after one window, so no window ever
-    holds more than 10 (taking its share at once would make 12)."""
+@pytest.mark.parametrize(
+    "before",
+    [
+        # The light one's last grant saw 4 in the window; then the heavy one sent 6 more.
+        [("heavy", 1), ("light", 3), ("heavy", 6)],
+        # The light one sent its share, then was idle; a window later the heavy one sent the whole limit.
+        [("heavy", 1), ("light", 4), ("wait", 1.05), ("heavy", 10)],
+    ],
+    ids=["sent-since-its-last-grant", "sent-while-it-was-idle"],
+)
+async def test_a_lost_store_leaves_the_others_what_they_sent_in_the_window(redis, before):
+    """Two processes on a limit of 10 a second; the store dies after the heavy one has filled the window. The
+    light one goes on with its share (5), but cannot know what the heavy one sent: it reuses only the slots its
+    own requests free, and the rest of its share a window after the loss, so no window ever holds more than 10
+    (taking its share at once would make 12, and 15)."""
     limits = Limits(10, 1.0, 8)
-    light = SharedLimiter(redis.url, "test:lost:", limits, rejoin_every=60.0)
-    heavy = SharedLimiter(redis.url, "test:lost:", limits)
+    limiters = {
+        "light": SharedLimiter(redis.url, "test:lost:", limits, rejoin_every=60.0),
+        "heavy": SharedLimiter(redis.url, "test:lost:", limits),
+    }
     sent: list[float] = []
 
     async def send(limiter: SharedLimiter, n: int) -> None:
@@ -243,15 +255,13 @@ async def test_a_lost_store_leaves_the_other_processes_what_they_sent_since_this
             async with limiter.slot():
                 sent.append(time.monotonic())
 
-    await send(heavy, 1)
-    await send(light, 3)
-    await send(heavy, 6)
-    assert light.processes_seen == 2
+    for who, n in before:
+        await (asyncio.sleep(n) if who == "wait" else send(limiters[who], n))
+    assert limiters["light"].processes_seen == 2
     redis.stop()
-    await send(light, 5)
-    assert light.store_lost and light.losses == 1
-    assert max_in_window(sent, 1.0) == 10
-    assert sent[-1] - sent[9] > 0.9  # its last two waited a window from the loss
+    await send(limiters["light"], 5)
+    assert limiters["light"].store_lost and limiters["light"].losses == 1
+    assert max_in_window(sent, 1.0) <= 10
 
 
 async def test_tokens_are_estimated_then_corrected(redis):

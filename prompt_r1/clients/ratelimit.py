@@ -270,21 +270,36 @@ class EndpointLimiter:
 
     def seed(self, completed: list[tuple[float, int]]) -> None:
         """Count requests completed elsewhere, as (time.monotonic() stamp, tokens), in both windows (a process that
-        loses its shared store goes on here with what it sent lately)."""
-        for stamp, tokens in sorted(completed):
-            self._throttler._task_logs.append(stamp)
-            if self._tokens is not None:
-                self._tokens._log.append((stamp, tokens))
-                self._tokens._logged += tokens
+        loses its shared store goes on here with what it sent lately). Stamps must not be later than now."""
+        with self._throttler._lock:
+            for stamp, tokens in sorted(completed):
+                self._throttler._task_logs.append(stamp)
+                if self._tokens is not None:
+                    self._tokens._log.append((stamp, tokens))
+                    self._tokens._logged += tokens
 
     def hold(self, requests: int, tokens: int) -> None:
         """Count `requests` requests and `tokens` tokens as sent now by someone else: room this limiter leaves
-        for one window (the time stamp is now, so they follow every entry already in the windows)."""
-        now = time.monotonic()
-        self._throttler._task_logs.extend([now] * requests)
-        if self._tokens is not None and tokens:
-            self._tokens._log.append((now, tokens))
-            self._tokens._logged += tokens
+        for one window."""
+        with self._throttler._lock:
+            now = time.monotonic()
+            self._throttler._task_logs.extend([now] * requests)
+            if self._tokens is not None and tokens:
+                self._tokens._log.append((now, tokens))
+                self._tokens._logged += tokens
+
+    def adopt(self, tokens: int) -> None:
+        """Count a request sent elsewhere, `tokens` its estimate, as in flight here until `complete`."""
+        with self._throttler._lock:
+            self._throttler.in_flight += 1
+        if self._tokens is not None:
+            self._tokens.reserved += tokens
+
+    def complete(self, estimate: int, actual: int) -> None:
+        """An adopted request completed: stamped now in both windows, its estimate replaced by `actual`."""
+        self._throttler.release()
+        if self._tokens is not None:
+            self._tokens.release(estimate, actual)
 
     def cool_down(self, seconds: float) -> None:
         """No request of this limiter starts in the next `seconds` (a later cool-down never shortens one)."""

@@ -21,8 +21,9 @@ estimate and corrected from the reply. What it adds:
   command-line surfaces check the store before they start instead. When the store stops answering later, the
   limiter says so once (a warning), goes on with a local share of the limits (each limit divided by the
   processes last seen in the store; for the first window, only the slots its own requests free, as the others'
-  requests of that window are unknown), and tries the store again every `rejoin_every` seconds; when it answers, the limiter says so and rejoins. No request waits on a dead store
-  and none is dropped: only the limiter changes under the running episodes.
+  requests of that window are unknown), and tries the store again every `rejoin_every` seconds; when it
+  answers, the limiter says so and rejoins. No request waits on a dead store and none is dropped: only the
+  limiter changes under the running episodes.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ class SharedLimiter:
         # forgotten the window the provider still counts).
         self._recent: deque[tuple[float, int]] = deque()
         self._flying: dict[str, int] = {}  # leases in flight: their token estimates
-        self._flying_at_loss: set[str] = set()  # leases in flight when the store was lost
+        # Leases in flight when the store was lost: the local share they are counted in, and their estimate.
+        self._adopted: dict[str, tuple[EndpointLimiter, int]] = {}
         self._probing = False
         self.losses = 0  # times the store was lost (each reported once)
         self.joined = False  # the store has granted this process a lease at least once
@@ -187,19 +189,24 @@ class SharedLimiter:
                 token_period=limits.token_period,
             )
             now = time.monotonic()
-            # Requests still in flight under the store count too: the provider has them, or soon will (and each
-            # is counted again when it completes, as it may arrive after this moment).
-            self._flying_at_loss = set(self._flying)
-            mine = [*self._recent, *[(now, n) for n in self._flying.values()]]
-            self._local.seed(mine)
+            local = self._local
+            local.seed(list(self._recent))  # each window drops what is older than itself
+            # Requests still in flight under the store stay in flight here until they complete: the provider has
+            # them, or soon will.
+            for lease, tokens in self._flying.items():
+                local.adopt(tokens)
+                self._adopted[lease] = (local, tokens)
             # What the other processes sent in the window is unknown from here: the store's count is gone, and
             # one that sent more than its share left that much less to the others. So the share starts as if the
-            # window were full: this process's own requests where they lie, the rest of its share as sent now.
-            # For one window it only reuses the slots its own requests free; after that no share can meet another
-            # process's requests from before the loss.
-            self._local.hold(
-                requests=max(0, self._local.rate_limit - len(mine)),
-                tokens=max(0, (self._local.tokens_per_minute or 0) - sum(n for _, n in mine)),
+            # window were full: this process's own requests where they are, the rest of its share as sent now.
+            # For one window it only reuses the slots its own requests free; after that, no share meets another
+            # process's requests sent before the loss (which arrive within a window of being sent).
+            flying = list(self._flying.values())
+            sent = sum(now - t < limits.period for t, _ in self._recent) + len(flying)
+            spent = sum(n for t, n in self._recent if now - t < limits.token_period) + sum(flying)
+            local.hold(
+                requests=max(0, local.rate_limit - sent),
+                tokens=max(0, (local.tokens_per_minute or 0) - spent),
             )
             self._lost_since = time.monotonic()
         self._lost_at = time.monotonic()
@@ -323,9 +330,8 @@ class SharedLimiter:
             self._flying.pop(lease, None)
             used = handle.actual if handle.actual is not None else tokens
             self._remember(used)
-            if lease in self._flying_at_loss and self._local is not None:
-                self._flying_at_loss.discard(lease)
-                self._local.seed([(time.monotonic(), used)])
+            if (adopted := self._adopted.pop(lease, None)) is not None:
+                adopted[0].complete(adopted[1], used)
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
                 ago = time.monotonic() - handle.replied_at if handle.replied_at is not None else 0.0
