@@ -289,7 +289,8 @@ class EndpointLimiter:
                 self._tokens._logged += tokens
 
     def adopt(self, tokens: int) -> None:
-        """Count a request sent elsewhere, `tokens` its estimate, as in flight here until `complete`."""
+        """Count a request sent elsewhere, `tokens` its estimate, as in flight here until `complete`: in the request
+        and token windows, not against the in-flight cap (it was sent under another's)."""
         with self._throttler._lock:
             self._throttler.in_flight += 1
         if self._tokens is not None:

@@ -32,6 +32,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import deque
@@ -161,6 +162,7 @@ class SharedLimiter:
         self._flying: dict[str, int] = {}  # leases in flight: their token estimates
         # Leases in flight when the store was lost: the local share they are counted in, and their estimate.
         self._adopted: dict[str, tuple[EndpointLimiter, int]] = {}
+        self._flying_lock = threading.Lock()  # the event loops of several threads may share this limiter
         self._probing = False
         self.losses = 0  # times the store was lost (each reported once)
         self.joined = False  # the store has granted this process a lease at least once
@@ -193,15 +195,16 @@ class SharedLimiter:
             local.seed(list(self._recent))  # each window drops what is older than itself
             # Requests still in flight under the store stay in flight here until they complete: the provider has
             # them, or soon will.
-            for lease, tokens in self._flying.items():
-                local.adopt(tokens)
-                self._adopted[lease] = (local, tokens)
+            with self._flying_lock:
+                flying = list(self._flying.values())
+                for lease, tokens in self._flying.items():
+                    local.adopt(tokens)
+                    self._adopted[lease] = (local, tokens)
             # What the other processes sent in the window is unknown from here: the store's count is gone, and
             # one that sent more than its share left that much less to the others. So the share starts as if the
             # window were full: this process's own requests where they are, the rest of its share as sent now.
             # For one window it only reuses the slots its own requests free; after that, no share meets another
             # process's requests sent before the loss (which arrive within a window of being sent).
-            flying = list(self._flying.values())
             sent = sum(now - t < limits.period for t, _ in self._recent) + len(flying)
             spent = sum(n for t, n in self._recent if now - t < limits.token_period) + sum(flying)
             local.hold(
@@ -312,25 +315,34 @@ class SharedLimiter:
             if lease is not None and time.monotonic() - started > 0.005:
                 self.stats.rate_waited += 1
         if store is None or lease is None:
-            assert self._local is not None
-            async with self._local.slot(tokens) if not local_taken else _no_slot(tokens) as handle:
+            local = self._local
+            assert local is not None
+            if local_taken:  # its slot is on the share from before this loss: it counts in this one too
+                local.adopt(tokens)
+            async with local.slot(tokens) if not local_taken else _no_slot(tokens) as handle:
                 try:
                     yield handle
                 finally:
-                    self._remember(handle.actual if handle.actual is not None else tokens)
+                    used = handle.actual if handle.actual is not None else tokens
+                    self._remember(used)
+                    if local_taken:
+                        local.complete(tokens, used)
             return
         handle = TokenSlot(tokens)
-        self._flying[lease] = tokens
+        with self._flying_lock:
+            self._flying[lease] = tokens
         renewal = asyncio.create_task(self._renew(store, lease))
         try:
             with self.stats.holding():
                 yield handle
         finally:
             renewal.cancel()
-            self._flying.pop(lease, None)
             used = handle.actual if handle.actual is not None else tokens
+            with self._flying_lock:  # against a loss adopting it on another thread's loop meanwhile
+                self._flying.pop(lease, None)
+                adopted = self._adopted.pop(lease, None)
             self._remember(used)
-            if (adopted := self._adopted.pop(lease, None)) is not None:
+            if adopted is not None:
                 adopted[0].complete(adopted[1], used)
             try:
                 # A failed call's tokens are unknown: the estimate stays, as the provider may have counted it.
