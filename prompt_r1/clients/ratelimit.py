@@ -278,15 +278,17 @@ class EndpointLimiter:
                     self._tokens._log.append((stamp, tokens))
                     self._tokens._logged += tokens
 
-    def hold(self, requests: int, tokens: int) -> None:
-        """Count `requests` requests and `tokens` tokens as sent now by someone else: room this limiter leaves
-        for one window."""
+    def fill(self) -> None:
+        """Count what is left of both windows (beyond what this limiter holds in them, its requests in flight
+        included) as sent now by someone else: room this limiter leaves for one window."""
         with self._throttler._lock:
+            self._throttler.flush()
             now = time.monotonic()
-            self._throttler._task_logs.extend([now] * requests)
-            if self._tokens is not None and tokens:
-                self._tokens._log.append((now, tokens))
-                self._tokens._logged += tokens
+            room = self.rate_limit - len(self._throttler._task_logs) - self._throttler.in_flight
+            self._throttler._task_logs.extend([now] * max(0, room))
+            if self._tokens is not None and (left := self._tokens.limit - self._tokens.used()) > 0:
+                self._tokens._log.append((now, left))
+                self._tokens._logged += left
 
     def adopt(self, tokens: int) -> None:
         """Count a request sent elsewhere, `tokens` its estimate, as in flight here until `complete`: in the request

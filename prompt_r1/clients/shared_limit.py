@@ -190,13 +190,11 @@ class SharedLimiter:
                 max(1, limits.token_limit // share) if limits.token_limit else None,
                 token_period=limits.token_period,
             )
-            now = time.monotonic()
             local = self._local
             local.seed(list(self._recent))  # each window drops what is older than itself
             # Requests still in flight under the store stay in flight here until they complete: the provider has
             # them, or soon will.
             with self._flying_lock:
-                flying = list(self._flying.values())
                 for lease, tokens in self._flying.items():
                     local.adopt(tokens)
                     self._adopted[lease] = (local, tokens)
@@ -205,12 +203,7 @@ class SharedLimiter:
             # window were full: this process's own requests where they are, the rest of its share as sent now.
             # For one window it only reuses the slots its own requests free; after that, no share meets another
             # process's requests sent before the loss (which arrive within a window of being sent).
-            sent = sum(now - t < limits.period for t, _ in self._recent) + len(flying)
-            spent = sum(n for t, n in self._recent if now - t < limits.token_period) + sum(flying)
-            local.hold(
-                requests=max(0, local.rate_limit - sent),
-                tokens=max(0, (local.tokens_per_minute or 0) - spent),
-            )
+            local.fill()
             self._lost_since = time.monotonic()
         self._lost_at = time.monotonic()
 
