@@ -55,9 +55,9 @@ def _line(logs: dict, seconds: float, step: int = 1, last_step: int = 0) -> str:
 
 
 def test_the_async_step_line_says_where_the_step_and_its_groups_seconds_went():
-    step = {"time/wait_s": 0.75, "time/training_s": 0.5, "time/weight_sync_s": 0.25}
+    step = {"time/wait_s": 0.75, "time/training_s": 0.5, "time/weight_sync_s": 0.25, "time/other_s": 0.5}
     line = _line({**GROUP, **step, "sample/staleness_max": 1.0}, seconds=2.0)
-    # The groups' parts as logged; the step's add up to its 2 s, the rest being `other`.
+    # The groups' parts as logged, and the step's, which the step clock made add up to its 2 s.
     assert (
         "(rollout 1.00 s a group: generate 0.25, env 0.50, loop 0.25; scoring 0.05 s; "
         "step: wait 0.75 s, training 0.50 s, sync 0.25 s, other 0.50 s)  staleness <= 1" in line
@@ -66,7 +66,9 @@ def test_the_async_step_line_says_where_the_step_and_its_groups_seconds_went():
     assert "other 0.50 s)" in _line({**GROUP, **step}, seconds=4.0, step=3, last_step=1)
     # Samples without their group's seconds (replayed, or another worker's): the step's parts alone.
     assert "  (step: wait 0.75 s, training 0.50 s, sync 0.25 s, other 0.50 s)" in _line(step, seconds=2.0)
-    # The synchronous trainer's line: the rollout's parts, then the rest of the step.
+    # The step clock's rest as logged, not what the line's own time leaves: a clock that misses a part shows it.
+    assert "other 0.50 s)" in _line({**GROUP, **step}, seconds=3.0)
+    # A synchronous trainer without the step clock: the rollout's parts, then the rest of the step.
     sync = {key: GROUP[key] for key in GROUP if key != "time/scoring_s"}
     assert "(rollout 1.00 s: generate 0.25, env 0.50, loop 0.25; rest 1.00 s)" in _line(sync, seconds=2.0)
     # Generation by turn, where it was logged.
@@ -178,7 +180,7 @@ def test_the_agent_and_the_environment_count_their_calls_on_the_calling_groups_c
 
 
 def test_the_trainers_clock_splits_each_step_into_parts_that_add_up_to_it():
-    from prompt_r1.training.asynchronous.step_times import StepClock
+    from prompt_r1.training.shared.step_clock import StepClock
 
     now, metrics = _Now(0.0), defaultdict(list)
     clock = StepClock(metrics, now)

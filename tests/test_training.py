@@ -380,8 +380,67 @@ def test_the_step_line_says_where_the_rollouts_seconds_went():
     assert "rollout" not in stream.getvalue().splitlines()[-1]
     lines._last -= 2.0
     state.global_step = 2
-    lines.on_log(None, state, TrainerControl(), logs={"reward": 0.5, **times, "time/scoring_s": 0.125})
-    assert "loop 0.25; scoring 0.12 s, training 0.38 s)" in stream.getvalue().splitlines()[-1]
+    # With the step clock's parts (prompt_r1.training.shared.step_clock): TRL's preparation is what its inputs
+    # took beyond the rollout and the reward functions.
+    clock = {"time/inputs_s": 1.75, "time/training_s": 0.2, "time/other_s": 0.05}
+    lines.on_log(
+        None, state, TrainerControl(), logs={"reward": 0.5, **times, "time/scoring_s": 0.125, **clock}
+    )
+    assert (
+        "loop 0.25; scoring 0.12 s, prepare 0.12 s, training 0.20 s, other 0.05 s)"
+        in stream.getvalue().splitlines()[-1]
+    )
+
+
+def test_the_step_clock_splits_a_synchronous_step_into_its_inputs_training_and_the_rest():
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from prompt_r1.training.shared.step_clock import install
+
+    class Now:
+        t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    now, callbacks = Now(), []
+    model = SimpleNamespace(training=True)
+
+    def prepare_inputs(batch):  # TRL's: the rollout and the scoring on the first micro-batch of a step
+        now.t += 3.0 if batch == 0 else 0.25
+        return batch
+
+    trainer = SimpleNamespace(
+        _metrics={"train": defaultdict(list)},
+        _prepare_inputs=prepare_inputs,
+        model=model,
+        add_callback=callbacks.append,
+    )
+    clock = install(trainer, now)
+    assert callbacks == [clock] and trainer.step_clock is clock
+    metrics = trainer._metrics["train"]
+    clock.on_train_begin(None, None, None)
+    for _ in range(2):
+        now.t += 0.5  # the batch of prompts
+        clock.on_step_begin(None, None, None)
+        for micro in range(2):  # two micro-batches: inputs, then forward and backward
+            trainer._prepare_inputs(micro)
+            now.t += 1.0
+        clock.on_optimizer_step(None, None, None)
+        now.t += 0.125  # the step's end: callbacks
+        model.training = False  # an evaluation's inputs are not the step's
+        trainer._prepare_inputs(0)
+        model.training = True
+        clock.on_step_end(None, None, None)
+        logged = {key: values[-1] for key, values in metrics.items()}
+        assert logged == {
+            "time/inputs_s": 3.25,
+            "time/training_s": 2.0,
+            "time/other_s": pytest.approx(3.625),  # 0.5 + 0.125 + the evaluation's 3 s
+            "time/step_s": pytest.approx(8.875),
+        }
+        metrics.clear()
 
 
 def test_the_reward_functions_time_themselves_once_per_step_under_their_names():

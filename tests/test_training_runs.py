@@ -47,9 +47,10 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
         lines = re.findall(
             r"step (\d+/\d+)  reward [-+][\d.]+ \(format [\d.]+, answer [\d.]+\)  turns [\d.]+  "
             r"env calls [\d.]+  tokens \d+  [\d.]+ s  \$- this step, \$- total"  # "env" has no price
-            # Where the step's seconds went: the rollout's parts, the reward functions, the rest (training).
+            # Where the step's seconds went: the rollout's parts, the reward functions, TRL's preparation of the
+            # samples, training and the rest.
             r"  \(rollout [\d.]+ s: generate [\d.]+ \(by turn [\d.]+, [\d.]+(?:, [\d.]+)*\), env [\d.]+, loop [\d.]+; "
-            r"scoring [\d.]+ s, training -?[\d.]+ s\)\n",
+            r"scoring [\d.]+ s, prepare [\d.]+ s, training [\d.]+ s, other [\d.]+ s\)\n",
             captured.err,
         )
         assert lines == ["1/2", "2/2"], captured.err[-2000:]
@@ -63,6 +64,13 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
             parts = h["time/generate_s"] + h["time/environment_s"] + h["time/loop_s"]
             assert parts == pytest.approx(h["time/rollout_s"], rel=0.01)
             assert min(h["time/generate_s"], h["time/loop_s"], h["time/scoring_s"]) > 0
+            # The step's parts, each measured on its own clock: the rollout and the scoring lie within TRL's
+            # inputs, and the inputs and training within the step (nothing counted twice).
+            assert (
+                h["time/inputs_s"] >= h["time/rollout_s"] + h["time/scoring_s"] and h["time/training_s"] > 0
+            )
+            measured = h["time/inputs_s"] + h["time/training_s"]
+            assert h["time/other_s"] >= 0 and measured + h["time/other_s"] == pytest.approx(h["time/step_s"])
             # Generation by turn: both turns of the two-turn episodes generated, and the turns add up to it.
             turns = [value for key, value in h.items() if key.startswith("time/generate_turn")]
             assert sum(turns) == pytest.approx(h["time/generate_s"]) and min(turns[:2]) > 0

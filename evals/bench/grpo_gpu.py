@@ -500,13 +500,18 @@ def main() -> int:
     if "rollout" in parts:
         from prompt_r1.training.shared.progress import by_turn
 
-        rest = multi["median_step"] - parts["rollout"] - parts.get("scoring", 0.0)
+        rest = (
+            f"training and the rest {multi['median_step'] - parts['rollout'] - parts.get('scoring', 0.0):.3f}"
+        )
+        if "inputs" in parts:  # the step clock's parts (prompt_r1.training.shared.step_clock)
+            prepare = parts["inputs"] - parts["rollout"] - parts.get("scoring", 0.0)
+            rest = f"prepare {prepare:.3f}; training {parts['training']:.3f}; other {parts['other']:.3f}"
         print(
             f"Prompt-R1 step, where its seconds went (each part's median over the steps, s): rollout "
             f"{parts['rollout']:.3f} = generate {parts['generate']:.3f} (by turn "
             f"{', '.join(f'{seconds:.3f}' for seconds in by_turn(parts))}) + environment "
             f"{parts['environment']:.3f} + loop {parts['loop']:.3f}; scoring {parts.get('scoring', 0.0):.3f}; "
-            f"training and the rest {rest:.3f}"
+            f"{rest}"
         )
     if runs:
         runs["sync", args.latency] = multi

@@ -10,13 +10,13 @@ The async step has two sides, one on each end of the rollout queue, and a clock 
   which TRL averages over the samples a step trains on: the step line shows them as seconds a group.
   `TimedAgent` and `TimedEnvironment` tell the clock of the group that calls them (a context variable: each group
   runs in a task of its own, and its episodes in tasks made from it).
-- `StepClock`, the trainer's, a callback: the step's wall time split into the wait for samples (TRL's queue wait,
-  `perf/rollout_wait_s`: what overlapping rollouts with training hides or not), `training` (the step's forward and
-  backward passes to its optimizer step), the weight sync to the server, and `other`, the rest (taking the samples
-  and packing them into micro-batches, the step's callbacks). Logged as `time/wait_s`, `time/training_s`,
-  `time/weight_sync_s`, `time/other_s`, adding up to `time/step_s`.
+- the trainer's, `prompt_r1.training.shared.step_clock.StepClock`: the step's wall time split into the wait for
+  samples (TRL's queue wait, `perf/rollout_wait_s`: what overlapping rollouts with training hides or not),
+  `training` (the step's forward and backward passes to its optimizer step), the weight sync to the server, and
+  `other`, the rest (taking the samples and packing them into micro-batches, the step's callbacks). Logged as
+  `time/wait_s`, `time/training_s`, `time/weight_sync_s`, `time/other_s`, adding up to `time/step_s`.
 
-Cheap enough to stay on: two clock readings per agent or environment call, three per step.
+Cheap enough to stay on: two clock readings per agent or environment call.
 """
 
 from __future__ import annotations
@@ -28,11 +28,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from transformers import TrainerCallback
+from prompt_r1.training.shared.progress import turn_parts
 
-from prompt_r1.training.shared.progress import time_metrics, turn_parts
-
-__all__ = ["GroupClock", "StepClock", "TimedAgent", "TimedEnvironment"]
+__all__ = ["GroupClock", "TimedAgent", "TimedEnvironment"]
 
 _CURRENT: contextvars.ContextVar[GroupClock | None] = contextvars.ContextVar(
     "prompt_r1_group_clock", default=None
@@ -135,57 +133,3 @@ class TimedEnvironment:
     async def respond(self, *args: Any, **kwargs: Any) -> Any:
         with _waiting("environment"):
             return await self.environment.respond(*args, **kwargs)
-
-
-class StepClock(TrainerCallback):
-    """The trainer's side of an async step (see the module docstring), appended to `metrics` (the trainer's sink
-    of training metrics, which TRL averages over the steps of a log) at each step's end. It comes after TRL's own
-    callbacks (`build_async_trainer` puts it after every other): its first step starts once TRL's first weight
-    sync and the worker's start are done, as the step lines' does, and TRL's queue wait of a step is in the sink
-    when the step ends. The trainer reports its weight syncs (`synced`). `now`: the clock read (a test's own)."""
-
-    def __init__(self, metrics: dict[str, list], now: Callable[[], float] = time.monotonic) -> None:
-        self.metrics, self._now = metrics, now
-        self._window: float | None = None  # when the step began: the end of the last one
-        self._begin: float | None = None  # when its training began
-        self._training = self._sync = 0.0
-        self._waits: list | None = None  # TRL's list of queue waits, and how much of it was taken
-        self._waits_taken = 0
-
-    def synced(self, seconds: float) -> None:
-        """The trainer spent `seconds` syncing the weights to the server."""
-        self._sync += seconds
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._window, self._training, self._sync = self._now(), 0.0, 0.0
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._begin = self._now()  # the step's samples are taken: its first forward comes next
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        if self._begin is not None:
-            self._training += self._now() - self._begin
-
-    def on_step_end(self, args, state, control, **kwargs):
-        now = self._now()
-        if self._window is None:
-            self._window = now
-            return
-        step = now - self._window
-        parts = {"wait": self._wait(), "training": self._training, "weight_sync": self._sync}
-        parts["other"] = step - sum(parts.values())
-        for key, seconds in time_metrics({**parts, "step": step}).items():
-            self.metrics[key].append(seconds)
-        self._window, self._begin, self._training, self._sync = now, None, 0.0, 0.0
-
-    def _wait(self) -> float:
-        """The queue waits TRL logged since the last step's end (on the main process, which takes the samples;
-        none elsewhere). Its list is a new one after each log, which empties the sink."""
-        waits = self.metrics.get("perf/rollout_wait_s")
-        if waits is None:
-            return 0.0
-        if waits is not self._waits:
-            self._waits, self._waits_taken = waits, 0
-        new = waits[self._waits_taken :]
-        self._waits_taken = len(waits)
-        return float(sum(new))

@@ -56,8 +56,8 @@ def trainer_class() -> type:
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from prompt_r1.training.asynchronous.reference import ReferencePolicy
-    from prompt_r1.training.asynchronous.step_times import StepClock
     from prompt_r1.training.asynchronous.worker import GraphRolloutWorker
+    from prompt_r1.training.shared.step_clock import StepClock
 
     class PromptR1AsyncTrainer(AsyncGRPOTrainer):
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -191,45 +191,52 @@ class StepLines(TrainerCallback):
 
 
 def breakdown(logs: dict[str, Any], step_s: float) -> str:
-    """Where a step of `step_s` seconds went, from the `time/*` metrics of `logs` ("" when none were logged).
+    """Where a step of `step_s` seconds went, from the `time/*` metrics of `logs` ("" when none were logged). The
+    logged means are over the steps since the last line, and so is `step_s`. The parts are shown as logged, so
+    that they add up to the line's time only as far as the clocks account for it (`other` is the step clock's
+    rest of the step: `prompt_r1.training.shared.step_clock`).
 
-    The synchronous trainer (prompt_r1.training.sync.rollout): the rollout's parts, then the reward functions
-    (`time_scoring`) and the rest of the step, TRL's forward and backward passes and optimizer:
-    `(rollout R s: generate G (by turn G1, G2, ...), env E, loop L; scoring S s, training T s)`.
+    The synchronous trainer (prompt_r1.training.sync): the rollout's parts, the reward functions (`scoring`), TRL's
+    preparation of the samples (`prepare`: what its `_prepare_inputs` took beyond the rollout and the scoring),
+    the forward and backward passes and the optimizer (`training`) and the rest:
+    `(rollout R s: generate G (by turn G1, G2, ...), env E, loop L; scoring S s, prepare P s, training T s,
+    other O s)`. A trainer without the step clock: `(rollout ...; rest X s)`, X what the rollout left of `step_s`.
 
-    The asynchronous one (prompt_r1.training.asynchronous.step_times), whose rollouts run beside its steps: the
-    rollout worker's seconds a group, averaged over the groups the step trained on, then the step's own parts, the
-    wait for samples, training, the weight sync and the rest, which add up to the step's time:
-    `(rollout R s a group: generate G, env E, loop L; scoring S s; step: wait W s, training T s, sync Y s,
-    other O s)`. The logged means are over the steps since the last line, and so is `step_s`."""
+    The asynchronous one (prompt_r1.training.asynchronous), whose rollouts run beside its steps: the rollout
+    worker's seconds a group, averaged over the groups the step trained on, then the step's own parts, the wait for
+    samples, training, the weight sync and the rest: `(rollout R s a group: generate G, env E, loop L; scoring S s;
+    step: wait W s, training T s, sync Y s, other O s)`."""
+    asynchronous = "time/wait_s" in logs
     group = None
     if "time/rollout_s" in logs:
         group = (
-            f"rollout {_number(logs['time/rollout_s'], '.2f')} s{' a group' if 'time/training_s' in logs else ''}: "
+            f"rollout {_number(logs['time/rollout_s'], '.2f')} s{' a group' if asynchronous else ''}: "
             f"generate {_number(logs.get('time/generate_s'), '.2f')}{_by_turn(logs)}, "
             f"env {_number(logs.get('time/environment_s'), '.2f')}, "
             f"loop {_number(logs.get('time/loop_s'), '.2f')}"
         )
     scoring = logs.get("time/scoring_s")
-    if "time/training_s" not in logs:
-        if group is None:
-            return ""
-        rest = step_s - logs["time/rollout_s"]
-        if scoring is None:
-            return f"  ({group}; rest {_number(rest, '.2f')} s)"
-        return (
-            f"  ({group}; scoring {_number(scoring, '.2f')} s, training {_number(rest - scoring, '.2f')} s)"
+    other = f"other {_number(logs.get('time/other_s'), '.2f')} s"
+    if asynchronous:
+        step = (
+            f"step: wait {_number(logs.get('time/wait_s'), '.2f')} s, "
+            f"training {_number(logs.get('time/training_s'), '.2f')} s, "
+            f"sync {_number(logs.get('time/weight_sync_s'), '.2f')} s, {other}"
         )
-    parts = {key: logs.get(f"time/{key}_s") or 0.0 for key in ("wait", "training", "weight_sync")}
-    other = step_s - sum(parts.values())
-    step = (
-        f"step: wait {_number(parts['wait'], '.2f')} s, training {_number(parts['training'], '.2f')} s, "
-        f"sync {_number(parts['weight_sync'], '.2f')} s, other {_number(other, '.2f')} s"
-    )
-    worker = [] if group is None else [group]
-    if scoring is not None:
-        worker.append(f"scoring {_number(scoring, '.2f')} s")
-    return f"  ({'; '.join([*worker, step])})"
+        worker = [] if group is None else [group]
+        if scoring is not None:
+            worker.append(f"scoring {_number(scoring, '.2f')} s")
+        return f"  ({'; '.join([*worker, step])})"
+    training = f"training {_number(logs.get('time/training_s'), '.2f')} s"
+    if "time/inputs_s" in logs:
+        if group is None:
+            return f"  (inputs {_number(logs['time/inputs_s'], '.2f')} s, {training}, {other})"
+        prepare = logs["time/inputs_s"] - logs["time/rollout_s"] - (scoring or 0.0)
+        scored = "" if scoring is None else f"scoring {_number(scoring, '.2f')} s, "
+        return f"  ({group}; {scored}prepare {_number(prepare, '.2f')} s, {training}, {other})"
+    if group is None:
+        return ""
+    return f"  ({group}; rest {_number(step_s - logs['time/rollout_s'], '.2f')} s)"
 
 
 def turn_parts(turn_s: dict[int | None, float], turns: int = 0) -> dict[str, float]:

@@ -109,4 +109,9 @@ def build_trainer(
             add_special_tokens=False,
         )
         install_sync_check(trainer, prompt_ids, continuation)
+    from prompt_r1.training.shared import step_clock
+
+    step_clock.install(
+        trainer
+    )  # the step line's inputs, training and other seconds; last among the callbacks
     return trainer
