@@ -324,3 +324,46 @@ def test_a_builtin_environments_replies_are_cached_under_its_name_not_its_port()
         EnvironmentConfig(model="env", base_url="http://127.0.0.1:41001/v1"), api_key="none"
     )
     assert cache_endpoints(other) == ["http://127.0.0.1:41001/v1"]
+
+
+def test_the_model_servers_refusals_are_openai_errors_and_it_serves_on_after_them(builtin_cache):
+    """Bad requests to the built-in model's server: each an OpenAI-style error with its status, type and the
+    field at fault, no model call made; a good request after them is answered."""
+    import urllib.error
+    import urllib.request
+
+    from prompt_r1.agents.model_server import MAX_BODY_BYTES, model_server_in_thread
+
+    def post(server, body: bytes) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"{server.base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    hello = [{"role": "user", "content": "Say hello."}]
+    refused = [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (json.dumps({"messages": []}).encode(), 400, "messages"),
+        (json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(), 400, "messages"),
+        (json.dumps({"messages": hello, "model": "gpt-4o"}).encode(), 404, "model"),
+        (json.dumps({"messages": hello, "stream": True}).encode(), 400, "stream"),
+        (json.dumps({"messages": hello, "max_tokens": 0}).encode(), 400, "max_tokens"),
+        (json.dumps({"messages": hello, "temperature": 7}).encode(), 400, "temperature"),
+        (json.dumps({"messages": hello, "stop": 3}).encode(), 400, "stop"),
+        (json.dumps({"messages": [{"role": "user", "content": "word " * 9000}]}).encode(), 400, "messages"),
+        (b'{"messages": "' + b"x" * MAX_BODY_BYTES + b'"}', 413, None),
+    ]
+    with model_server_in_thread("smollm2-135m", seed=0) as server:
+        for body, status, param in refused:
+            code, reply = post(server, body)
+            assert (code, reply["error"]["type"], reply["error"]["param"]) == (
+                status, "invalid_request_error", param,
+            ), (body[:60], reply)  # fmt: skip
+        assert server.requests == 0  # no refused request reached the model
+        code, reply = post(server, json.dumps({"messages": hello, "max_tokens": 4}).encode())
+        assert code == 200 and reply["choices"][0]["message"]["content"] and server.requests == 1

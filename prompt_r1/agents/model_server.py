@@ -30,7 +30,7 @@ from typing import Any
 
 from prompt_r1.agents.base import AgentRequest
 from prompt_r1.core.config import AgentConfig, EnvironmentConfig
-from prompt_r1.core.errors import AgentError, ConfigError, ContextOverflow
+from prompt_r1.core.errors import AgentError, ConfigError, ContextOverflow, RequestError
 from prompt_r1.core.text import before_stop
 
 __all__ = [
@@ -100,29 +100,19 @@ def load_served_model(model: str, *, name: str | None = None, temperature: float
     return server
 
 
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param = status, param
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": None}}
-
-
 def _number(body: dict, key: str, default: float, low: float, high: float) -> float:
     value = body.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise _BadRequest(400, f"`{key}` must be a number from {low} to {high}, got {value!r}", key)
+        raise RequestError(400, f"`{key}` must be a number from {low} to {high}, got {value!r}", param=key)
     return float(value)
 
 
 def _messages(body: dict) -> list[dict[str, str]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _BadRequest(400, "`messages` must be a non-empty list", "messages")
+        raise RequestError(400, "`messages` must be a non-empty list", param="messages")
     out = []
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
@@ -132,8 +122,8 @@ def _messages(body: dict) -> list[dict[str, str]]:
                 p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
             )
         if role not in {"system", "user", "assistant"} or not isinstance(content, str):
-            raise _BadRequest(
-                400, "each message needs a role (system, user, assistant) and text content", "messages"
+            raise RequestError(
+                400, "each message needs a role (system, user, assistant) and text content", param="messages"
             )
         out.append({"role": role, "content": content})
     return out
@@ -141,22 +131,24 @@ def _messages(body: dict) -> list[dict[str, str]]:
 
 async def _complete(server: ModelServer, body: dict) -> dict[str, Any]:
     if body.get("stream"):
-        raise _BadRequest(400, "this server does not stream; send stream: false", "stream")
+        raise RequestError(400, "this server does not stream; send stream: false", param="stream")
     asked = body.get("model")
     if asked is not None and asked != server.name:
-        raise _BadRequest(
-            404, f"the model `{asked}` does not exist here; this server serves `{server.name}`", "model"
+        raise RequestError(
+            404, f"the model `{asked}` does not exist here; this server serves `{server.name}`", param="model"
         )
     messages = _messages(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _BadRequest(400, f"`max_tokens` must be a positive integer, got {max_tokens!r}", "max_tokens")
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stop):
-        raise _BadRequest(400, "`stop` must be a string or a list of strings", "stop")
+        raise RequestError(
+            400, f"`max_tokens` must be a positive integer, got {max_tokens!r}", param="max_tokens"
+        )
+    stop = body.get("stop") or []
+    stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else None
+    if stop is None or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError(400, "`stop` must be a string or a list of strings", param="stop")
     temperature = _number(body, "temperature", server.temperature, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 1e-9, 1.0)
     from prompt_r1.core.tokens import initial_prompt_ids
@@ -168,11 +160,11 @@ async def _complete(server: ModelServer, body: dict) -> dict[str, Any]:
             AgentRequest(messages=messages, prompt_ids=prompt_ids, max_new_tokens=max_tokens, stop=stop)
         )
     except ContextOverflow as exc:
-        raise _BadRequest(
-            400, f"{exc}: this model's maximum context length is exceeded", "messages"
+        raise RequestError(
+            400, f"{exc}: this model's maximum context length is exceeded", param="messages"
         ) from None
     except AgentError as exc:
-        raise _BadRequest(500, f"generation failed: {exc}") from None
+        raise RequestError(500, f"generation failed: {exc}") from None
     server.requests += 1
     text = before_stop(output.text, stop)  # as OpenAI: the text ends before the stop string
     usage = {"prompt_tokens": output.prompt_tokens, "completion_tokens": output.completion_tokens,
@@ -221,13 +213,13 @@ def build_model_app(server: ModelServer):
             try:
                 body = json.loads(await request.read())
             except (ValueError, UnicodeDecodeError, RecursionError):
-                raise _BadRequest(400, "the body is not valid JSON") from None
+                raise RequestError(400, "the body is not valid JSON") from None
             except web.HTTPRequestEntityTooLarge:
-                raise _BadRequest(413, f"the body is larger than {MAX_BODY_BYTES} bytes") from None
+                raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes") from None
             if not isinstance(body, dict):
-                raise _BadRequest(400, "the body must be a JSON object")
+                raise RequestError(400, "the body must be a JSON object")
             return web.json_response(await _complete(server, body))
-        except _BadRequest as exc:
+        except RequestError as exc:
             return web.json_response(exc.body(), status=exc.status)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)

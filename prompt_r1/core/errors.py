@@ -18,9 +18,15 @@
         └── EnvironmentRefused (final)          a content filter or refusal: the same prompt is refused again
 
 Only `is_retryable` decides what the retry layer retries, so the rule lives in one place.
+
+`RequestError` is the other side of the wire: a request one of the project's own servers refuses (the OpenAI-
+compatible server of `prompt_r1.integrations.server`, the built-in model's server), with the HTTP status and
+OpenAI's error fields its reply carries.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "AgentError",
@@ -40,6 +46,7 @@ __all__ = [
     "PromptR1Error",
     "RateLimited",
     "RateStoreUnreachable",
+    "RequestError",
     "is_retryable",
 ]
 
@@ -140,3 +147,17 @@ def is_retryable(exc: BaseException) -> bool:
     False
     """
     return isinstance(exc, EnvironmentCallError) and exc.retryable
+
+
+class RequestError(Exception):
+    """A request a server of this project refuses: its HTTP status and OpenAI-style error fields (`kind` is the
+    error's `type`: a client's mistake below 500, the server's own from 500)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str | None = None, headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.param, self.code, self.headers = status, param, code, headers or {}
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}

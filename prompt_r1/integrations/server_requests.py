@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prompt_r1.core.checks import number
-from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.errors import ConfigError, RequestError
 from prompt_r1.runs.episode import question_from_messages
 
 __all__ = ["IGNORED", "ChatRequest", "RequestError", "read_request"]
@@ -83,18 +83,6 @@ _WHY = {
     "audio": "Prompt-R1 answers in text only",
     "prediction": "Prompt-R1 does not take predicted outputs",
 }
-
-
-class RequestError(Exception):
-    """A request the server refuses, with its HTTP status and OpenAI-style error fields."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.param, self.code, self.kind, self.headers = status, param, code, kind, headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
