@@ -328,7 +328,7 @@ def test_a_builtin_environments_replies_are_cached_under_its_name_not_its_port()
 
 def test_the_model_servers_refusals_are_openai_errors_and_it_serves_on_after_them(builtin_cache):
     """Bad requests to the built-in model's server: each an OpenAI-style error with its status, type and the
-    field at fault, no model call made; a good request after them is answered."""
+    field at fault, none of them answered; a good request after them is answered."""
     import urllib.error
     import urllib.request
 
@@ -355,6 +355,9 @@ def test_the_model_servers_refusals_are_openai_errors_and_it_serves_on_after_the
         (json.dumps({"messages": hello, "max_tokens": 0}).encode(), 400, "max_tokens"),
         (json.dumps({"messages": hello, "temperature": 7}).encode(), 400, "temperature"),
         (json.dumps({"messages": hello, "stop": 3}).encode(), 400, "stop"),
+        (json.dumps({"messages": hello, "stop": 0}).encode(), 400, "stop"),
+        (json.dumps({"messages": hello, "stop": ""}).encode(), 400, "stop"),
+        (json.dumps({"messages": hello, "stop": list("abcde")}).encode(), 400, "stop"),
         (json.dumps({"messages": [{"role": "user", "content": "word " * 9000}]}).encode(), 400, "messages"),
         (b'{"messages": "' + b"x" * MAX_BODY_BYTES + b'"}', 413, None),
     ]
@@ -364,6 +367,8 @@ def test_the_model_servers_refusals_are_openai_errors_and_it_serves_on_after_the
             assert (code, reply["error"]["type"], reply["error"]["param"]) == (
                 status, "invalid_request_error", param,
             ), (body[:60], reply)  # fmt: skip
-        assert server.requests == 0  # no refused request reached the model
-        code, reply = post(server, json.dumps({"messages": hello, "max_tokens": 4}).encode())
+        assert server.requests == 0  # none was answered
+        code, reply = post(
+            server, json.dumps({"messages": hello, "max_tokens": 4, "stop": ["\n\n"]}).encode()
+        )
         assert code == 200 and reply["choices"][0]["message"]["content"] and server.requests == 1

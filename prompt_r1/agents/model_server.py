@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 MAX_BODY_BYTES = 1 << 20
+MAX_STOP = 4  # as OpenAI: at most four stop sequences
 DEFAULT_MAX_TOKENS = (
     256  # a reply's tokens when the request names none: a small model on a CPU writes ~20-50/s
 )
@@ -145,10 +146,20 @@ async def _complete(server: ModelServer, body: dict) -> dict[str, Any]:
         raise RequestError(
             400, f"`max_tokens` must be a positive integer, got {max_tokens!r}", param="max_tokens"
         )
-    stop = body.get("stop") or []
-    stop = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else None
-    if stop is None or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError(400, "`stop` must be a string or a list of strings", param="stop")
+    stop = body.get("stop")
+    stop = (
+        ()
+        if stop is None
+        else (stop,)
+        if isinstance(stop, str)
+        else tuple(stop)
+        if isinstance(stop, list)
+        else None
+    )
+    if stop is None or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError(
+            400, f"`stop` must be a non-empty string or a list of at most {MAX_STOP} of them", param="stop"
+        )
     temperature = _number(body, "temperature", server.temperature, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 1e-9, 1.0)
     from prompt_r1.core.tokens import initial_prompt_ids

@@ -123,9 +123,10 @@ class StepClock(TrainerCallback):
 
 def install(trainer: Any, now: Callable[[], float] = time.monotonic) -> StepClock:
     """Time the synchronous trainer's steps (`inputs`, `training`, `other`): TRL's `_prepare_inputs` is wrapped to
-    report its seconds while training (an evaluation's are not a step's), and the clock goes last among the
-    callbacks, so that what the others do at a step's end (the spend cap stopping the run) is in the step's time,
-    as it is in the step line's."""
+    report its seconds while training (an evaluation's are not a step's), and the clock goes after the trainer's
+    own callbacks, so that what they do at a step's end (the spend cap stopping the run) is in the step's time, as
+    it is in the step line's. What comes after the step's end (a callback added later, an evaluation, a checkpoint
+    save) is in the next step's `other`."""
     clock = StepClock(trainer._metrics["train"], now, parts=("inputs", "training"))
     prepare = trainer._prepare_inputs
 
