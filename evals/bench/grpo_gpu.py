@@ -500,12 +500,11 @@ def main() -> int:
     if "rollout" in parts:
         from prompt_r1.training.shared.progress import by_turn
 
-        rest = (
-            f"training and the rest {multi['median_step'] - parts['rollout'] - parts.get('scoring', 0.0):.3f}"
-        )
         if "inputs" in parts:  # the step clock's parts (prompt_r1.training.shared.step_clock)
             prepare = parts["inputs"] - parts["rollout"] - parts.get("scoring", 0.0)
             rest = f"prepare {prepare:.3f}; training {parts['training']:.3f}; other {parts['other']:.3f}"
+        else:
+            rest = f"training and the rest {multi['median_step'] - parts['rollout'] - parts.get('scoring', 0.0):.3f}"
         print(
             f"Prompt-R1 step, where its seconds went (each part's median over the steps, s): rollout "
             f"{parts['rollout']:.3f} = generate {parts['generate']:.3f} (by turn "

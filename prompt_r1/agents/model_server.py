@@ -147,16 +147,11 @@ async def _complete(server: ModelServer, body: dict) -> dict[str, Any]:
             400, f"`max_tokens` must be a positive integer, got {max_tokens!r}", param="max_tokens"
         )
     stop = body.get("stop")
-    stop = (
-        ()
-        if stop is None
-        else (stop,)
-        if isinstance(stop, str)
-        else tuple(stop)
-        if isinstance(stop, list)
-        else None
-    )
-    if stop is None or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str | list):
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not isinstance(stop, tuple) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
         raise RequestError(
             400, f"`stop` must be a non-empty string or a list of at most {MAX_STOP} of them", param="stop"
         )

@@ -54,7 +54,7 @@ class StepClock(TrainerCallback):
         self._window: float | None = None  # when the step began: the end of the last one
         self._begin: float | None = None  # when its training began
         self._spent: dict[str, float] = {}  # seconds reported by part, this step
-        self._inside = self._inside_at_begin = 0.0  # reported as spent within a training span, this step
+        self._inside = 0.0  # reported as spent within this step's training span
         self._training = 0.0
         self._waits: list | None = None  # TRL's list of waits, and how much of it was taken
         self._waits_taken = 0
@@ -76,12 +76,11 @@ class StepClock(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._begin = self._now()  # the step's samples are taken (async) or its inputs come next (sync)
-        self._inside_at_begin = self._inside
+        self._inside = 0.0
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if self._begin is not None:
-            inside = self._inside - self._inside_at_begin
-            self._training += self._now() - self._begin - inside
+            self._training += self._now() - self._begin - self._inside
 
     def on_step_end(self, args, state, control, **kwargs):
         now = self._now()
@@ -105,7 +104,7 @@ class StepClock(TrainerCallback):
         self._reset()
 
     def _reset(self) -> None:
-        self._begin, self._training, self._inside, self._inside_at_begin = None, 0.0, 0.0, 0.0
+        self._begin, self._training, self._inside = None, 0.0, 0.0
         self._spent = {}
 
     def _wait(self) -> float:

@@ -111,7 +111,6 @@ def build_trainer(
         install_sync_check(trainer, prompt_ids, continuation)
     from prompt_r1.training.shared import step_clock
 
-    step_clock.install(
-        trainer
-    )  # the step line's inputs, training and other seconds; last among the callbacks
+    # The step line's inputs, training and other seconds; after the callbacks above, so their step-end work counts.
+    step_clock.install(trainer)
     return trainer
