@@ -4,6 +4,11 @@ Concurrent episodes each await `generate`; their requests are collected while th
 episodes' environment calls and are answered by one batched `model.generate` in a worker thread, so the loop
 never blocks on the GPU/CPU and the model sees full batches. Each row stops on its own at a stop string or EOS;
 its sampled ids and their log-probabilities under the sampling distribution are returned as they were sampled.
+
+Memory: a generate call holds the rows' key/value cache and one vocabulary-wide score row per generated token, so
+on CPU (where it is the machine's RAM) a batch whose rows x (longest prompt + new tokens) exceed `max_batch_tokens`
+runs as consecutive calls of rows that fit. On an accelerator the default is no bound: a split costs a whole
+decoding pass, and the batches a rollout makes fit its memory.
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.protocol import STOP_SEQUENCES
 
-__all__ = ["TransformersAgent", "load_transformers_model"]
+__all__ = ["CPU_BATCH_TOKENS", "TransformersAgent", "load_transformers_model"]
+
+# The CPU default of `max_batch_tokens`: at the built-in model's width, a call of 16k tokens (35 rows of 400-token
+# prompts and 64 new tokens) peaks near 2 GB above the model, where 64 such rows peaked at 6.4 GB.
+CPU_BATCH_TOKENS = 16384
 
 
 def load_transformers_model(name_or_path: str, *, device: str | None = None, dtype: str = "auto"):
@@ -90,11 +99,14 @@ class TransformersAgent(BatchingBackend):
         model: Any = None,
         tokenizer: Any = None,
         max_batch_size: int = 64,
+        max_batch_tokens: int | None = None,
         max_context: int | None = None,
         sampling: dict[str, Any] | None = None,
     ) -> None:
         """sampling: `generate` keyword arguments that replace the config's temperature/top_p (the trainer passes
-        its own, so that no default of the model's generation_config, such as top_k, changes the distribution)."""
+        its own, so that no default of the model's generation_config, such as top_k, changes the distribution).
+        max_batch_tokens: the most rows x (longest prompt + new tokens) in one `generate` call (module doc);
+        None: `CPU_BATCH_TOKENS` for a model on CPU, no bound on an accelerator."""
         super().__init__()
         self.sampling = sampling
         self.config = config = config or AgentConfig()
@@ -104,6 +116,10 @@ class TransformersAgent(BatchingBackend):
             raise ConfigError("a TransformersAgent given a model also needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_size = max_batch_size
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ConfigError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
+        on_cpu = torch.device(model.device).type == "cpu"
+        self.max_batch_tokens = max_batch_tokens or (CPU_BATCH_TOKENS if on_cpu else None)
         self.default_max_new_tokens = config.max_new_tokens
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         if config.seed is not None:
@@ -114,8 +130,28 @@ class TransformersAgent(BatchingBackend):
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
         )
 
-    @torch.no_grad()
     def _generate_locked(self, batch: list[PendingRequest]) -> list[AgentOutput]:
+        return [out for rows in self._fitting(batch) for out in self._generate_rows(rows)]
+
+    def _fitting(self, batch: list[PendingRequest]) -> list[list[PendingRequest]]:
+        """`batch` in order, as consecutive runs of rows whose rows x (longest prompt + new tokens) is within
+        `max_batch_tokens` (a row over it alone runs by itself)."""
+        if self.max_batch_tokens is None:
+            return [batch]
+        runs: list[list[PendingRequest]] = []
+        run: list[PendingRequest] = []
+        prompt = new = 0  # the run's longest prompt and most new tokens: a call pads every row to both
+        for item in batch:
+            longer, more = max(prompt, len(item.prompt_ids)), max(new, item.max_new_tokens)
+            if run and (len(run) + 1) * (longer + more) > self.max_batch_tokens:
+                runs.append(run)
+                run, longer, more = [], len(item.prompt_ids), item.max_new_tokens
+            run.append(item)
+            prompt, new = longer, more
+        return runs + [run]
+
+    @torch.no_grad()
+    def _generate_rows(self, batch: list[PendingRequest]) -> list[AgentOutput]:
         cfg = self.config
         device = self.model.device
         width = max(len(item.prompt_ids) for item in batch)
@@ -151,7 +187,17 @@ class TransformersAgent(BatchingBackend):
             output_scores=True,
             **sampling,
         )
-        logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        # Each sampled token's log-probability under the distribution it was drawn from, one step at a time: the
+        # stacked form (`compute_transition_scores`) copies every step's scores twice at once.
+        logprobs = torch.stack(
+            [
+                torch.log_softmax(step.float(), dim=-1)
+                .gather(1, out.sequences[:, width + i, None])
+                .squeeze(1)
+                for i, step in enumerate(out.scores)
+            ],
+            dim=1,
+        )
         results = []
         for row, item in enumerate(batch):
             stopped_at = recorder.lengths[row]

@@ -108,13 +108,18 @@ def cold_start(
     steps: int = 16,
     episodes: int = 256,
     batch_size: int = 8,
+    micro_batch: int = 2,
     lr: float = 2e-3,
     ask_again: float = ASK_AGAIN,
     base: str = BASE,
     say: Any = None,
 ) -> Path:
     """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` for `steps` steps; save the adapter to OUT/adapter
-    and the merged model (the trainer's starting point) to OUT/model. Returns OUT/model."""
+    and the merged model (the trainer's starting point) to OUT/model. Returns OUT/model.
+
+    Each step's `batch_size` rows run `micro_batch` at a time, their gradients summed and divided by the whole
+    batch's target tokens: the step the whole batch would take, while only a micro-batch's activations and
+    vocabulary-wide logits are held (8 rows at once peaked near 13 GB for the built-in model)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -122,6 +127,8 @@ def cold_start(
     from prompt_r1.agents.builtin import resolve_model
     from prompt_r1.testing.tiny_models import episode_rows
 
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
     out = Path(out)
     folder = resolve_model(base)
     tok = AutoTokenizer.from_pretrained(folder)
@@ -133,18 +140,26 @@ def cold_start(
     model.train()
     for step in range(steps):
         batch = [rows[i] for i in torch.randperm(len(rows), generator=order)[:batch_size].tolist()]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r, _ in batch])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
-        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in batch])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        targets = sum(sum(label != -100 for label in labels[1:]) for _, labels in batch)  # the loss's shift
         optimizer.zero_grad()
-        loss.backward()
+        loss = 0.0
+        for start in range(0, len(batch), micro_batch):
+            part = batch[start : start + micro_batch]
+            width = max(len(ids) for ids, _ in part)
+            ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r, _ in part])
+            labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in part])
+            mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in part])
+            # num_items_in_batch: the loss is this part's summed token losses over the whole batch's targets.
+            part_loss = model(
+                input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=targets
+            ).loss
+            part_loss.backward()
+            loss += part_loss.item()
         optimizer.step()
         for group in optimizer.param_groups:  # linear decay to 0: the model saved is where training settled
             group["lr"] = lr * (1 - (step + 1) / steps)
         if say is not None:
-            say(f"cold start: step {step + 1}/{steps}, loss {loss.item():.3f}")
+            say(f"cold start: step {step + 1}/{steps}, loss {loss:.3f}")
     save_adapter(model, out / "adapter", {"stage": "cold start", "seed": seed, "steps": steps})
     merged = model.merge_and_unload()
     merged.save_pretrained(out / "model")

@@ -1,0 +1,106 @@
+"""What bounds the memory of local training and generation: the agent's token bound per generate call, its
+log-probabilities taken one step at a time, and the cold start's micro-batches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from conftest import TINY_QUESTION
+
+from prompt_r1.agents import AgentRequest
+from prompt_r1.agents.local import CPU_BATCH_TOKENS, TransformersAgent
+from prompt_r1.core.config import AgentConfig
+from prompt_r1.core.errors import ConfigError
+from prompt_r1.core.prompts import question_message
+from prompt_r1.core.tokens import initial_prompt_ids
+
+MESSAGES = [{"role": "user", "content": question_message(TINY_QUESTION)}]
+
+
+def greedy(path, **kw) -> TransformersAgent:
+    return TransformersAgent(AgentConfig(model=str(path), temperature=0.0, max_new_tokens=64), **kw)
+
+
+def counting_generate(agent: TransformersAgent) -> list[int]:
+    """The rows of each real `model.generate` call the agent makes, recorded as it makes them."""
+    rows: list[int] = []
+    real = agent.model.generate
+
+    def generate(*args, **kwargs):
+        rows.append(kwargs["input_ids"].shape[0])
+        return real(*args, **kwargs)
+
+    agent.model.generate = generate
+    return rows
+
+
+async def test_a_batch_over_the_token_bound_runs_as_calls_that_fit_and_answers_as_one_call(
+    trained_tiny_model_path,
+):
+    unbounded = greedy(trained_tiny_model_path, max_batch_tokens=1 << 30)
+    prompt = len(initial_prompt_ids(unbounded.tokenizer, MESSAGES))
+    requests = [AgentRequest(messages=MESSAGES, max_new_tokens=12) for _ in range(5)]
+    whole = await asyncio.gather(*(unbounded.generate(r) for r in requests))
+    bounded = greedy(trained_tiny_model_path, max_batch_tokens=2 * (prompt + 12))
+    calls = counting_generate(bounded)
+    split = await asyncio.gather(*(bounded.generate(r) for r in requests))
+    assert unbounded.batches == [5] and bounded.batches == [5]  # one batch of the drainer...
+    assert calls == [2, 2, 1]  # ...run as calls of at most two rows
+    for a, b in zip(whole, split, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_the_bound_counts_every_row_padded_to_the_longest_prompt_and_the_most_new_tokens(tiny_model_path):
+    from prompt_r1.agents.batching import PendingRequest
+
+    agent = greedy(tiny_model_path, max_batch_tokens=100)
+
+    def rows(*shapes):
+        return [PendingRequest([0] * p, n, (), None, None, False, None) for p, n in shapes]
+
+    # (30 + 10) x 2 = 80 fits; a third row makes (40 + 10) x 3 = 150; (40 + 10) x 2 = 100 fits; a row of
+    # 100 tokens alone is over the bound and still runs, by itself.
+    runs = agent._fitting(rows((30, 10), (20, 10), (40, 5), (10, 10), (90, 10), (5, 5)))
+    assert [[(len(r.prompt_ids), r.max_new_tokens) for r in run] for run in runs] == [
+        [(30, 10), (20, 10)],
+        [(40, 5), (10, 10)],
+        [(90, 10)],
+        [(5, 5)],
+    ]
+
+
+def test_the_bound_defaults_to_the_cpu_figure_on_cpu_and_refuses_nonsense(tiny_model_path):
+    assert greedy(tiny_model_path).max_batch_tokens == CPU_BATCH_TOKENS
+    with pytest.raises(ConfigError, match="max_batch_tokens must be at least 1"):
+        greedy(tiny_model_path, max_batch_tokens=-5)
+
+
+async def test_each_tokens_logprob_is_its_log_softmax_under_the_model(trained_tiny_model_path):
+    agent = greedy(trained_tiny_model_path)
+    prompt = initial_prompt_ids(agent.tokenizer, MESSAGES)
+    out = await agent.generate(AgentRequest(messages=MESSAGES, max_new_tokens=12, stop=()))
+    assert len(out.token_ids) == len(out.logprobs) > 1
+    with torch.no_grad():
+        logits = agent.model(torch.tensor([list(prompt) + out.token_ids])).logits[0].float()
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    expected = expected.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_the_cold_starts_micro_batches_take_the_step_the_whole_batch_would(tiny_model_path, tmp_path):
+    from prompt_r1.tasks.notes_agent import cold_start
+
+    losses: dict[int, list[float]] = {}
+    for micro in (8, 3, 1):
+        said: list[str] = []
+        cold_start(tmp_path / str(micro), steps=2, episodes=16, micro_batch=micro, base=str(tiny_model_path),
+                   say=said.append)  # fmt: skip
+        losses[micro] = [float(line.rsplit(" ", 1)[1]) for line in said]
+    assert len(losses[8]) == 2 and losses[8][0] > 0
+    # The first step's loss is the same sum over the same targets; the second follows the same update.
+    assert losses[3] == pytest.approx(losses[8], rel=1e-3) and losses[1] == pytest.approx(losses[8], rel=1e-3)
+    with pytest.raises(ValueError, match="micro_batch"):
+        cold_start(tmp_path / "0", steps=1, episodes=4, micro_batch=0, base=str(tiny_model_path))
