@@ -119,7 +119,8 @@ def cold_start(
 
     Each step's `batch_size` rows run `micro_batch` at a time, their gradients summed and divided by the whole
     batch's target tokens: the step the whole batch would take, while only a micro-batch's activations and
-    vocabulary-wide logits are held (8 rows at once peaked near 13 GB for the built-in model)."""
+    vocabulary-wide logits are held (the built-in model, 2 steps on 32 demonstrations: 11.5 GB peak with 8 rows
+    at once, 4.0 GB 2 at a time, the same losses)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
