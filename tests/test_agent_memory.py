@@ -1,4 +1,4 @@
-"""What bounds the memory of local training and generation: the agent's token bound per generate call, its
+"""What bounds the memory of local training and generation: the agent's memory bound per generate call, its
 log-probabilities taken one step at a time, and the cold start's micro-batches."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from conftest import TINY_QUESTION
 
 from prompt_r1.agents import AgentRequest
-from prompt_r1.agents.local import CPU_BATCH_TOKENS, TransformersAgent
+from prompt_r1.agents.local import CPU_BATCH_BYTES, TransformersAgent, generate_bytes_per_token
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import question_message
@@ -20,7 +20,8 @@ MESSAGES = [{"role": "user", "content": question_message(TINY_QUESTION)}]
 
 
 def greedy(path, **kw) -> TransformersAgent:
-    return TransformersAgent(AgentConfig(model=str(path), temperature=0.0, max_new_tokens=64), **kw)
+    config = AgentConfig(model=str(path), temperature=0.0, max_new_tokens=64, device="cpu")
+    return TransformersAgent(config, **kw)
 
 
 def counting_generate(agent: TransformersAgent) -> list[int]:
@@ -36,46 +37,56 @@ def counting_generate(agent: TransformersAgent) -> list[int]:
     return rows
 
 
-async def test_a_batch_over_the_token_bound_runs_as_calls_that_fit_and_answers_as_one_call(
+async def test_a_batch_over_the_memory_bound_runs_as_calls_that_fit_and_answers_as_one_call(
     trained_tiny_model_path,
 ):
-    unbounded = greedy(trained_tiny_model_path, max_batch_tokens=1 << 30)
+    unbounded = greedy(trained_tiny_model_path, max_batch_bytes=1 << 40)
     prompt = len(initial_prompt_ids(unbounded.tokenizer, MESSAGES))
-    requests = [AgentRequest(messages=MESSAGES, max_new_tokens=12) for _ in range(5)]
+    budgets = [12, 5, 12, 8, 3]  # different rows, so that an answer given to the wrong request shows
+    requests = [AgentRequest(messages=MESSAGES, max_new_tokens=n, stop=()) for n in budgets]
     whole = await asyncio.gather(*(unbounded.generate(r) for r in requests))
-    bounded = greedy(trained_tiny_model_path, max_batch_tokens=2 * (prompt + 12))
+    assert [len(out.token_ids) for out in whole] == budgets
+    row = (prompt + 12) * unbounded.cache_bytes + 12 * unbounded.score_bytes
+    bounded = greedy(trained_tiny_model_path, max_batch_bytes=2 * row)
     calls = counting_generate(bounded)
     split = await asyncio.gather(*(bounded.generate(r) for r in requests))
     assert unbounded.batches == [5] and bounded.batches == [5]  # one batch of the drainer...
-    assert calls == [2, 2, 1]  # ...run as calls of at most two rows
+    assert calls == [2, 2, 1]  # ...run as calls of at most two rows of 12 new tokens
     for a, b in zip(whole, split, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_the_bound_counts_every_row_padded_to_the_longest_prompt_and_the_most_new_tokens(tiny_model_path):
+def test_each_row_pays_the_longest_prompt_the_most_new_tokens_and_a_score_row_per_new_token(tiny_model_path):
     from prompt_r1.agents.batching import PendingRequest
 
-    agent = greedy(tiny_model_path, max_batch_tokens=100)
+    agent = greedy(tiny_model_path, max_batch_bytes=95)
 
-    def rows(*shapes):
-        return [PendingRequest([0] * p, n, (), None, None, False, None) for p, n in shapes]
+    def runs(*shapes):
+        rows = [PendingRequest([0] * p, n, (), None, None, False, None) for p, n in shapes]
+        return [[(len(r.prompt_ids), r.max_new_tokens) for r in run] for run in agent._fitting(rows)]
 
-    # (30 + 10) x 2 = 80 fits; a third row makes (40 + 10) x 3 = 150; (40 + 10) x 2 = 100 fits; a row of
-    # 100 tokens alone is over the bound and still runs, by itself.
-    runs = agent._fitting(rows((30, 10), (20, 10), (40, 5), (10, 10), (90, 10), (5, 5)))
-    assert [[(len(r.prompt_ids), r.max_new_tokens) for r in run] for run in runs] == [
-        [(30, 10), (20, 10)],
-        [(40, 5), (10, 10)],
-        [(90, 10)],
-        [(5, 5)],
-    ]
+    shapes = ((30, 10), (20, 10), (40, 5), (10, 10), (90, 10), (5, 5))
+    agent.cache_bytes, agent.score_bytes = 1, 0  # a byte a token: the padded tokens alone
+    # (30 + 10) x 2 = 80 fits; a third row, (40 + 10) x 3 = 150, does not; (40 + 10) x 2 = 100 for the next
+    # pair does not either; a row of 90 + 10 is over the bound alone and still runs, by itself.
+    assert runs(*shapes) == [[(30, 10), (20, 10)], [(40, 5)], [(10, 10)], [(90, 10)], [(5, 5)]]
+    agent.score_bytes = 1  # and a byte a score row: (30 + 10 + 10) x 2 = 100 no longer fits
+    assert runs(*shapes)[:2] == [[(30, 10)], [(20, 10)]]
+
+
+def test_the_estimate_reads_the_models_shape(tiny_model_path):
+    agent = greedy(tiny_model_path)
+    config = agent.model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    cache = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4  # float32
+    assert generate_bytes_per_token(agent.model) == (cache, 4 * config.vocab_size)
 
 
 def test_the_bound_defaults_to_the_cpu_figure_on_cpu_and_refuses_nonsense(tiny_model_path):
-    assert greedy(tiny_model_path).max_batch_tokens == CPU_BATCH_TOKENS
-    with pytest.raises(ConfigError, match="max_batch_tokens must be at least 1"):
-        greedy(tiny_model_path, max_batch_tokens=-5)
+    assert greedy(tiny_model_path).max_batch_bytes == CPU_BATCH_BYTES
+    with pytest.raises(ConfigError, match="max_batch_bytes must be at least 1"):
+        greedy(tiny_model_path, max_batch_bytes=-5)
 
 
 async def test_each_tokens_logprob_is_its_log_softmax_under_the_model(trained_tiny_model_path):

@@ -112,7 +112,9 @@ class BatchingBackend:
         self._queues: PerLoop[_Queue] = PerLoop(_Queue)
         # One generate at a time, whichever loop's worker thread calls it.
         self._generate_lock = threading.Lock()
-        self.batches: list[int] = []  # sizes of the generate calls made, for tests and logs
+        self.batches: list[
+            int
+        ] = []  # sizes of the batches answered (a backend may split one into calls), for tests and logs
         self.generate_seconds = 0.0  # moving average of one generate call's duration
         self.generate_total_s = 0.0  # every generate call's duration, summed (a step's breakdown)
         # The same by turn (a call shared among its requests' turns, in proportion; None: the turn was not given).

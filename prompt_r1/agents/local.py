@@ -5,10 +5,11 @@ episodes' environment calls and are answered by one batched `model.generate` in 
 never blocks on the GPU/CPU and the model sees full batches. Each row stops on its own at a stop string or EOS;
 its sampled ids and their log-probabilities under the sampling distribution are returned as they were sampled.
 
-Memory: a generate call holds the rows' key/value cache and one vocabulary-wide score row per generated token, so
-on CPU (where it is the machine's RAM) a batch whose rows x (longest prompt + new tokens) exceed `max_batch_tokens`
-runs as consecutive calls of rows that fit. On an accelerator the default is no bound: a split costs a whole
-decoding pass, and the batches a rollout makes fit its memory.
+Memory: a generate call holds, for every row, the key/value cache of the padded prompt and the new tokens, and one
+float32 vocabulary-wide score row per generated token (the log-probabilities are read from them). On CPU, where
+that is the machine's RAM, a batch whose estimate of both exceeds `max_batch_bytes` runs as consecutive calls of
+rows that fit. On an accelerator the default is no bound: a split costs a whole decoding pass, and the batches a
+rollout makes fit its memory.
 """
 
 from __future__ import annotations
@@ -25,11 +26,26 @@ from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.protocol import STOP_SEQUENCES
 
-__all__ = ["CPU_BATCH_TOKENS", "TransformersAgent", "load_transformers_model"]
+__all__ = ["CPU_BATCH_BYTES", "TransformersAgent", "generate_bytes_per_token", "load_transformers_model"]
 
-# The CPU default of `max_batch_tokens`: at the built-in model's width, a call of 16k tokens (35 rows of 400-token
-# prompts and 64 new tokens) peaks near 2 GB above the model, where 64 such rows peaked at 6.4 GB.
-CPU_BATCH_TOKENS = 16384
+# The CPU default of `max_batch_bytes`. The estimate leaves out the forward pass's passing activations, which
+# roughly double it: the built-in model, 400-token prompts and 64 new tokens (34 MB a row), ran 64 rows at once
+# (2.2 GB estimated) at 3.5 GB above the model's memory.
+CPU_BATCH_BYTES = 1 << 30
+
+
+def generate_bytes_per_token(model: Any) -> tuple[int, int]:
+    """(bytes of key/value cache per token of a row, bytes of the score row kept per generated token) for
+    `model`, from its config; for a config that does not say, the cache of full attention at its hidden size."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = getattr(config, "num_hidden_layers", 0) or 0
+    heads = getattr(config, "num_attention_heads", 0) or 0
+    hidden = getattr(config, "hidden_size", 0) or 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads else 0)
+    element = torch.finfo(model.dtype).bits // 8 if model.dtype.is_floating_point else 4
+    vocab = getattr(config, "vocab_size", 0) or 0
+    return 2 * layers * kv_heads * head_dim * element, 4 * vocab
 
 
 def load_transformers_model(name_or_path: str, *, device: str | None = None, dtype: str = "auto"):
@@ -99,14 +115,15 @@ class TransformersAgent(BatchingBackend):
         model: Any = None,
         tokenizer: Any = None,
         max_batch_size: int = 64,
-        max_batch_tokens: int | None = None,
+        max_batch_bytes: int | None = None,
         max_context: int | None = None,
         sampling: dict[str, Any] | None = None,
     ) -> None:
         """sampling: `generate` keyword arguments that replace the config's temperature/top_p (the trainer passes
         its own, so that no default of the model's generation_config, such as top_k, changes the distribution).
-        max_batch_tokens: the most rows x (longest prompt + new tokens) in one `generate` call (module doc);
-        None: `CPU_BATCH_TOKENS` for a model on CPU, no bound on an accelerator."""
+        max_batch_bytes: the most cache and score memory one `generate` call may hold, as estimated (module doc);
+        a batch over it runs as consecutive calls. None: `CPU_BATCH_BYTES` for a model on CPU, no bound on an
+        accelerator."""
         super().__init__()
         self.sampling = sampling
         self.config = config = config or AgentConfig()
@@ -116,10 +133,11 @@ class TransformersAgent(BatchingBackend):
             raise ConfigError("a TransformersAgent given a model also needs its tokenizer")
         self.model, self.tokenizer = model, tokenizer
         self.max_batch_size = max_batch_size
-        if max_batch_tokens is not None and max_batch_tokens < 1:
-            raise ConfigError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
+        if max_batch_bytes is not None and max_batch_bytes < 1:
+            raise ConfigError(f"max_batch_bytes must be at least 1, got {max_batch_bytes}")
         on_cpu = torch.device(model.device).type == "cpu"
-        self.max_batch_tokens = max_batch_tokens or (CPU_BATCH_TOKENS if on_cpu else None)
+        self.max_batch_bytes = max_batch_bytes or (CPU_BATCH_BYTES if on_cpu else None)
+        self.cache_bytes, self.score_bytes = generate_bytes_per_token(model)
         self.default_max_new_tokens = config.max_new_tokens
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         if config.seed is not None:
@@ -134,16 +152,18 @@ class TransformersAgent(BatchingBackend):
         return [out for rows in self._fitting(batch) for out in self._generate_rows(rows)]
 
     def _fitting(self, batch: list[PendingRequest]) -> list[list[PendingRequest]]:
-        """`batch` in order, as consecutive runs of rows whose rows x (longest prompt + new tokens) is within
-        `max_batch_tokens` (a row over it alone runs by itself)."""
-        if self.max_batch_tokens is None:
+        """`batch` in order, as consecutive runs of rows whose call is within `max_batch_bytes`: each row pays
+        the cache of the run's longest prompt plus its most new tokens, and a score row per new token (a row over
+        the bound alone runs by itself)."""
+        if self.max_batch_bytes is None:
             return [batch]
         runs: list[list[PendingRequest]] = []
         run: list[PendingRequest] = []
         prompt = new = 0  # the run's longest prompt and most new tokens: a call pads every row to both
         for item in batch:
             longer, more = max(prompt, len(item.prompt_ids)), max(new, item.max_new_tokens)
-            if run and (len(run) + 1) * (longer + more) > self.max_batch_tokens:
+            row = (longer + more) * self.cache_bytes + more * self.score_bytes
+            if run and (len(run) + 1) * row > self.max_batch_bytes:
                 runs.append(run)
                 run, longer, more = [], len(item.prompt_ids), item.max_new_tokens
             run.append(item)

@@ -83,7 +83,7 @@ class GraphRollout(Trajectories):
             if seed is not None and not isinstance(agent, VLLMServerPolicy):
                 agent.lockstep, agent.sampling_seed = True, seed
             results = self.run_episodes(agent, questions, call=call)
-        self.last_batch_sizes = list(agent.batches)  # generate calls of this step, for logs and tests
+        self.last_batch_sizes = list(agent.batches)  # batches answered this step, for logs and tests
         self.last_generate_s = getattr(agent, "generate_total_s", 0.0)
         self.last_generate_turn_s = dict(getattr(agent, "generate_turn_s", {}))
         return results, agent.tokenizer
