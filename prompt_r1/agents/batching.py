@@ -35,6 +35,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +113,10 @@ class BatchingBackend:
         self._queues: PerLoop[_Queue] = PerLoop(_Queue)
         # One generate at a time, whichever loop's worker thread calls it.
         self._generate_lock = threading.Lock()
+        # ...and always on the same thread: the C allocator keeps an arena per thread that has allocated, and a
+        # generate call's tensors freed into the arenas of a rotating pool stay in the process (the built-in
+        # agent's held-out evaluation, 50 questions: 7.4 GB peak through asyncio's pool, 4.9 GB with 2 arenas).
+        self._generate_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self.batches: list[
             int
         ] = []  # sizes of the batches answered (a backend may split one into calls), for tests and logs
@@ -198,7 +203,9 @@ class BatchingBackend:
                 (batch if item.stop == stop and len(batch) < self.max_batch_size else rest).append(item)
             queue.pending = rest
             try:
-                outputs = await asyncio.to_thread(self._generate_batch, batch)
+                outputs = await asyncio.get_running_loop().run_in_executor(
+                    self._generate_thread, self._generate_batch, batch
+                )
             except Exception as exc:  # a failed batch fails its requests, not the drainer
                 error = (
                     exc
