@@ -115,3 +115,28 @@ def test_the_cold_starts_micro_batches_take_the_step_the_whole_batch_would(tiny_
     assert losses[3] == pytest.approx(losses[8], rel=1e-3) and losses[1] == pytest.approx(losses[8], rel=1e-3)
     with pytest.raises(ValueError, match="micro_batch"):
         cold_start(tmp_path / "0", steps=1, episodes=4, micro_batch=0, base=str(tiny_model_path))
+
+
+async def test_a_trainers_per_step_backends_generate_on_one_thread(tiny_model_path):
+    """A rollout makes a backend per step; each generating on a thread of its own would give every step's tensors
+    a fresh allocator arena, so the trainer's backends share one thread."""
+    import threading
+    import types
+
+    from prompt_r1.training.sync.policy import on_trainer_thread
+
+    trainer = types.SimpleNamespace()
+    threads, agents = [], []  # the agents kept alive, so that no thread's id is freed for another to reuse
+    for _ in range(3):
+        agent = on_trainer_thread(trainer, greedy(tiny_model_path))
+        agents.append(agent)
+        real = agent._generate_locked
+
+        def seen(batch, real=real):
+            threads.append(threading.get_ident())
+            return real(batch)
+
+        agent._generate_locked = seen
+        await agent.generate(AgentRequest(messages=MESSAGES, max_new_tokens=2))
+    assert len(threads) == 3 and len(set(threads)) == 1
+    assert threading.main_thread().ident not in threads

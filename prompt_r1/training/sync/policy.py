@@ -26,7 +26,7 @@ from prompt_r1.agents.batching import BatchingBackend, PendingRequest, derive_se
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["VLLMColocatePolicy", "VLLMServerPolicy", "trainer_policy"]
+__all__ = ["VLLMColocatePolicy", "VLLMServerPolicy", "on_trainer_thread", "trainer_policy"]
 
 
 def _sampling(args: Any) -> dict[str, Any]:
@@ -181,6 +181,17 @@ def _rank_client(trainer: Any) -> Any:
     return _server_clients[base_url]
 
 
+def on_trainer_thread(trainer: Any, agent: BatchingBackend) -> BatchingBackend:
+    """`agent`, generating on the trainer's one generate thread. A rollout makes a backend per step, and a thread
+    of its own per step would hand each step's tensors a fresh allocator arena (`prompt_r1.agents.batching`)."""
+    thread = getattr(trainer, "_prompt_r1_generate_thread", None)
+    if thread is None:
+        trainer._prompt_r1_generate_thread = agent._generate_thread
+    else:
+        agent._generate_thread = thread
+    return agent
+
+
 @contextlib.contextmanager
 def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBackend]:
     """The agent backend for one rollout call, generating with the trainer's current policy."""
@@ -190,8 +201,11 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
     if getattr(trainer, "use_vllm", False):
         generation = trainer.vllm_generation
         if generation.mode == "server":
-            yield VLLMServerPolicy(
-                _rank_client(trainer), tokenizer, _sampling(args), max_new_tokens=max_new_tokens
+            yield on_trainer_thread(
+                trainer,
+                VLLMServerPolicy(
+                    _rank_client(trainer), tokenizer, _sampling(args), max_new_tokens=max_new_tokens
+                ),
             )
             return
         if generation.tensor_parallel_size > 1:
@@ -204,8 +218,9 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
                 generation.sync_weights()
             generation.llm.wake_up(tags=["kv_cache"])
         try:
-            yield VLLMColocatePolicy(
-                generation.llm, tokenizer, _sampling(args), max_new_tokens=max_new_tokens
+            yield on_trainer_thread(
+                trainer,
+                VLLMColocatePolicy(generation.llm, tokenizer, _sampling(args), max_new_tokens=max_new_tokens),
             )
         finally:
             if generation.enable_sleep_mode:
@@ -233,4 +248,5 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
             top_p=args.top_p,
             max_new_tokens=max_new_tokens,
         )
-        yield TransformersAgent(config, model=model, tokenizer=tokenizer, sampling=_generate_sampling(args))
+        agent = TransformersAgent(config, model=model, tokenizer=tokenizer, sampling=_generate_sampling(args))
+        yield on_trainer_thread(trainer, agent)
