@@ -75,8 +75,7 @@ class ModelServer:
             agent = TransformersAgent(config, model=self.model, tokenizer=self.tokenizer,
                                       max_batch_size=self.max_batch_size)  # fmt: skip
             if self._generators:  # one generate at a time on the shared weights, whichever setting asks
-                first = next(iter(self._generators.values()))
-                agent._generate_lock, agent._generate_thread = first._generate_lock, first._generate_thread
+                agent._generate_thread = next(iter(self._generators.values()))._generate_thread
             self._generators[key] = agent
         return self._generators[key]
 
