@@ -115,6 +115,7 @@ def test_every_episode_is_answered_and_scored_from_its_own_groups_sheet():
             figures["notes/em"] == 1.0 and figures["notes/calls"] == 1.0 and figures["notes/at_once"] == 0.0
         )
         assert math.isnan(figures["notes/em_2"] if asked.calls == 1 else figures["notes/em_1"])
+        assert math.isnan(figures["notes/calls_2"] if asked.calls == 1 else figures["notes/calls_1"])
     # The same question's groups have other gold answers: an episode answered from another group's sheet is wrong.
     assert len({sheets.asked(g).answer for g in groups}) > len(rows)
 

@@ -5,6 +5,7 @@ training pool only. On the real built-in models: tests/test_notes_agent.py."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 
@@ -22,6 +23,7 @@ from prompt_r1.tasks.notes import (
     draw_sheets,
     notes_system_prompt,
     parse,
+    question_about,
     questions_for,
     training_questions,
 )
@@ -153,3 +155,33 @@ def test_a_redrawn_sheet_shares_no_word_with_the_name_it_is_drawn_around():
             words = [w for n in asked.sheet.names() for w in n.split() if w not in ("Bridge", "Clock", "Mill",
                      "Tower", "Lighthouse", "Gate", "Fountain", "Hall")]  # fmt: skip
             assert len(words) == len(set(words)), asked.sheet
+
+
+def test_calls_are_counted_per_calls_needed_in_training_and_in_the_table():
+    """A second call pays on a 2-call question only: the step lines and the comparison table count calls apart for
+    1- and 2-call questions, and leave a figure that does not apply empty."""
+    from prompt_r1.runs.episode import Episode
+    from prompt_r1.tasks.notes_eval import summary
+    from prompt_r1.tasks.notes_training import notes_figures
+
+    sheet = draw_sheets(1, random.Random(3))[0]
+    one, two = question_about("builder", sheet, 0), question_about("builder_birthplace", sheet, 0)
+
+    def episode(asked, calls, answer):
+        turns = [{"response_source": "environment"}] * calls + [{"response_source": "answer"}]
+        return Episode(None, asked.question, "answered", answer=answer, turns=turns)
+
+    first = notes_figures(episode(one, 2, sheet.places[0]), one)
+    assert (first["notes/calls"], first["notes/calls_1"], first["notes/calls_2"]) == (2.0, 2.0, None)
+    assert first["notes/em"] == 0.0  # asked again on a 1-call question, and answered the place
+    second = notes_figures(episode(two, 1, sheet.people[0]), two)
+    assert (second["notes/calls_1"], second["notes/calls_2"], second["notes/em_2"]) == (None, 1.0, 0.0)
+
+    rows = [
+        {"calls_needed": 1, "calls": 1, "em": 1.0, "f1": 1.0, "tokens": 10},
+        {"calls_needed": 1, "calls": 2, "em": 0.0, "f1": 0.0, "tokens": 20},
+        {"calls_needed": 2, "calls": 2, "em": 1.0, "f1": 1.0, "tokens": 30},
+    ]
+    table = summary(rows)
+    assert (table["calls_1"], table["calls_2"], table["calls"]) == (1.5, 2.0, 5 / 3)
+    assert math.isnan(summary(rows[:2])["calls_2"])

@@ -142,8 +142,8 @@ async def search_instruction(
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """EM and F1 (percent) overall and per calls needed, calls and tokens per question, the share answered at
-    once."""
+    """EM and F1 (percent) overall and per calls needed, calls per question (overall and per calls needed),
+    tokens per question, the share answered at once."""
 
     def mean(values: list[float]) -> float:
         return 100 * sum(values) / len(values) if values else float("nan")
@@ -153,6 +153,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         part = [r for r in rows if r["calls_needed"] == k]
         out[f"em_{k}"] = mean([r["em"] for r in part])
         out[f"f1_{k}"] = mean([r["f1"] for r in part])
+        out[f"calls_{k}"] = sum(r["calls"] for r in part) / len(part) if part else float("nan")
     out["calls"] = sum(r["calls"] for r in rows) / max(len(rows), 1)
     out["tokens"] = sum(r["tokens"] for r in rows) / max(len(rows), 1)
     out["at_once"] = mean([float(r["calls"] == 0) for r in rows])

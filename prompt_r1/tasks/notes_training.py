@@ -7,7 +7,9 @@ replays its sheets), answers through `NotesEnvironment` (the environment's syste
 returns the step's gold answers with the trajectories (TRL gives a rollout's extra fields to the reward
 functions), and logs `NOTES_METRICS` per step:
 - `notes/em`, `notes/em_1`, `notes/em_2`: exact match of the final answer, overall and on 1- and 2-call questions;
-- `notes/calls`: environment calls per episode; `notes/at_once`: the share that answered without one.
+- `notes/calls`, `notes/calls_1`, `notes/calls_2`: environment calls per episode, overall and on 1- and 2-call
+  questions (what a prompting policy chooses: a second call pays on a 2-call question only);
+- `notes/at_once`: the share that answered without a call.
 Needs the `train` and `local` extras.
 """
 
@@ -35,7 +37,10 @@ __all__ = [
 ]
 
 ENV_MODEL = "smollm2-135m"
-NOTES_METRICS = ("notes/em", "notes/em_1", "notes/em_2", "notes/f1", "notes/calls", "notes/at_once")
+NOTES_METRICS = (
+    "notes/em", "notes/em_1", "notes/em_2", "notes/f1", "notes/calls", "notes/calls_1", "notes/calls_2",
+    "notes/at_once",
+)  # fmt: skip
 
 
 def env_calls(episode: Episode) -> int:
@@ -43,7 +48,8 @@ def env_calls(episode: Episode) -> int:
 
 
 def notes_figures(episode: Episode, asked: NotesQuestion) -> dict[str, float | None]:
-    """The episode's figures against its question (None where one does not apply: `em_2` of a 1-call question)."""
+    """The episode's figures against its question (None where one does not apply: `em_2` or `calls_2` of a 1-call
+    question)."""
     answer = episode.answer or ""
     em = exact_match(answer, [asked.answer])
     calls = env_calls(episode)
@@ -53,6 +59,8 @@ def notes_figures(episode: Episode, asked: NotesQuestion) -> dict[str, float | N
         "notes/em_2": em if asked.calls == 2 else None,
         "notes/f1": f1(answer, [asked.answer]),
         "notes/calls": float(calls),
+        "notes/calls_1": float(calls) if asked.calls == 1 else None,
+        "notes/calls_2": float(calls) if asked.calls == 2 else None,
         "notes/at_once": float(calls == 0),
     }
 
