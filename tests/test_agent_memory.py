@@ -89,6 +89,29 @@ def test_the_bound_defaults_to_the_cpu_figure_on_cpu_and_refuses_nonsense(tiny_m
         greedy(tiny_model_path, max_batch_bytes=-5)
 
 
+def test_the_bound_is_set_from_the_config_the_flag_and_the_model_servers_flag(tiny_model_path):
+    from prompt_r1.cli.flags import configs_from_args
+    from prompt_r1.cli.main import build_parser
+
+    config = AgentConfig(model=str(tiny_model_path), temperature=0.0, device="cpu", generate_memory_mb=3)
+    assert TransformersAgent(config).max_batch_bytes == 3 << 20
+    assert TransformersAgent(config, max_batch_bytes=7).max_batch_bytes == 7  # the caller's own wins
+    with pytest.raises(ConfigError, match="generate_memory_mb"):
+        AgentConfig(generate_memory_mb=0)
+    parser = build_parser()
+    args = parser.parse_args(
+        ["run", "q", "--agent-model", str(tiny_model_path), "--agent-generate-memory-mb", "5"]
+    )
+    assert configs_from_args(args)[0].generate_memory_mb == 5
+    assert parser.parse_args(["serve-model", "m", "--generate-memory-mb", "9"]).generate_memory_mb == 9
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve-model", "m", "--generate-memory-mb", "0"])
+    from prompt_r1.agents.model_server import load_served_model
+
+    server = load_served_model(str(tiny_model_path), temperature=0.0, generate_memory_mb=2)
+    assert server.generator(0.0, 1.0).max_batch_bytes == server.generator(0.5, 1.0).max_batch_bytes == 2 << 20
+
+
 async def test_each_tokens_logprob_is_its_log_softmax_under_the_model(trained_tiny_model_path):
     agent = greedy(trained_tiny_model_path)
     prompt = initial_prompt_ids(agent.tokenizer, MESSAGES)

@@ -9,7 +9,7 @@ Memory: a generate call holds, for every row, the key/value cache of the padded 
 float32 vocabulary-wide score row per generated token (the log-probabilities are read from them). On CPU, where
 that is the machine's RAM, a batch whose estimate of both exceeds `max_batch_bytes` runs as consecutive calls of
 rows that fit. On an accelerator the default is no bound: a split costs a whole decoding pass, and the batches a
-rollout makes fit its memory.
+rollout makes fit its memory. `--agent-generate-memory-mb` (`AgentConfig.generate_memory_mb`) sets the bound.
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ class TransformersAgent(BatchingBackend):
         """sampling: `generate` keyword arguments that replace the config's temperature/top_p (the trainer passes
         its own, so that no default of the model's generation_config, such as top_k, changes the distribution).
         max_batch_bytes: the most cache and score memory one `generate` call may hold, as estimated (module doc);
-        a batch over it runs as consecutive calls. None: `CPU_BATCH_BYTES` for a model on CPU, no bound on an
-        accelerator."""
+        a batch over it runs as consecutive calls. None: the config's `generate_memory_mb`, else `CPU_BATCH_BYTES`
+        for a model on CPU and no bound on an accelerator."""
         super().__init__()
         self.sampling = sampling
         self.config = config = config or AgentConfig()
@@ -136,6 +136,8 @@ class TransformersAgent(BatchingBackend):
         if max_batch_bytes is not None and max_batch_bytes < 1:
             raise ConfigError(f"max_batch_bytes must be at least 1, got {max_batch_bytes}")
         on_cpu = torch.device(model.device).type == "cpu"
+        if max_batch_bytes is None and config.generate_memory_mb is not None:
+            max_batch_bytes = config.generate_memory_mb << 20
         self.max_batch_bytes = max_batch_bytes or (CPU_BATCH_BYTES if on_cpu else None)
         self.cache_bytes, self.score_bytes = generate_bytes_per_token(model)
         self.default_max_new_tokens = config.max_new_tokens

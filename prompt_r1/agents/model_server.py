@@ -60,6 +60,7 @@ class ModelServer:
     temperature: float = 0.7
     seed: int | None = None
     max_batch_size: int = 32
+    generate_memory_mb: int | None = None  # None: the agent's default (`TransformersAgent`)
     base_url: str = ""
     _generators: dict[tuple[float, float], Any] = field(default_factory=dict)
     requests: int = 0
@@ -71,7 +72,8 @@ class ModelServer:
         key = (temperature, top_p)
         if key not in self._generators:
             config = AgentConfig(model=self.path, temperature=temperature, top_p=top_p, seed=self.seed,
-                                 max_new_tokens=DEFAULT_MAX_TOKENS)  # fmt: skip
+                                 max_new_tokens=DEFAULT_MAX_TOKENS,
+                                 generate_memory_mb=self.generate_memory_mb)  # fmt: skip
             agent = TransformersAgent(config, model=self.model, tokenizer=self.tokenizer,
                                       max_batch_size=self.max_batch_size)  # fmt: skip
             if self._generators:  # one generate at a time on the shared weights, whichever setting asks
@@ -81,7 +83,8 @@ class ModelServer:
 
 
 def load_served_model(model: str, *, name: str | None = None, temperature: float = 0.7, seed: int | None = None,
-                      device: str | None = None, max_batch_size: int = 32) -> ModelServer:  # fmt: skip
+                      device: str | None = None, max_batch_size: int = 32,
+                      generate_memory_mb: int | None = None) -> ModelServer:  # fmt: skip
     """Load `model` (a built-in name, a folder or a hub id) for serving; a ConfigError when it cannot load."""
     from prompt_r1.agents.builtin import resolve_model
     from prompt_r1.agents.local import load_transformers_model
@@ -94,7 +97,8 @@ def load_served_model(model: str, *, name: str | None = None, temperature: float
         raise ModelNameError(f"serving a model here needs aiohttp: {LOCAL_EXTRA}") from None
     path = resolve_model(model)
     loaded, tokenizer = load_transformers_model(path, device=device or "cpu")
-    server = ModelServer(name or model, path, loaded, tokenizer, temperature, seed, max_batch_size)
+    server = ModelServer(name or model, path, loaded, tokenizer, temperature, seed, max_batch_size,
+                         generate_memory_mb)  # fmt: skip
     # Made now, not on the first request: a generator seeds torch's random state as it is made, and a seeding
     # in the middle of a run would disturb whatever else samples in this process.
     server.generator(temperature, 1.0)

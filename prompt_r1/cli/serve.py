@@ -144,6 +144,13 @@ def add_serve_model_parser(sub: argparse._SubParsersAction) -> None:
     )
     sm.add_argument("--seed", type=flag_number(integer=True, minimum=0), metavar="N", help="sampling seed")
     sm.add_argument("--device", help="cpu or cuda (default: cpu)")
+    sm.add_argument(
+        "--generate-memory-mb",
+        type=flag_number(integer=True, minimum=1),
+        metavar="MB",
+        help="most memory one batched generate call may hold for its cache and scores, as estimated; a larger "
+        "batch runs as consecutive calls (default: 1024 on CPU, no bound on cuda)",
+    )
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -171,7 +178,8 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
     _check_port_free(args.host, args.port)
     check_model(args.model, "model")
     server = load_served_model(args.model, name=args.served_model_name, temperature=args.temperature,
-                               seed=args.seed, device=args.device)  # fmt: skip
+                               seed=args.seed, device=args.device,
+                               generate_memory_mb=args.generate_memory_mb)  # fmt: skip
 
     def ready(url: str) -> None:
         print(f"prompt-r1: serving {server.name} on {url}", flush=True)

@@ -197,6 +197,13 @@ class AgentConfig:
         "model name when it is a local folder.",
         default=None,
     )
+    generate_memory_mb: int | None = _help(
+        "Most memory (MiB) one local generate call may hold for its key/value cache and token scores, as "
+        "estimated from the model's shape; a larger batch runs as consecutive calls. Unset: 1024 on CPU, no bound "
+        "on an accelerator (where a split costs a whole decoding pass).",
+        default=None,
+        check=AT_LEAST_1,
+    )
     guide_calls: int | None = _help(
         "Guide an untrained local agent into the protocol's tags (constrained decoding: the tags are written for "
         "it, the words inside are its own): it prompts the environment N times, then answers. Unset: unguided.",
