@@ -323,7 +323,8 @@ def _base_argv(command: str, tmp: Path) -> list[str]:
         "batch": ["batch", str(questions), "--out", str(tmp / "r.jsonl"), *run_flags()],
         "batch-merge": ["batch-merge", "--out", str(tmp / "m.jsonl"), "--shards", "2"],
         "serve": ["serve", "--port", "0", *run_flags()],
-        # An empty folder is no model: a good number gets as far as loading it, one line and exit 2, not a server.
+        # An empty folder is no model: a good number gets as far as the model check, one line and exit 2, not a
+        # server.
         "serve-model": ["serve-model", str(model), "--port", "0"],
         "eval": ["eval", "--dataset", "hotpot", "--out", str(tmp / "e"), "--limit", "1", *run_flags()],
         "train": [

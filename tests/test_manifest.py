@@ -66,8 +66,9 @@ def test_batch_writes_its_manifest_and_a_rerun_names_a_changed_setting(tmp_path,
         manifest["command"] == "batch" and manifest["settings"]["measured"]["environment"]["model"] == "env"
     )
     assert SECRET not in (tmp_path / "results.manifest.json").read_text()
-    # Endpoints and limits may change on a rerun; what the rows measure may not, unless allowed.
-    assert run_cli(cli_args(relay_server.base_url, inp, out, "--concurrency", "3"))[0] == 0
+    # Endpoints, limits and memory bounds may change on a rerun; what the rows measure may not, unless allowed.
+    assert run_cli(cli_args(relay_server.base_url, inp, out, "--concurrency", "3",
+                            "--agent-generate-memory-mb", "512"))[0] == 0  # fmt: skip
     sent = len(relay_server.requests)
     code, _, err = run_cli(cli_args(relay_server.base_url, inp, out, "--env-temperature", "0.3"))
     assert code == 2 and "environment.temperature: None → 0.3" in err and "concurrency" not in err

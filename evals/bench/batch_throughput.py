@@ -46,7 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_server import AGENT_TURNS, ENV_CALLS, BenchServer, make_clients, write_input
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_server beside it
+from bench_server import AGENT_TURNS, ENV_CALLS, BenchServer, make_clients, write_input  # noqa: E402
 
 AGENT_LATENCY = 0.01  # seconds per served agent turn
 

@@ -1,8 +1,7 @@
 """The benchmarks' server and clients: a local OpenAI-compatible server (prompt_r1.testing.servers.ScriptedServer)
 in a process of its own, so that it does not share the client's interpreter, with log-normal (heavy-tailed)
 environment latency and an optional server-side rate limit answering 429 with Retry-After; the question files
-the batch runner reads; the environment and served-agent clients that talk to it (evals/bench/batch_throughput.py,
-evals/bench/real_model.py)."""
+the batch runner reads; the environment and served-agent clients that talk to it (evals/bench/batch_throughput.py)."""
 
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ from prompt_r1.tasks.notes_training import ENV_MODEL  # noqa: E402
 BASELINES = ("direct", "instruction", "opro", "gepa")
 RISE = 15  # points of 2-call EM over the best untrained baseline (the target)
 CURVES = (
-    ("reward", "reward"), ("EM", "notes/em"), ("EM, 2-call", "notes/em_2"), ("calls, 1-call", "notes/calls_1"),
-    ("calls, 2-call", "notes/calls_2"),
+    ("reward", "reward"), ("EM", "notes/em"), ("EM, 2-call", "notes/em_2"), ("calls", "notes/calls"),
+    ("calls, 1-call", "notes/calls_1"), ("calls, 2-call", "notes/calls_2"),
 )  # fmt: skip
 EPISODES_PER_STEP = 16  # 4 questions x 4 samples
 
@@ -162,10 +162,10 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int)
 
 def print_table(table: dict[str, dict]) -> None:
     say(f"{'method':<34} {'EM':>6} {'F1':>6} {'EM 1':>6} {'EM 2':>6} {'F1 1':>6} {'F1 2':>6} "
-        f"{'calls':>6} {'call 1':>6} {'call 2':>6} {'tokens':>7} {'at once':>7}")  # fmt: skip
+        f"{'calls':>6} {'calls 1':>7} {'calls 2':>7} {'tokens':>7} {'at once':>7}")  # fmt: skip
     for name, s in table.items():
         say(f"{name:<34} {s['em']:6.1f} {s['f1']:6.1f} {s['em_1']:6.1f} {s['em_2']:6.1f} {s['f1_1']:6.1f} "
-            f"{s['f1_2']:6.1f} {s['calls']:6.2f} {s['calls_1']:6.2f} {s['calls_2']:6.2f} {s['tokens']:7.0f} "
+            f"{s['f1_2']:6.1f} {s['calls']:6.2f} {s['calls_1']:7.2f} {s['calls_2']:7.2f} {s['tokens']:7.0f} "
             f"{s['at_once']:7.1f}")  # fmt: skip
 
 

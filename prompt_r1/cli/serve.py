@@ -147,9 +147,9 @@ def add_serve_model_parser(sub: argparse._SubParsersAction) -> None:
     sm.add_argument(
         "--generate-memory-mb",
         type=flag_number(integer=True, minimum=1),
-        metavar="MB",
-        help="most memory one batched generate call may hold for its cache and scores, as estimated; a larger "
-        "batch runs as consecutive calls (default: 1024 on CPU, no bound on cuda)",
+        metavar="MIB",
+        help="most memory (MiB) one batched generate call may hold for its cache and scores, as estimated; a "
+        "larger batch runs as consecutive calls (default: 1024 on CPU, no bound on cuda)",
     )
 
 

@@ -61,7 +61,8 @@ FOLDER_MANIFEST = "manifest.json"
 LIBRARIES = ("torch", "transformers", "trl", "vllm", "langgraph")
 
 # Settings that change how a run reaches its endpoints but not what it measures; a resumed run may change them
-# (a server that moved to another port keeps its model name).
+# (a server that moved to another port keeps its model name; a run that ran out of memory resumes with a lower
+# generate bound).
 OPERATIONAL = frozenset(
     {
         "base_url",
@@ -78,6 +79,7 @@ OPERATIONAL = frozenset(
         "backoff_max",
         "max_retry_after",
         "device",
+        "generate_memory_mb",
     }
 )
 
