@@ -185,3 +185,27 @@ def test_calls_are_counted_per_calls_needed_in_training_and_in_the_table():
     table = summary(rows)
     assert (table["calls_1"], table["calls_2"], table["calls"]) == (1.5, 2.0, 5 / 3)
     assert math.isnan(summary(rows[:2])["calls_2"])
+
+
+def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice():
+    from prompt_r1.tasks.notes_agent import demonstrations
+
+    episodes = demonstrations(400, seed=1, ask_again=0.5, kinds=True)
+    asked_again = {}
+    for question, script in episodes:
+        kind, _ = parse(question)
+        wanted = "builder" if kind == "builder" else "birthplace"
+        thoughts = [re.search(r"<think>(.*)</think>", turn).group(1) for turn in script[::2]]
+        # Every thought names what the question asks for; each after a reply names what the reply gave.
+        assert all(f"The question asks for the {wanted}." in t for t in thoughts), thoughts
+        assert all(t.startswith(("The reply names the builder, ", "The reply names the birthplace, "))
+                   for t in thoughts[1:]), thoughts  # fmt: skip
+        if kind != "birthplace":
+            asked_again.setdefault(kind, []).append(len(script) == 5)
+    # The choice after a builder reply is drawn alike for both questions that get one.
+    shares = {kind: sum(v) / len(v) for kind, v in asked_again.items()}
+    assert all(abs(share - 0.5) < 0.1 for share in shares.values()), shares
+    # Off, the demonstrations are the plain ones, draw for draw.
+    plain = demonstrations(50, seed=1, ask_again=0.5)
+    assert [q for q, _ in plain] == [q for q, _ in episodes[:50]]
+    assert all("asks for" not in turn for _, script in plain for turn in script)

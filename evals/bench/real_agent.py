@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from prompt_r1.tasks.notes_agent import ASK_AGAIN  # noqa: E402
 from prompt_r1.tasks.notes_eval import (  # noqa: E402
     INSTRUCTION,
     agent_method,
@@ -71,11 +72,15 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     work = out / f"seed-{seed}"
     started = time.monotonic()
     cold = work / "cold"
-    marker = cold / "cold_start.json"  # written last: a finished cold start of these steps, reused by a rerun
+    marker = (
+        cold / "cold_start.json"
+    )  # written last: a finished cold start of these settings, reused by a rerun
     made = json.loads(marker.read_text()) if marker.is_file() else {}
-    if made.get("steps") != args.cold_steps:
-        cold_start(cold, seed=seed, steps=args.cold_steps, say=lambda line: say(f"seed {seed}: {line}"))
-        made = {"steps": args.cold_steps, "seconds": time.monotonic() - started}
+    recipe = {"steps": args.cold_steps, "ask_again": args.ask_again, "kinds": args.kind_thoughts}
+    if {k: made.get(k) for k in recipe} != recipe:
+        cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again, kinds=args.kind_thoughts,
+                   say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
+        made = {**recipe, "seconds": time.monotonic() - started}
         marker.write_text(json.dumps(made) + "\n")
     cold_s = made["seconds"]
     started = time.monotonic()
@@ -213,6 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
     parser.add_argument("--cold-steps", type=int, default=16, help="cold-start fine-tuning steps")
+    parser.add_argument(
+        "--ask-again", type=float, default=ASK_AGAIN,
+        help=f"the cold start's share of demonstrations that ask again after a builder reply ({ASK_AGAIN})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kind-thoughts", action="store_true",
+        help="the cold start's thoughts name what the question asks for (prompt_r1.tasks.notes_agent)",
+    )  # fmt: skip
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
                         help="the held-out draw (unset: drawn at run time)")  # fmt: skip

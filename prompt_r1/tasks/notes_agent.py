@@ -20,6 +20,11 @@ samples both: GRPO learns a choice only from groups in which some samples make i
 answer after a reply keeps the choice it learns well under the demonstrations' share (docs/benchmarks.md, the
 real agent's section, has the measurements).
 
+`kinds=True` writes thoughts that name what the question asks for ("The question asks for the birthplace.") in
+every turn, and after a reply what it gave ("The reply names the builder, Tovi Lannet."), in the same words
+whichever way the choice then goes: the choice stays independent of the question, but it follows a word that
+names the right one, which is what GRPO has to tie it to.
+
 The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
 few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
 """
@@ -44,7 +49,7 @@ __all__ = [
 ]
 
 ASK = "<think>{thought}</think>\n<interaction_prompt>{prompt}</interaction_prompt>"
-ANSWER = "<think>The reply names {answer}.</think>\n<answer>{answer}</answer>"
+ANSWER = "<think>{thought}</think>\n<answer>{answer}</answer>"
 LORA = {
     "r": 8,
     "lora_alpha": 16,
@@ -70,10 +75,18 @@ def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[st
     ]
 
 
-def demonstrations(n: int, seed: int, *, ask_again: float = ASK_AGAIN) -> list[tuple[str, list[str]]]:
+def _after_reply(gave: str, name: str, asks: str | None) -> str:
+    """The thought after a reply: the name it gave and, with kind thoughts (`asks`), what it gave and what the
+    question asks for."""
+    return f"The reply names the {gave}, {name}. {asks}" if asks else f"The reply names {name}."
+
+
+def demonstrations(
+    n: int, seed: int, *, ask_again: float = ASK_AGAIN, kinds: bool = False
+) -> list[tuple[str, list[str]]]:
     """`n` scripted episodes (question, [turn, reply, turn, ...]) on training-pool sheets, every choice drawn
     independently of the question (see the module docstring): 1 or 2 calls, then an answer copying the last
-    reply's name."""
+    reply's name. `kinds`: thoughts that name what the question asks for and what each reply gave."""
     rng = random.Random(seed)
     episodes = []
     for _ in range(n):
@@ -91,12 +104,22 @@ def demonstrations(n: int, seed: int, *, ask_again: float = ASK_AGAIN) -> list[t
         reply, name = rng.choice(
             reply_forms("builder" if named_builder else "birthplace", thing, person, place)
         )
-        script = [ASK.format(thought="I ask the large model.", prompt=prompt), reply]
+        asks = (
+            f"The question asks for the {'builder' if kind == 'builder' else 'birthplace'}."
+            if kinds
+            else None
+        )
+        script = [ASK.format(thought=f"{asks} I ask the large model." if asks else "I ask the large model.",
+                             prompt=prompt), reply]  # fmt: skip
+        gave = "builder" if named_builder else "birthplace"
         if named_builder and rng.random() < ask_again:  # ask again, about the person the reply named
-            script.append(ASK.format(thought=f"The reply names {name}.", prompt=f"Where was {name} born?"))
+            script.append(
+                ASK.format(thought=_after_reply("builder", name, asks), prompt=f"Where was {name} born?")
+            )
             reply, name = rng.choice(reply_forms("birthplace", thing, person, place))
             script.append(reply)
-        script.append(ANSWER.format(answer=name))
+            gave = "birthplace"
+        script.append(ANSWER.format(thought=_after_reply(gave, name, asks), answer=name))
         episodes.append((question, script))
     return episodes
 
@@ -111,11 +134,13 @@ def cold_start(
     micro_batch: int = 2,
     lr: float = 2e-3,
     ask_again: float = ASK_AGAIN,
+    kinds: bool = False,
     base: str = BASE,
     say: Any = None,
 ) -> Path:
-    """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` for `steps` steps; save the adapter to OUT/adapter
-    and the merged model (the trainer's starting point) to OUT/model. Returns OUT/model.
+    """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` (of `ask_again` and `kinds`) for `steps` steps;
+    save the adapter to OUT/adapter and the merged model (the trainer's starting point) to OUT/model. Returns
+    OUT/model.
 
     Each step's `batch_size` rows run `micro_batch` at a time, their gradients summed and divided by the whole
     batch's target tokens: the step the whole batch would take, while only a micro-batch's activations and
@@ -135,7 +160,7 @@ def cold_start(
     tok = AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(seed)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(**LORA))
-    rows = episode_rows(tok, demonstrations(episodes, seed, ask_again=ask_again))
+    rows = episode_rows(tok, demonstrations(episodes, seed, ask_again=ask_again, kinds=kinds))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     order = torch.Generator().manual_seed(seed)
     model.train()
