@@ -198,14 +198,28 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
         thoughts = [re.search(r"<think>(.*)</think>", turn).group(1) for turn in script[::2]]
         # Every thought names what the question asks for; each after a reply names what the reply gave.
         assert all(f"The question asks for the {wanted}." in t for t in thoughts), thoughts
-        assert all(t.startswith(("The reply names the builder, ", "The reply names the birthplace, "))
-                   for t in thoughts[1:]), thoughts  # fmt: skip
+        for thought, reply in zip(thoughts[1:], script[1::2], strict=True):
+            gave, name = re.match(r"The reply names the (builder|birthplace), (.+?)\. ", thought).groups()
+            assert name in reply and (gave == "birthplace") == (name in POOLS["train"]["places"]), (
+                thought,
+                reply,
+            )
         if kind != "birthplace":
             asked_again.setdefault(kind, []).append(len(script) == 5)
     # The choice after a builder reply is drawn alike for both questions that get one.
     shares = {kind: sum(v) / len(v) for kind, v in asked_again.items()}
     assert all(abs(share - 0.5) < 0.1 for share in shares.values()), shares
-    # Off, the demonstrations are the plain ones, draw for draw.
+    # Off, the demonstrations are the plain ones, draw for draw: the same questions, calls and replies.
     plain = demonstrations(50, seed=1, ask_again=0.5)
-    assert [q for q, _ in plain] == [q for q, _ in episodes[:50]]
+    assert [(q, s[1::2]) for q, s in plain] == [(q, s[1::2]) for q, s in episodes[:50]]
     assert all("asks for" not in turn for _, script in plain for turn in script)
+    # The plain form, word for word (the shipped agent's cold start was trained on it).
+    assert demonstrations(1, seed=0) == [(
+        "Where was the builder of the Fallow Bridge born?",
+        ["<think>I ask the large model.</think>\n<interaction_prompt>Where was the builder of the Fallow Bridge born?"
+         "</interaction_prompt>",
+         "The Fallow Bridge was built by Pia Corvin.",
+         "<think>The reply names Pia Corvin.</think>\n<interaction_prompt>Where was Pia Corvin born?</interaction_prompt>",
+         "Mornhaven.",
+         "<think>The reply names Mornhaven.</think>\n<answer>Mornhaven</answer>"],
+    )]  # fmt: skip

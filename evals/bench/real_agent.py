@@ -9,8 +9,10 @@ Per seed: the cold start (LoRA on format demonstrations from the training pool: 
 then `--steps` GRPO steps (prompt_r1.tasks.notes_training; a line per step), the adapters saved under
 OUT/seed-S/. `--async`: the GRPO steps with the asynchronous trainer instead (prompt_r1.tasks.notes_async: a
 sheet per group of episodes, the policy served by a vLLM server of its own; the `vllm` extra), under
-OUT/seed-S/grpo-async (a seed's cold start is reused from OUT). Then one table on `--questions` held-out questions
-(evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and GEPA (their
+OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
+demonstrations: `--ask-again` (the share that asks again after a builder reply) and `--kind-thoughts` (thoughts
+that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`). Then one table on
+`--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and GEPA (their
 search budget in metric calls: as many as the episodes one seed trained on, `--search-budget`), each seed's
 cold-started and trained agent, and the controls (the trained agent with the notes withheld; answered at once).
 Agents decode greedily; the environment is greedy.
@@ -72,12 +74,12 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     work = out / f"seed-{seed}"
     started = time.monotonic()
     cold = work / "cold"
-    marker = (
-        cold / "cold_start.json"
-    )  # written last: a finished cold start of these settings, reused by a rerun
+    # Written last: a finished cold start of these settings, reused by a rerun with the same ones.
+    marker = cold / "cold_start.json"
     made = json.loads(marker.read_text()) if marker.is_file() else {}
     recipe = {"steps": args.cold_steps, "ask_again": args.ask_again, "kinds": args.kind_thoughts}
     if {k: made.get(k) for k in recipe} != recipe:
+        marker.unlink(missing_ok=True)  # a redo cut short leaves no marker of the settings it replaced
         cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again, kinds=args.kind_thoughts,
                    say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
         made = {**recipe, "seconds": time.monotonic() - started}
@@ -88,8 +90,9 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     rows = training_rows(training_questions(args.steps * EPISODES_PER_STEP // 4 + 4, seed))
     # 16 episodes a step under either trainer: 4 questions (groups) x 4 samples.
     settings = dict(
-        max_steps=args.steps, data_seed=seed, per_device_train_batch_size=4, gradient_accumulation_steps=4
-    )
+        max_steps=args.steps, data_seed=seed, per_device_train_batch_size=4, gradient_accumulation_steps=4,
+        max_turn_tokens=args.turn_tokens,
+    )  # fmt: skip
     if args.async_grpo:
         from prompt_r1.tasks.notes_async import train_async
 
@@ -114,6 +117,8 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
         "trainer": kind,
         "cold_model": str(cold / "model"),
         "trained_model": str(run / "model"),
+        "cold_start": made,
+        "turn_tokens": args.turn_tokens,
         "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60, "training": training_s / 60},
         "series": series,
     }
@@ -127,7 +132,7 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int)
     from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 
     questions = held_out(args.questions, args.eval_seed)
-    loop = LoopConfig(max_turns=3, max_turn_tokens=48, max_total_tokens=256)
+    loop = LoopConfig(max_turns=3, max_turn_tokens=args.turn_tokens, max_total_tokens=256)
     rows: dict[str, list] = {}
     searched: dict[str, dict] = {}
     with model_server_in_thread(ENV_MODEL, seed=args.eval_seed) as server:
@@ -146,7 +151,7 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int)
         for name, model in agents.items():
             started = time.monotonic()
             agent = TransformersAgent(AgentConfig(model=model, temperature=0.0, seed=args.eval_seed,
-                                                  max_new_tokens=48))  # fmt: skip
+                                                  max_new_tokens=args.turn_tokens))  # fmt: skip
             rows[name] = await agent_method(agent, client, questions, loop)
             if name.startswith("trained"):
                 rows[f"{name}, notes withheld"] = await agent_method(
@@ -226,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         "--kind-thoughts", action="store_true",
         help="the cold start's thoughts name what the question asks for (prompt_r1.tasks.notes_agent)",
     )  # fmt: skip
+    parser.add_argument(
+        "--turn-tokens", type=int,
+        help="most tokens an agent turn may take, in training and in the table (unset: 64 with --kind-thoughts, "
+        "whose thoughts are longer, else 48)",
+    )  # fmt: skip
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
                         help="the held-out draw (unset: drawn at run time)")  # fmt: skip
@@ -241,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="where figures and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
+    if not 0 <= args.ask_again <= 1:
+        parser.error(f"--ask-again must be a share from 0 to 1, got {args.ask_again}")
+    if args.turn_tokens is None:
+        args.turn_tokens = 64 if args.kind_thoughts else 48
+    elif args.turn_tokens < 1:
+        parser.error(f"--turn-tokens must be at least 1, got {args.turn_tokens}")
     draw = random.SystemRandom()
     if args.seed0 is None:
         args.seed0 = draw.randrange(1, 10**6)

@@ -198,9 +198,9 @@ class AgentConfig:
         default=None,
     )
     generate_memory_mb: int | None = _help(
-        "Most memory (MiB) one local generate call may hold for its key/value cache and token scores, as "
-        "estimated from the model's shape; a larger batch runs as consecutive calls. Unset: 1024 on CPU, no bound "
-        "on an accelerator (where a split costs a whole decoding pass).",
+        "Most memory (MiB) one generate call of the transformers backend may hold for its key/value cache and "
+        "token scores, as estimated from the model's shape; a larger batch runs as consecutive calls. Unset: 1024 "
+        "on CPU, no bound on an accelerator (where a split costs a whole decoding pass).",
         default=None,
         check=AT_LEAST_1,
     )

@@ -16,9 +16,11 @@ ask first, is what GRPO has to learn.
 The demonstrations' environment answers as the built-in one does: asked a 2-call question whole, it names the
 builder (the built-in environment never answered one right, 0 of 24), so every reply that names a builder, after
 either first call, is followed by the same choice. `ask_again` is 0.7, not 0.5, so that the cold-started agent
-samples both: GRPO learns a choice only from groups in which some samples make it, and the base model's prior to
-answer after a reply keeps the choice it learns well under the demonstrations' share (docs/benchmarks.md, the
-real agent's section, has the measurements).
+samples both: GRPO learns a choice only from groups in which some samples make it, and on the first seed measured
+the base model's prior to answer after a reply kept the sampled choice under the demonstrations' share. How a cold
+start samples the choice varies with the seed and the thoughts: a kind-thought cold start asked again after
+nearly every builder reply at 0.7, and after a fifth of them at 0.5 (docs/benchmarks.md, the real agent's
+section, has the measurements).
 
 `kinds=True` writes thoughts that name what the question asks for ("The question asks for the birthplace.") in
 every turn, and after a reply what it gave ("The reply names the builder, Tovi Lannet."), in the same words
