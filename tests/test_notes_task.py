@@ -223,3 +223,21 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
          "Mornhaven.",
          "<think>The reply names Mornhaven.</think>\n<answer>Mornhaven</answer>"],
     )]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--ask-again", "1.5"], "--ask-again must be a share from 0 to 1, got 1.5"),
+     (["--turn-tokens", "0"], "--turn-tokens must be at least 1, got 0")],
+)  # fmt: skip
+def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_work(flags, said, capsys):
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("real_agent", ROOT / "evals" / "bench" / "real_agent.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(flags)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
