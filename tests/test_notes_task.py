@@ -209,7 +209,7 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
     # The choice after a builder reply is drawn alike for both questions that get one.
     shares = {kind: sum(v) / len(v) for kind, v in asked_again.items()}
     assert all(abs(share - 0.5) < 0.1 for share in shares.values()), shares
-    # Off, the demonstrations are the plain ones, draw for draw: the same questions, calls and replies.
+    # Off, the demonstrations are the plain ones, draw for draw: the same questions, replies and so calls.
     plain = demonstrations(50, seed=1, ask_again=0.5)
     assert [(q, s[1::2]) for q, s in plain] == [(q, s[1::2]) for q, s in episodes[:50]]
     assert all("asks for" not in turn for _, script in plain for turn in script)
@@ -228,7 +228,8 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
 @pytest.mark.parametrize(
     ("flags", "said"),
     [(["--ask-again", "1.5"], "--ask-again must be a share from 0 to 1, got 1.5"),
-     (["--turn-tokens", "0"], "--turn-tokens must be at least 1, got 0")],
+     (["--turn-tokens", "0"], "--turn-tokens must be from 1 to 256 (an episode's cap), got 0"),
+     (["--turn-tokens", "300"], "--turn-tokens must be from 1 to 256 (an episode's cap), got 300")],
 )  # fmt: skip
 def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_work(flags, said, capsys):
     import importlib.util

@@ -12,9 +12,10 @@ sheet per group of episodes, the policy served by a vLLM server of its own; the 
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
 demonstrations: `--ask-again` (the share that asks again after a builder reply) and `--kind-thoughts` (thoughts
 that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`). Then one table on
-`--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and GEPA (their
-search budget in metric calls: as many as the episodes one seed trained on, `--search-budget`), each seed's
-cold-started and trained agent, and the controls (the trained agent with the notes withheld; answered at once).
+`--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct,
+instruction, OPRO and GEPA (their search budget in metric calls: as many as the episodes one seed trained on,
+`--search-budget`), each seed's cold-started and trained agent, and the controls (the trained agent with the notes
+withheld; answered at once).
 Agents decode greedily; the environment is greedy.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
@@ -58,6 +59,7 @@ CURVES = (
     ("calls, 1-call", "notes/calls_1"), ("calls, 2-call", "notes/calls_2"),
 )  # fmt: skip
 EPISODES_PER_STEP = 16  # 4 questions x 4 samples
+TOTAL_TOKENS = 256  # an episode's agent tokens, in training (grpo_config) and in the table
 
 
 def say(line: str) -> None:
@@ -132,7 +134,7 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int)
     from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 
     questions = held_out(args.questions, args.eval_seed)
-    loop = LoopConfig(max_turns=3, max_turn_tokens=args.turn_tokens, max_total_tokens=256)
+    loop = LoopConfig(max_turns=3, max_turn_tokens=args.turn_tokens, max_total_tokens=TOTAL_TOKENS)
     rows: dict[str, list] = {}
     searched: dict[str, dict] = {}
     with model_server_in_thread(ENV_MODEL, seed=args.eval_seed) as server:
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--turn-tokens", type=int,
         help="most tokens an agent turn may take, in training and in the table (unset: 64 with --kind-thoughts, "
-        "whose thoughts are longer, else 48)",
+        "whose thoughts are longer, else 48, and 48 with --eval-only)",
     )  # fmt: skip
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
@@ -253,10 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 <= args.ask_again <= 1:
         parser.error(f"--ask-again must be a share from 0 to 1, got {args.ask_again}")
-    if args.turn_tokens is None:
-        args.turn_tokens = 64 if args.kind_thoughts else 48
-    elif args.turn_tokens < 1:
-        parser.error(f"--turn-tokens must be at least 1, got {args.turn_tokens}")
+    if args.turn_tokens is None:  # the shipped agent (--eval-only) was trained and measured at 48
+        args.turn_tokens = 64 if args.kind_thoughts and not args.eval_only else 48
+    elif not 1 <= args.turn_tokens <= TOTAL_TOKENS:
+        parser.error(
+            f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"
+        )
     draw = random.SystemRandom()
     if args.seed0 is None:
         args.seed0 = draw.randrange(1, 10**6)
@@ -293,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         say(f"curves: {curves}")
     summary_path = out / "real_agent.json"
-    summary_path.write_text(json.dumps({"seeds": seeds, "runs": runs, "search_budget": budget, **result},
+    summary_path.write_text(json.dumps({"seeds": seeds, "runs": runs, "search_budget": budget,
+                                        "turn_tokens": args.turn_tokens, **result},
                                        indent=1, default=str) + "\n")  # fmt: skip
     say(f"figures: {summary_path}")
     say(comparison_line(result["table"]))
