@@ -232,6 +232,13 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
      (["--turn-tokens", "300"], "--turn-tokens must be from 1 to 256 (an episode's cap), got 300")],
 )  # fmt: skip
 def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_work(flags, said, capsys):
+    bench = _real_agent_bench()
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(flags)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
+def _real_agent_bench():
     import importlib.util
 
     from helpers import ROOT
@@ -239,6 +246,43 @@ def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_
     spec = importlib.util.spec_from_file_location("real_agent", ROOT / "evals" / "bench" / "real_agent.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    with pytest.raises(SystemExit) as stopped:
-        bench.main(flags)
-    assert stopped.value.code == 2 and said in capsys.readouterr().err
+    return bench
+
+
+@pytest.mark.parametrize(
+    ("flags", "turn"),
+    [([], 48), (["--kind-thoughts"], 64), (["--kind-thoughts", "--turn-tokens", "80"], 80),
+     (["--eval-only", "--kind-thoughts"], 48)],
+)  # fmt: skip
+def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
+    flags, turn, tmp_path, monkeypatch
+):
+    """The stages themselves (minutes to hours) are replaced: what is checked is the settings they are given."""
+    import json
+
+    bench = _real_agent_bench()
+    given = []
+    figures = dict.fromkeys(("em", "f1", "em_1", "em_2", "f1_1", "f1_2", "calls", "calls_1", "calls_2", "tokens",
+                             "at_once"), 0.0)  # fmt: skip
+
+    def train_seed(seed, args, out):
+        given.append(("train", seed, args.turn_tokens, args.kind_thoughts))
+        series = {"step": [], **{key: [] for _, key in bench.CURVES}}
+        return {"seed": seed, "cold_model": "c", "trained_model": "t", "series": series}
+
+    async def compare(args, agents, budget):
+        given.append(("table", args.turn_tokens))
+        names = [
+            *bench.BASELINES,
+            *agents,
+            *(f"{a}, notes withheld" for a in agents if a.startswith("trained")),
+        ]
+        return {"table": {name: dict(figures) for name in names}}
+
+    monkeypatch.setattr(bench, "train_seed", train_seed)
+    monkeypatch.setattr(bench, "compare", compare)
+    monkeypatch.setattr(bench, "_shipped_agents", lambda out: {"trained": "shipped"})
+    assert bench.main([*flags, "--seed0", "5", "--seeds", "1", "--seed", "7", "--out", str(tmp_path)]) == 0
+    trained = [] if "--eval-only" in flags else [("train", 5, turn, "--kind-thoughts" in flags)]
+    assert given == [*trained, ("table", turn)]
+    assert json.loads((tmp_path / "real_agent.json").read_text())["turn_tokens"] == turn
