@@ -50,7 +50,7 @@ from prompt_r1.tasks.notes_eval import (  # noqa: E402
     search_instruction,
     summary,
 )
-from prompt_r1.tasks.notes_training import ENV_MODEL  # noqa: E402
+from prompt_r1.tasks.notes_training import ENV_MODEL, TOTAL_TOKENS, TURN_TOKENS  # noqa: E402
 
 BASELINES = ("direct", "instruction", "opro", "gepa")
 RISE = 15  # points of 2-call EM over the best untrained baseline (the target)
@@ -59,7 +59,6 @@ CURVES = (
     ("calls, 1-call", "notes/calls_1"), ("calls, 2-call", "notes/calls_2"),
 )  # fmt: skip
 EPISODES_PER_STEP = 16  # 4 questions x 4 samples
-TOTAL_TOKENS = 256  # an episode's agent tokens, in training (grpo_config) and in the table
 
 
 def say(line: str) -> None:
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.ask_again <= 1:
         parser.error(f"--ask-again must be a share from 0 to 1, got {args.ask_again}")
     if args.turn_tokens is None:  # the shipped agent (--eval-only) was trained and measured at 48
-        args.turn_tokens = 64 if args.kind_thoughts and not args.eval_only else 48
+        args.turn_tokens = 64 if args.kind_thoughts and not args.eval_only else TURN_TOKENS
     elif not 1 <= args.turn_tokens <= TOTAL_TOKENS:
         parser.error(
             f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"

@@ -29,6 +29,8 @@ from prompt_r1.training.shared.trajectories import question_of
 __all__ = [
     "ENV_MODEL",
     "NOTES_METRICS",
+    "TOTAL_TOKENS",
+    "TURN_TOKENS",
     "NotesRollout",
     "grpo_config",
     "notes_figures",
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 ENV_MODEL = "smollm2-135m"
+TURN_TOKENS = 48  # an agent turn's cap: a turn of the cold-started agent is 20-35 tokens
+TOTAL_TOKENS = 256  # an episode's agent tokens
 NOTES_METRICS = (
     "notes/em", "notes/em_1", "notes/em_2", "notes/f1", "notes/calls", "notes/calls_1", "notes/calls_2",
     "notes/at_once",
@@ -119,8 +123,8 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
         per_device_train_batch_size=16,
         num_generations=4,
         max_turns=3,
-        max_turn_tokens=48,  # a turn of the cold-started agent is 20-35 tokens
-        max_total_tokens=256,
+        max_turn_tokens=TURN_TOKENS,
+        max_total_tokens=TOTAL_TOKENS,
         # One GRPO step stopped every second call of a cold-started agent (asked again after 11 of 12 builder
         # replies, then 0 of 8, at 5e-4; 14 of 27, then 0 of 26, at 1e-4 with 32 episodes a step): Adam's first
         # step moves every LoRA weight by the learning rate, and asking again cost more on the 1-call questions
