@@ -27,6 +27,17 @@ UNREACHABLE_URL = "http://127.0.0.1:9/v1"
 from prompt_r1.testing.tiny_grpo import TINY_GRPO  # noqa: E402
 
 
+def load_script(path: Path, name: str) -> Any:
+    """A script (a benchmark, the LangGraph app) as a new module, run from the top: its per-process state starts
+    empty."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tiny_grpo_config(
     output_dir: Path, model: Path | str = "unused", env_base_url: str = UNREACHABLE_URL, **overrides: Any
 ) -> Any:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 import pytest
 from conftest import ANSWER, PROMPT
+from helpers import load_script
 
 from prompt_r1.core.config import configs_from_env
 from prompt_r1.core.errors import ConfigError
@@ -42,10 +42,7 @@ def test_configs_from_env_reads_every_field_with_its_type():
 
 def _fresh_app():
     """graphs/app.py as a new module, so its per-process cache starts empty."""
-    spec = importlib.util.spec_from_file_location("prompt_r1_langgraph_app", APP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(APP, "prompt_r1_langgraph_app")
 
 
 def test_app_factory_builds_once_from_env_and_runs(monkeypatch):

@@ -270,13 +270,9 @@ def test_an_agent_calling_until_max_turns_is_logged_and_the_step_lines_say_it_is
 
 
 def test_the_benchmark_prints_async_beside_sync_with_the_sync_spread_and_a_verdict_per_seed():
-    import importlib.util
-    from pathlib import Path
+    from helpers import ROOT, load_script
 
-    path = Path(__file__).parents[1] / "evals" / "bench" / "learning.py"
-    spec = importlib.util.spec_from_file_location("learning_bench", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(ROOT / "evals" / "bench" / "learning.py", "learning_bench")
 
     def run(seed, gain, collapsed=False, after=0.9):
         return {

@@ -239,14 +239,9 @@ def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_
 
 
 def _real_agent_bench():
-    import importlib.util
+    from helpers import ROOT, load_script
 
-    from helpers import ROOT
-
-    spec = importlib.util.spec_from_file_location("real_agent", ROOT / "evals" / "bench" / "real_agent.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script(ROOT / "evals" / "bench" / "real_agent.py", "real_agent")
 
 
 @pytest.mark.parametrize(
