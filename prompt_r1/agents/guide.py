@@ -9,9 +9,10 @@ it: the tags are written for it, the words between them are its own.
     <interaction_prompt> (its words, at most `body_tokens`) </interaction_prompt>     while replies < calls
     <answer> (its words) </answer>                                                   after `calls` replies
 
-Inside a tag the model may close it itself; it may not open another tag (no token holding "<" but the ones that
-begin the closing tag) or end the turn early (no end-of-sequence); when its budget runs out the closing tag is
-written for it. The sampled ids are kept as they were generated (forced ones included), so a guided episode's
+Inside a tag the model may close it itself once it has written a word (a tag left blank is a malformed turn: an
+empty prompt cannot be sent); it may not open another tag (no token holding "<" but the ones that begin the
+closing tag) or end the turn early (no end-of-sequence), nor write more than one blank token before its first
+word; when its budget runs out the closing tag is written for it. The sampled ids are kept as they were generated (forced ones included), so a guided episode's
 trajectory is as token-exact as any other. Guiding is for seeing and testing the loop with a base model
 (`--agent-guide-calls N`); training never guides the policy, since the format is what the reward teaches.
 """
@@ -46,11 +47,12 @@ def guided_plan(tokenizer: Any, prompt_ids: list[int], calls: int) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _vocabulary(tokenizer: Any) -> tuple[dict[int, str], dict[int, str]]:
-    """(every token id's text, those holding "<": the only ones that can start a tag), read once per tokenizer."""
+def _vocabulary(tokenizer: Any) -> tuple[dict[int, str], dict[int, str], list[int]]:
+    """(every token id's text, those holding "<": the only ones that can start a tag, those that are blank), read
+    once per tokenizer."""
     to_text = tokenizer.convert_tokens_to_string
     texts = {i: to_text([t]) for t, i in tokenizer.get_vocab().items()}
-    return texts, {i: t for i, t in texts.items() if "<" in t}
+    return texts, {i: t for i, t in texts.items() if "<" in t}, [i for i, t in texts.items() if not t.strip()]
 
 
 def _continues(written: str, close: str) -> bool:
@@ -82,7 +84,7 @@ class ProtocolGuide(LogitsProcessor):
             self.rows.append(_Row([("force", THINK_OPEN, 0), ("free", THINK_CLOSE, think_tokens),
                                    ("force", open_tag, 0), ("free", close_tag, body_tokens)]))  # fmt: skip
         self.ids_of = {}  # a tag's token ids, encoded once
-        self.texts, self.no_open_tag = _vocabulary(tokenizer)
+        self.texts, self.no_open_tag, self.blank = _vocabulary(tokenizer)
         eos = tokenizer.eos_token_id
         self.ends = {eos} if eos is not None else set()
         self.ends |= set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -156,8 +158,12 @@ class ProtocolGuide(LogitsProcessor):
                 scores[r, :] = float("-inf")
                 scores[r, allowed] = torch.where(torch.isfinite(keep), keep, torch.zeros_like(keep))
                 continue
-            banned = [i for i, t in self.no_open_tag.items() if not self._may_close(written, t, text)]
+            if written.strip():
+                banned = [i for i, t in self.no_open_tag.items() if not self._may_close(written, t, text)]
+            else:  # no word yet: the tag may not close, and one blank token is the most it may begin with
+                banned = list(self.no_open_tag) + (self.blank if row.free_ids else [])
             banned += [i for i in self.ends if i < scores.shape[1]]
+            banned = [i for i in banned if i < scores.shape[1]]
             scores[r, banned] = float("-inf")
         return scores
 
