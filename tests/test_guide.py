@@ -65,16 +65,16 @@ def test_a_model_that_would_close_every_tag_at_once_still_writes_a_word_in_each(
 def test_random_scores_that_favour_tags_blanks_and_ends_give_well_formed_turns(tokenizer, seed):
     """Random scores, with every token that holds "<", every blank token and the end of the turn raised by a
     random amount each step: each row is a well-formed prompt or answer within the turn's budget."""
-    from prompt_r1.agents.guide import _vocabulary
-
-    _, tags, blanks = _vocabulary(tokenizer)
+    texts = {i: tokenizer.convert_tokens_to_string([t]) for t, i in tokenizer.get_vocab().items()}
+    tags = [i for i, t in texts.items() if "<" in t]
+    blanks = [i for i, t in texts.items() if not t.strip()]
     vocab = len(tokenizer)
     generator = torch.Generator().manual_seed(seed)
     plans = ["prompt", "answer", "prompt", "answer"]
 
     def favour(step):
         scores = torch.randn((len(plans), vocab), generator=generator)
-        for ids in (list(tags), blanks, [tokenizer.eos_token_id]):
+        for ids in (tags, blanks, [tokenizer.eos_token_id]):
             scores[:, ids] += 8.0 * torch.rand((len(plans), 1), generator=generator)
         return scores
 
