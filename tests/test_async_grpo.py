@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import NAME_QUESTION, NAME_RESPONSE, NAME_TURN_1, NAMES
+from conftest import NAME_RESPONSE
 from helpers import (
     ROOT,
     accelerate_launch,
@@ -50,16 +50,11 @@ vllm_only = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def agent_model(tmp_path_factory) -> Path:
-    """The name task's protocol model with heads 64 wide (vLLM's CPU attention needs 32, 64 or 128)."""
+def agent_model(wide_head_model_path) -> Path:
+    """The name task's protocol model with heads 64 wide (vLLM's CPU attention needs 32, 64 or 128): the session's
+    own, which the colocated-engine tests use too."""
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
-    from prompt_r1.testing.tiny_models import build_protocol_model
-
-    episodes = [
-        (NAME_QUESTION, NAME_TURN_1, NAME_RESPONSE, f"<think>ok</think><answer>{n}</answer>") for n in NAMES
-    ]
-    path = tmp_path_factory.mktemp("async-agent") / "model"
-    return build_protocol_model(path, episodes, hidden_size=128, heads=2, kv_heads=1, steps=120)
+    return wide_head_model_path
 
 
 @pytest.fixture(scope="module")
