@@ -229,7 +229,15 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
     ("flags", "said"),
     [(["--ask-again", "1.5"], "--ask-again must be a share from 0 to 1, got 1.5"),
      (["--turn-tokens", "0"], "--turn-tokens must be from 1 to 256 (an episode's cap), got 0"),
-     (["--turn-tokens", "300"], "--turn-tokens must be from 1 to 256 (an episode's cap), got 300")],
+     (["--turn-tokens", "300"], "--turn-tokens must be from 1 to 256 (an episode's cap), got 300"),
+     (["--generations", "3"], "--generations must be 2, 4, 8 or 16 (a group of 2 or more that divides a step's "
+                              "16 episodes), got 3"),
+     (["--generations", "1"], "--generations must be 2, 4, 8 or 16"),
+     (["--cold-steps", "0"], "--cold-steps must be at least 1, got 0"),
+     (["--eval-only", "--kind-thoughts", "--ask-again", "0.5"],
+      "--ask-again, --kind-thoughts: settings of training, which --eval-only does not do"),
+     (["--eval-only", "--generations", "8", "--async"],
+      "--generations, --async: settings of training, which --eval-only does not do")],
 )  # fmt: skip
 def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_work(flags, said, capsys):
     bench = _real_agent_bench()
@@ -245,12 +253,12 @@ def _real_agent_bench():
 
 
 @pytest.mark.parametrize(
-    ("flags", "turn"),
-    [([], 48), (["--kind-thoughts"], 64), (["--kind-thoughts", "--turn-tokens", "80"], 80),
-     (["--eval-only", "--kind-thoughts"], 48)],
+    ("flags", "turn", "generations"),
+    [([], 48, 4), (["--kind-thoughts"], 64, 4), (["--kind-thoughts", "--turn-tokens", "80"], 80, 4),
+     (["--generations", "8"], 48, 8), (["--eval-only"], 48, None)],
 )  # fmt: skip
 def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
-    flags, turn, tmp_path, monkeypatch
+    flags, turn, generations, tmp_path, monkeypatch
 ):
     """The stages themselves (minutes to hours) are replaced: what is checked is the settings they are given."""
     import json
@@ -261,7 +269,7 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
                              "at_once"), 0.0)  # fmt: skip
 
     def train_seed(seed, args, out):
-        given.append(("train", seed, args.turn_tokens, args.kind_thoughts))
+        given.append(("train", seed, args.turn_tokens, args.kind_thoughts, args.generations))
         series = {"step": [], **{key: [] for _, key in bench.CURVES}}
         return {"seed": seed, "cold_model": "c", "trained_model": "t", "series": series}
 
@@ -278,6 +286,49 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
     monkeypatch.setattr(bench, "compare", compare)
     monkeypatch.setattr(bench, "_shipped_agents", lambda out: {"trained": "shipped"})
     assert bench.main([*flags, "--seed0", "5", "--seeds", "1", "--seed", "7", "--out", str(tmp_path)]) == 0
-    trained = [] if "--eval-only" in flags else [("train", 5, turn, "--kind-thoughts" in flags)]
+    trained = [] if "--eval-only" in flags else [("train", 5, turn, "--kind-thoughts" in flags, generations)]
     assert given == [*trained, ("table", turn)]
     assert json.loads((tmp_path / "real_agent.json").read_text())["turn_tokens"] == turn
+
+
+def test_a_seeds_cold_start_is_reused_for_the_same_settings_and_redone_for_others(tmp_path, monkeypatch):
+    """The cold start itself (20 minutes) is replaced: what is checked is when it runs and what the marker says."""
+    import argparse
+    import json
+
+    from prompt_r1.tasks import notes_agent
+
+    bench = _real_agent_bench()
+    cold = tmp_path / "cold"
+    marker = cold / "cold_start.json"
+    ran = []
+
+    def cold_start(folder, *, seed, steps, ask_again, kinds, say):
+        assert not marker.exists(), "a redo begins with the old settings' marker gone"
+        folder.mkdir(parents=True, exist_ok=True)
+        ran.append((seed, steps, ask_again, kinds))
+
+    monkeypatch.setattr(notes_agent, "cold_start", cold_start)
+    settings = dict(cold_steps=16, ask_again=0.7, kind_thoughts=False)
+    made = bench.cold_start_once(3, argparse.Namespace(**settings), cold)
+    assert ran == [(3, 16, 0.7, False)]
+    assert json.loads(marker.read_text()) == made and made["steps"] == 16 and made["seconds"] >= 0
+    assert bench.cold_start_once(3, argparse.Namespace(**settings), cold) == made  # reused
+    assert len(ran) == 1
+    for change in ({"ask_again": 0.5}, {"kind_thoughts": True}, {"cold_steps": 8}):
+        redone = bench.cold_start_once(3, argparse.Namespace(**{**settings, **change}), cold)
+        assert ran[-1] == (3, redone["steps"], redone["ask_again"], redone["kinds"])
+    assert len(ran) == 4
+    marker.write_text("{}")  # a marker of unknown settings is not trusted either
+    bench.cold_start_once(3, argparse.Namespace(**settings), cold)
+    assert len(ran) == 5
+
+
+def test_the_notes_task_takes_groups_of_8_in_a_step_of_16(tmp_path):
+    """`--generations 8`: TRL's own configuration accepts 2 groups of 8 in a step of 4 x 4 episodes."""
+    pytest.importorskip("trl")
+    from prompt_r1.tasks.notes_training import grpo_config
+
+    config = grpo_config(tmp_path, "smollm2-135m", num_generations=8, per_device_train_batch_size=4,
+                         gradient_accumulation_steps=4, seed=1)  # fmt: skip
+    assert (config.num_generations, config.generation_batch_size) == (8, 16)

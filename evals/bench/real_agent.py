@@ -11,7 +11,9 @@ OUT/seed-S/. `--async`: the GRPO steps with the asynchronous trainer instead (pr
 sheet per group of episodes, the policy served by a vLLM server of its own; the `vllm` extra), under
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
 demonstrations: `--ask-again` (the share that asks again after a builder reply) and `--kind-thoughts` (thoughts
-that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`). Then one table on
+that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`); `--generations` sets the
+samples per question in a step (a GRPO group; the step keeps its 16 episodes). These settings of training are
+refused with `--eval-only`. Then one table on
 `--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct,
 instruction, OPRO and GEPA (their search budget in metric calls: as many as the episodes one seed trained on,
 `--search-budget`), each seed's cold-started and trained agent, and the controls (the trained agent with the notes
@@ -58,41 +60,51 @@ CURVES = (
     ("reward", "reward"), ("EM", "notes/em"), ("EM, 2-call", "notes/em_2"), ("calls", "notes/calls"),
     ("calls, 1-call", "notes/calls_1"), ("calls, 2-call", "notes/calls_2"),
 )  # fmt: skip
-EPISODES_PER_STEP = 16  # 4 questions x 4 samples
+EPISODES_PER_STEP = 16  # 4 questions x 4 samples by default (--generations)
+GENERATIONS = 4
 
 
 def say(line: str) -> None:
     print(line, flush=True)
 
 
-def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
-    """Cold start, then GRPO, for one seed; the adapters and the merged trained model under OUT/seed-SEED."""
-    from prompt_r1.tasks.notes import training_questions
-    from prompt_r1.tasks.notes_agent import cold_start, save_adapter
-    from prompt_r1.tasks.notes_training import grpo_config, notes_trainer, training_rows
-    from prompt_r1.training.shared.progress import step_series
+def cold_start_once(seed: int, args: argparse.Namespace, cold: Path) -> dict:
+    """The seed's cold start into COLD, unless a finished one of the same settings is there; its record (the
+    settings and the minutes it took)."""
+    from prompt_r1.tasks import notes_agent
 
-    work = out / f"seed-{seed}"
     started = time.monotonic()
-    cold = work / "cold"
     # Written last: a finished cold start of these settings, reused by a rerun with the same ones.
     marker = cold / "cold_start.json"
     made = json.loads(marker.read_text()) if marker.is_file() else {}
     recipe = {"steps": args.cold_steps, "ask_again": args.ask_again, "kinds": args.kind_thoughts}
     if {k: made.get(k) for k in recipe} != recipe:
         marker.unlink(missing_ok=True)  # a redo cut short leaves no marker of the settings it replaced
-        cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again, kinds=args.kind_thoughts,
-                   say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
+        notes_agent.cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again,
+                               kinds=args.kind_thoughts, say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
         made = {**recipe, "seconds": time.monotonic() - started}
         marker.write_text(json.dumps(made) + "\n")
+    return made
+
+
+def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """Cold start, then GRPO, for one seed; the adapters and the merged trained model under OUT/seed-SEED."""
+    from prompt_r1.tasks.notes import training_questions
+    from prompt_r1.tasks.notes_agent import save_adapter
+    from prompt_r1.tasks.notes_training import grpo_config, notes_trainer, training_rows
+    from prompt_r1.training.shared.progress import step_series
+
+    work = out / f"seed-{seed}"
+    cold = work / "cold"
+    made = cold_start_once(seed, args, cold)
     cold_s = made["seconds"]
     started = time.monotonic()
     run = work / ("grpo-async" if args.async_grpo else "grpo")
-    rows = training_rows(training_questions(args.steps * EPISODES_PER_STEP // 4 + 4, seed))
-    # 16 episodes a step under either trainer: 4 questions (groups) x 4 samples.
+    rows = training_rows(training_questions(args.steps * EPISODES_PER_STEP // args.generations + 4, seed))
+    # 16 episodes a step under either trainer: 16 / G questions (groups) x G samples.
     settings = dict(
         max_steps=args.steps, data_seed=seed, per_device_train_batch_size=4, gradient_accumulation_steps=4,
-        max_turn_tokens=args.turn_tokens,
+        max_turn_tokens=args.turn_tokens, num_generations=args.generations,
     )  # fmt: skip
     if args.async_grpo:
         from prompt_r1.tasks.notes_async import train_async
@@ -120,6 +132,7 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
         "trained_model": str(run / "model"),
         "cold_start": made,
         "turn_tokens": args.turn_tokens,
+        "generations": args.generations,
         "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60, "training": training_s / 60},
         "series": series,
     }
@@ -223,10 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed0", type=int, help="first training seed (unset: drawn at run time)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
-    parser.add_argument("--cold-steps", type=int, default=16, help="cold-start fine-tuning steps")
+    parser.add_argument("--cold-steps", type=int, help="cold-start fine-tuning steps (16)")
     parser.add_argument(
-        "--ask-again", type=float, default=ASK_AGAIN,
+        "--ask-again", type=float,
         help=f"the cold start's share of demonstrations that ask again after a builder reply ({ASK_AGAIN})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--generations", type=int,
+        help=f"samples of each question in a step (a GRPO group; {GENERATIONS}): 2, 4, 8 or 16, the step's "
+        f"{EPISODES_PER_STEP} episodes being {EPISODES_PER_STEP} / N questions",
     )  # fmt: skip
     parser.add_argument(
         "--kind-thoughts", action="store_true",
@@ -252,10 +270,28 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="where figures and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
+    # The shipped agent is measured as it is: a setting of its training would change nothing.
+    if args.eval_only:
+        valued = (("--cold-steps", args.cold_steps), ("--ask-again", args.ask_again),
+                  ("--generations", args.generations))  # fmt: skip
+        given = [flag for flag, value in valued if value is not None]
+        given += [
+            flag for flag, on in (("--kind-thoughts", args.kind_thoughts), ("--async", args.async_grpo)) if on
+        ]
+        if given:
+            parser.error(f"{', '.join(given)}: settings of training, which --eval-only does not do")
+    args.cold_steps = 16 if args.cold_steps is None else args.cold_steps
+    args.ask_again = ASK_AGAIN if args.ask_again is None else args.ask_again
+    args.generations = GENERATIONS if args.generations is None else args.generations
     if not 0 <= args.ask_again <= 1:
         parser.error(f"--ask-again must be a share from 0 to 1, got {args.ask_again}")
+    if args.cold_steps < 1:
+        parser.error(f"--cold-steps must be at least 1, got {args.cold_steps}")
+    if args.generations < 2 or EPISODES_PER_STEP % args.generations:
+        parser.error(f"--generations must be 2, 4, 8 or 16 (a group of 2 or more that divides a step's "
+                     f"{EPISODES_PER_STEP} episodes), got {args.generations}")  # fmt: skip
     if args.turn_tokens is None:  # the shipped agent (--eval-only) was trained and measured at 48
-        args.turn_tokens = 64 if args.kind_thoughts and not args.eval_only else TURN_TOKENS
+        args.turn_tokens = 64 if args.kind_thoughts else TURN_TOKENS
     elif not 1 <= args.turn_tokens <= TOTAL_TOKENS:
         parser.error(
             f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"
