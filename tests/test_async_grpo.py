@@ -50,11 +50,11 @@ vllm_only = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def agent_model(wide_head_model_path) -> Path:
+def agent_model(request) -> Path:
     """The name task's protocol model with heads 64 wide (vLLM's CPU attention needs 32, 64 or 128): the session's
-    own, which the colocated-engine tests use too."""
+    own, which the colocated-engine tests use too (made only where vLLM is installed)."""
     pytest.importorskip("vllm", reason="the vllm extra is not installed")
-    return wide_head_model_path
+    return request.getfixturevalue("wide_head_model_path")
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,14 @@ def tokenizer(builtin_cache):
 
 def _drive(tokenizer, plans, favour, steps=TURN):
     """Greedy decoding of `steps` tokens through a ProtocolGuide, the raw scores of each step given by
-    `favour(step)` (rows × vocabulary); the rows' texts."""
+    `favour(ids)` (rows × vocabulary; `ids`: the rows so far); the rows' texts."""
     from prompt_r1.agents.guide import ProtocolGuide
 
     prompt = tokenizer.encode("Where was Bram Tenny born?")
     guide = ProtocolGuide(tokenizer, plans, len(prompt), think_tokens=12, body_tokens=12)
     ids = torch.tensor([prompt] * len(plans))
-    for step in range(steps):
-        chosen = guide(ids, favour(step)).argmax(dim=-1, keepdim=True)
+    for _ in range(steps):
+        chosen = guide(ids, favour(ids)).argmax(dim=-1, keepdim=True)
         ids = torch.cat([ids, chosen], dim=1)
     return [tokenizer.decode(row[len(prompt) :].tolist(), skip_special_tokens=False) for row in ids]
 
@@ -50,11 +50,29 @@ def test_a_model_that_would_close_every_tag_at_once_still_writes_a_word_in_each(
     closing = {tokenizer.encode(tag)[0] for tag in ("</think>", "</interaction_prompt>", "</answer>")}
     blank = tokenizer.encode("\n")[0]
 
-    def favour(step):
+    def favour(ids):
         scores = torch.zeros((2, vocab))
         scores[:, list(closing)] = 30.0
         scores[:, blank] = 20.0
         scores[:, tokenizer.eos_token_id] = 10.0
+        return scores
+
+    plans = ["prompt", "answer"]
+    _assert_well_formed(_drive(tokenizer, plans, favour), plans)
+
+
+def test_pieces_of_a_character_that_join_into_a_blank_one_do_not_count_as_a_word(tokenizer):
+    """Two byte-level tokens that together are a no-break space (blank), each read alone as a replacement
+    character: a model that favours them in turn would fill its tags with blanks."""
+    first, second = tokenizer.convert_tokens_to_ids(["\u00c2", "\u0142"])  # the bytes C2 A0
+    assert tokenizer.decode([first, second]) == "\u00a0"
+    vocab = len(tokenizer)
+
+    def favour(ids):
+        scores = torch.zeros((len(ids), vocab))
+        for row, last in enumerate(ids[:, -1].tolist()):
+            scores[row, second if last == first else first] = 30.0
+            scores[row, [first, second]] += 20.0
         return scores
 
     plans = ["prompt", "answer"]
@@ -72,7 +90,7 @@ def test_random_scores_that_favour_tags_blanks_and_ends_give_well_formed_turns(t
     generator = torch.Generator().manual_seed(seed)
     plans = ["prompt", "answer", "prompt", "answer"]
 
-    def favour(step):
+    def favour(ids):
         scores = torch.randn((len(plans), vocab), generator=generator)
         for ids in (tags, blanks, [tokenizer.eos_token_id]):
             scores[:, ids] += 8.0 * torch.rand((len(plans), 1), generator=generator)

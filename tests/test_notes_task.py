@@ -237,7 +237,10 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
      (["--eval-only", "--kind-thoughts", "--ask-again", "0.5"],
       "--ask-again, --kind-thoughts: settings of training, which --eval-only does not do"),
      (["--eval-only", "--generations", "8", "--async"],
-      "--generations, --async: settings of training, which --eval-only does not do")],
+      "--generations, --async: settings of training, which --eval-only does not do"),
+     (["--eval-only", "--seed0", "3", "--steps", "4"],
+      "--seed0, --steps: settings of training, which --eval-only does not do"),
+     (["--seeds", "0"], "--seeds must be at least 1, got 0")],
 )  # fmt: skip
 def test_the_benchmarks_cold_start_settings_are_refused_out_of_range_before_any_work(flags, said, capsys):
     bench = _real_agent_bench()
@@ -253,12 +256,15 @@ def _real_agent_bench():
 
 
 @pytest.mark.parametrize(
-    ("flags", "turn", "generations"),
-    [([], 48, 4), (["--kind-thoughts"], 64, 4), (["--kind-thoughts", "--turn-tokens", "80"], 80, 4),
-     (["--generations", "8"], 48, 8), (["--eval-only"], 48, None)],
+    ("flags", "turn", "generations", "budget"),
+    [(["--seed0", "5", "--seeds", "1"], 48, 4, 20 * 16),
+     (["--seed0", "5", "--seeds", "1", "--kind-thoughts"], 64, 4, 20 * 16),
+     (["--seed0", "5", "--seeds", "1", "--kind-thoughts", "--turn-tokens", "80"], 80, 4, 20 * 16),
+     (["--seed0", "5", "--seeds", "1", "--generations", "8", "--steps", "3"], 48, 8, 3 * 16),
+     (["--eval-only"], 48, None, 16 * 16)],  # the shipped agent trained 16 steps
 )  # fmt: skip
 def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
-    flags, turn, generations, tmp_path, monkeypatch
+    flags, turn, generations, budget, tmp_path, monkeypatch
 ):
     """The stages themselves (minutes to hours) are replaced: what is checked is the settings they are given."""
     import json
@@ -274,7 +280,7 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
         return {"seed": seed, "cold_model": "c", "trained_model": "t", "series": series}
 
     async def compare(args, agents, budget):
-        given.append(("table", args.turn_tokens))
+        given.append(("table", args.turn_tokens, budget))
         names = [
             *bench.BASELINES,
             *agents,
@@ -285,9 +291,9 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
     monkeypatch.setattr(bench, "train_seed", train_seed)
     monkeypatch.setattr(bench, "compare", compare)
     monkeypatch.setattr(bench, "_shipped_agents", lambda out: {"trained": "shipped"})
-    assert bench.main([*flags, "--seed0", "5", "--seeds", "1", "--seed", "7", "--out", str(tmp_path)]) == 0
+    assert bench.main([*flags, "--seed", "7", "--out", str(tmp_path)]) == 0
     trained = [] if "--eval-only" in flags else [("train", 5, turn, "--kind-thoughts" in flags, generations)]
-    assert given == [*trained, ("table", turn)]
+    assert given == [*trained, ("table", turn, budget)]
     assert json.loads((tmp_path / "real_agent.json").read_text())["turn_tokens"] == turn
 
 

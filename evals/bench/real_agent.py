@@ -12,12 +12,12 @@ sheet per group of episodes, the policy served by a vLLM server of its own; the 
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
 demonstrations: `--ask-again` (the share that asks again after a builder reply) and `--kind-thoughts` (thoughts
 that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`); `--generations` sets the
-samples per question in a step (a GRPO group; the step keeps its 16 episodes). These settings of training are
-refused with `--eval-only`. Then one table on
-`--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct,
-instruction, OPRO and GEPA (their search budget in metric calls: as many as the episodes one seed trained on,
-`--search-budget`), each seed's cold-started and trained agent, and the controls (the trained agent with the notes
-withheld; answered at once).
+samples per question in a step (a GRPO group; the step keeps its 16 episodes). With `--eval-only`, the settings
+of training (`--seed0 --seeds --steps --cold-steps --ask-again --kind-thoughts --generations --async`) are
+refused. Then one table on `--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of
+them 2-call): direct, instruction, OPRO and GEPA (their search budget in metric calls: as many as the episodes one
+seed trained on, the shipped agent's 256 with `--eval-only`; `--search-budget`), each seed's cold-started and
+trained agent, and the controls (the trained agent with the notes withheld; answered at once).
 Agents decode greedily; the environment is greedy.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from prompt_r1.tasks.notes_agent import ASK_AGAIN  # noqa: E402
+from prompt_r1.tasks.notes_agent import ASK_AGAIN, COLD_STEPS  # noqa: E402
 from prompt_r1.tasks.notes_eval import (  # noqa: E402
     INSTRUCTION,
     agent_method,
@@ -62,6 +62,8 @@ CURVES = (
 )  # fmt: skip
 EPISODES_PER_STEP = 16  # 4 questions x 4 samples by default (--generations)
 GENERATIONS = 4
+STEPS = 20  # GRPO steps per seed
+SHIPPED_STEPS = 16  # the shipped agent's GRPO steps: its baselines' search budget is 16 steps of 16 episodes
 
 
 def say(line: str) -> None:
@@ -234,9 +236,9 @@ def comparison_line(table: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed0", type=int, help="first training seed (unset: drawn at run time)")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20, help="GRPO steps per seed")
-    parser.add_argument("--cold-steps", type=int, help="cold-start fine-tuning steps (16)")
+    parser.add_argument("--seeds", type=int, help="how many seeds, from --seed0 on (3)")
+    parser.add_argument("--steps", type=int, help=f"GRPO steps per seed ({STEPS})")
+    parser.add_argument("--cold-steps", type=int, help=f"cold-start fine-tuning steps ({COLD_STEPS})")
     parser.add_argument(
         "--ask-again", type=float,
         help=f"the cold start's share of demonstrations that ask again after a builder reply ({ASK_AGAIN})",
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--turn-tokens", type=int,
         help="most tokens an agent turn may take, in training and in the table (unset: 64 with --kind-thoughts, "
-        "whose thoughts are longer, else 48, and 48 with --eval-only)",
+        "whose thoughts are longer, else 48)",
     )  # fmt: skip
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
@@ -272,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # The shipped agent is measured as it is: a setting of its training would change nothing.
     if args.eval_only:
-        valued = (("--cold-steps", args.cold_steps), ("--ask-again", args.ask_again),
+        valued = (("--seed0", args.seed0), ("--seeds", args.seeds), ("--steps", args.steps),
+                  ("--cold-steps", args.cold_steps), ("--ask-again", args.ask_again),
                   ("--generations", args.generations))  # fmt: skip
         given = [flag for flag, value in valued if value is not None]
         given += [
@@ -280,13 +283,16 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if given:
             parser.error(f"{', '.join(given)}: settings of training, which --eval-only does not do")
-    args.cold_steps = 16 if args.cold_steps is None else args.cold_steps
+    args.seeds = 3 if args.seeds is None else args.seeds
+    args.steps = STEPS if args.steps is None else args.steps
+    args.cold_steps = COLD_STEPS if args.cold_steps is None else args.cold_steps
     args.ask_again = ASK_AGAIN if args.ask_again is None else args.ask_again
     args.generations = GENERATIONS if args.generations is None else args.generations
     if not 0 <= args.ask_again <= 1:
         parser.error(f"--ask-again must be a share from 0 to 1, got {args.ask_again}")
-    if args.cold_steps < 1:
-        parser.error(f"--cold-steps must be at least 1, got {args.cold_steps}")
+    for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--cold-steps", args.cold_steps)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     if args.generations < 2 or EPISODES_PER_STEP % args.generations:
         parser.error(f"--generations must be 2, 4, 8 or 16 (a group of 2 or more that divides a step's "
                      f"{EPISODES_PER_STEP} episodes), got {args.generations}")  # fmt: skip
@@ -315,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             suffix = f" {run['seed']}" if len(runs) > 1 else ""
             agents[f"untrained{suffix}"] = run["cold_model"]
             agents[f"trained{suffix}"] = run["trained_model"]
-    # Cost-matched: as many metric calls as the episodes one seed trains on (the shipped agent: 16 steps of 16).
-    budget = args.search_budget or args.steps * EPISODES_PER_STEP
+    # Cost-matched: as many metric calls as the episodes one seed trains on.
+    budget = args.search_budget or (SHIPPED_STEPS if args.eval_only else args.steps) * EPISODES_PER_STEP
     result = asyncio.run(compare(args, agents, budget))
     print_table(result["table"])
     for line in targets(result["table"], seeds or [0]):

@@ -11,8 +11,9 @@ it: the tags are written for it, the words between them are its own.
 
 Inside a tag the model may close it itself once it has written a word (a tag left blank is a malformed turn: an
 empty prompt cannot be sent); it may not open another tag (no token holding "<" but the ones that begin the
-closing tag) or end the turn early (no end-of-sequence), nor write more than one blank token before its first
-word; when its budget runs out the closing tag is written for it. The sampled ids are kept as they were generated (forced ones included), so a guided episode's
+closing tag) or end the turn early (no end-of-sequence), nor write more than one blank token, or a piece of a
+character (which could join into a blank one), before its first word; when its budget runs out the closing tag
+is written for it. The sampled ids are kept as they were generated (forced ones included), so a guided episode's
 trajectory is as token-exact as any other. Guiding is for seeing and testing the loop with a base model
 (`--agent-guide-calls N`); training never guides the policy, since the format is what the reward teaches.
 """
@@ -47,12 +48,18 @@ def guided_plan(tokenizer: Any, prompt_ids: list[int], calls: int) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _vocabulary(tokenizer: Any) -> tuple[dict[int, str], dict[int, str], list[int]]:
-    """(every token id's text, those holding "<": the only ones that can start a tag, those that are blank), read
-    once per tokenizer."""
+def _vocabulary(tokenizer: Any) -> tuple[dict[int, str], dict[int, str], list[int], list[int]]:
+    """(every token id's text, those holding "<": the only ones that can start a tag, the blank ones, the pieces
+    of a character: pieces may join into a blank character), read once per tokenizer."""
     to_text = tokenizer.convert_tokens_to_string
     texts = {i: to_text([t]) for t, i in tokenizer.get_vocab().items()}
-    return texts, {i: t for i, t in texts.items() if "<" in t}, [i for i, t in texts.items() if not t.strip()]
+    tags = {i: t for i, t in texts.items() if "<" in t}
+    return (
+        texts,
+        tags,
+        [i for i, t in texts.items() if not t.strip()],
+        [i for i, t in texts.items() if "\ufffd" in t],
+    )
 
 
 def _continues(written: str, close: str) -> bool:
@@ -84,7 +91,8 @@ class ProtocolGuide(LogitsProcessor):
             self.rows.append(_Row([("force", THINK_OPEN, 0), ("free", THINK_CLOSE, think_tokens),
                                    ("force", open_tag, 0), ("free", close_tag, body_tokens)]))  # fmt: skip
         self.ids_of = {}  # a tag's token ids, encoded once
-        self.texts, self.no_open_tag, self.blank = _vocabulary(tokenizer)
+        self.texts, self.no_open_tag, self.blank, self.pieces = _vocabulary(tokenizer)
+        self.vocab_end = max(self.texts) + 1  # ids from here on (a padded vocabulary's) have no text
         eos = tokenizer.eos_token_id
         self.ends = {eos} if eos is not None else set()
         self.ends |= set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -161,10 +169,10 @@ class ProtocolGuide(LogitsProcessor):
             if written.strip():
                 banned = [i for i, t in self.no_open_tag.items() if not self._may_close(written, t, text)]
             else:  # no word yet: the tag may not close, and one blank token is the most it may begin with
-                banned = list(self.no_open_tag) + (self.blank if row.free_ids else [])
-            banned += [i for i in self.ends if i < scores.shape[1]]
-            banned = [i for i in banned if i < scores.shape[1]]
-            scores[r, banned] = float("-inf")
+                banned = [*self.no_open_tag, *self.pieces, *(self.blank if row.free_ids else [])]
+            banned += list(self.ends)
+            scores[r, [i for i in banned if i < scores.shape[1]]] = float("-inf")
+            scores[r, self.vocab_end :] = float("-inf")
         return scores
 
     @staticmethod

@@ -60,6 +60,7 @@ LORA = {
 }
 BASE = "smollm2-135m"
 ASK_AGAIN = 0.7  # after a builder reply, the share of demonstrations that ask again (module docstring)
+COLD_STEPS = 16  # the cold start's fine-tuning steps
 
 
 def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[str, str]]:
@@ -130,7 +131,7 @@ def cold_start(
     out: str | Path,
     *,
     seed: int = 0,
-    steps: int = 16,
+    steps: int = COLD_STEPS,
     episodes: int = 256,
     batch_size: int = 8,
     micro_batch: int = 2,
