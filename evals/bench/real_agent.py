@@ -63,7 +63,17 @@ CURVES = (
 EPISODES_PER_STEP = 16  # 4 questions x 4 samples by default (--generations)
 GENERATIONS = 4
 STEPS = 20  # GRPO steps per seed
+SEEDS = 3
 SHIPPED_STEPS = 16  # the shipped agent's GRPO steps: its baselines' search budget is 16 steps of 16 episodes
+
+
+# The settings of training (flag: its argument's name, its default), refused with --eval-only, which trains nothing.
+TRAINING = {
+    "--seed0": ("seed0", None), "--seeds": ("seeds", SEEDS), "--steps": ("steps", STEPS),
+    "--cold-steps": ("cold_steps", COLD_STEPS), "--ask-again": ("ask_again", ASK_AGAIN),
+    "--kind-thoughts": ("kind_thoughts", False), "--generations": ("generations", GENERATIONS),
+    "--async": ("async_grpo", False),
+}  # fmt: skip
 
 
 def say(line: str) -> None:
@@ -236,7 +246,7 @@ def comparison_line(table: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed0", type=int, help="first training seed (unset: drawn at run time)")
-    parser.add_argument("--seeds", type=int, help="how many seeds, from --seed0 on (3)")
+    parser.add_argument("--seeds", type=int, help=f"how many seeds, from --seed0 on ({SEEDS})")
     parser.add_argument("--steps", type=int, help=f"GRPO steps per seed ({STEPS})")
     parser.add_argument("--cold-steps", type=int, help=f"cold-start fine-tuning steps ({COLD_STEPS})")
     parser.add_argument(
@@ -249,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{EPISODES_PER_STEP} episodes being {EPISODES_PER_STEP} / N questions",
     )  # fmt: skip
     parser.add_argument(
-        "--kind-thoughts", action="store_true",
+        "--kind-thoughts", action="store_true", default=None,
         help="the cold start's thoughts name what the question asks for (prompt_r1.tasks.notes_agent)",
     )  # fmt: skip
     parser.add_argument(
@@ -267,27 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         "--eval-only", action="store_true", help="the shipped agent and the baselines, no training"
     )
     parser.add_argument(
-        "--async", dest="async_grpo", action="store_true",
+        "--async", dest="async_grpo", action="store_true", default=None,
         help="GRPO with the asynchronous trainer (its policy served by a vLLM server of its own)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="where figures and models go (default: a temporary folder)")
     args = parser.parse_args(argv)
-    # The shipped agent is measured as it is: a setting of its training would change nothing.
-    if args.eval_only:
-        valued = (("--seed0", args.seed0), ("--seeds", args.seeds), ("--steps", args.steps),
-                  ("--cold-steps", args.cold_steps), ("--ask-again", args.ask_again),
-                  ("--generations", args.generations))  # fmt: skip
-        given = [flag for flag, value in valued if value is not None]
-        given += [
-            flag for flag, on in (("--kind-thoughts", args.kind_thoughts), ("--async", args.async_grpo)) if on
-        ]
-        if given:
-            parser.error(f"{', '.join(given)}: settings of training, which --eval-only does not do")
-    args.seeds = 3 if args.seeds is None else args.seeds
-    args.steps = STEPS if args.steps is None else args.steps
-    args.cold_steps = COLD_STEPS if args.cold_steps is None else args.cold_steps
-    args.ask_again = ASK_AGAIN if args.ask_again is None else args.ask_again
-    args.generations = GENERATIONS if args.generations is None else args.generations
+    # Unset settings of training are None here: given ones are refused with --eval-only, then the defaults filled.
+    given = [flag for flag, (name, _) in TRAINING.items() if getattr(args, name) is not None]
+    if args.eval_only and given:
+        parser.error(f"{', '.join(given)}: settings of training, which --eval-only does not do")
+    for name, default in TRAINING.values():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if not 0 <= args.ask_again <= 1:
         parser.error(f"--ask-again must be a share from 0 to 1, got {args.ask_again}")
     for flag, value in (("--seeds", args.seeds), ("--steps", args.steps), ("--cold-steps", args.cold_steps)):
