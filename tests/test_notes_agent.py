@@ -61,8 +61,9 @@ def test_the_shipped_agent_follows_the_protocol_on_held_out_questions(builtin_ca
             EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=32, temperature=0.0),
             api_key="none",
         )
-        agent = TransformersAgent(AgentConfig(model=folder, temperature=0.0, seed=0, max_new_tokens=48))
-        loop = LoopConfig(max_turns=3, max_turn_tokens=48, max_total_tokens=256)
+        cap = TRAINED_AGENTS[AGENT].turn_tokens  # what it was trained and measured with
+        agent = TransformersAgent(AgentConfig(model=folder, temperature=0.0, seed=0, max_new_tokens=cap))
+        loop = LoopConfig(max_turns=3, max_turn_tokens=cap, max_total_tokens=256)
         rows = asyncio.run(agent_method(agent, client, questions, loop))
     for row in rows:
         assert row["status"] == "answered", row

@@ -261,7 +261,7 @@ def _real_agent_bench():
      (["--seed0", "5", "--seeds", "1", "--kind-thoughts"], 64, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--kind-thoughts", "--turn-tokens", "80"], 80, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--generations", "8", "--steps", "3"], 48, 8, 3 * 16),
-     (["--eval-only"], 48, None, 16 * 16)],  # the shipped agent trained 16 steps
+     (["--eval-only"], "shipped", None, "shipped")],  # the shipped agent's own cap, and 16 episodes a step it trained
 )  # fmt: skip
 def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
     flags, turn, generations, budget, tmp_path, monkeypatch
@@ -270,6 +270,8 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
     import json
 
     bench = _real_agent_bench()
+    if turn == "shipped":
+        turn, budget = bench.SHIPPED.turn_tokens, bench.SHIPPED_STEPS * 16
     given = []
     figures = dict.fromkeys(("em", "f1", "em_1", "em_2", "f1_1", "f1_2", "calls", "calls_1", "calls_2", "tokens",
                              "at_once"), 0.0)  # fmt: skip

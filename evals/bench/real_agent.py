@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from prompt_r1.agents.trained import TRAINED_AGENTS, adapter_folders  # noqa: E402
 from prompt_r1.tasks.notes_agent import ASK_AGAIN, COLD_STEPS  # noqa: E402
 from prompt_r1.tasks.notes_eval import (  # noqa: E402
     INSTRUCTION,
@@ -64,7 +65,10 @@ EPISODES_PER_STEP = 16  # 4 questions x 4 samples by default (--generations)
 GENERATIONS = 4
 STEPS = 20  # GRPO steps per seed
 SEEDS = 3
-SHIPPED_STEPS = 16  # the shipped agent's GRPO steps: its baselines' search budget is 16 steps of 16 episodes
+SHIPPED = TRAINED_AGENTS["smollm2-135m-notes"]
+# The shipped agent's GRPO steps, from its last adapter's record: with --eval-only, the baselines' search budget is
+# that many steps of 16 episodes.
+SHIPPED_STEPS = json.loads((adapter_folders(SHIPPED)[-1] / "prompt-r1-adapter.json").read_text())["steps"]
 
 
 # The settings of training (flag: its argument's name, its default), refused with --eval-only, which trains nothing.
@@ -264,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--turn-tokens", type=int,
-        help="most tokens an agent turn may take, in training and in the table (unset: 64 with --kind-thoughts, "
-        "whose thoughts are longer, else 48)",
+        help="most tokens an agent turn may take, in training and in the table (unset: the shipped agent's own "
+        "with --eval-only; 64 with --kind-thoughts, whose thoughts are longer; else 48)",
     )  # fmt: skip
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
@@ -297,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.generations < 2 or EPISODES_PER_STEP % args.generations:
         parser.error(f"--generations must be 2, 4, 8 or 16 (a group of 2 or more that divides a step's "
                      f"{EPISODES_PER_STEP} episodes), got {args.generations}")  # fmt: skip
-    if args.turn_tokens is None:  # the shipped agent (--eval-only) was trained and measured at 48
-        args.turn_tokens = 64 if args.kind_thoughts else TURN_TOKENS
+    if args.turn_tokens is None:  # --eval-only: the cap the shipped agent was trained and measured with
+        args.turn_tokens = (
+            SHIPPED.turn_tokens if args.eval_only else 64 if args.kind_thoughts else TURN_TOKENS
+        )
     elif not 1 <= args.turn_tokens <= TOTAL_TOKENS:
         parser.error(
             f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"
@@ -352,9 +358,9 @@ def _shipped_agents(out: Path) -> dict[str, str]:
     import dataclasses
 
     from prompt_r1.agents.builtin import resolve_model
-    from prompt_r1.agents.trained import TRAINED_AGENTS, merge_into
+    from prompt_r1.agents.trained import merge_into
 
-    agent = TRAINED_AGENTS["smollm2-135m-notes"]
+    agent = SHIPPED
     cold = out / "shipped-cold"
     if not (cold / "config.json").is_file():
         merge_into(

@@ -23,12 +23,14 @@ SHIPPED = Path(__file__).resolve().parent / "shipped"
 
 @dataclass(frozen=True)
 class TrainedAgent:
-    """`adapters`: folders under shipped/NAME, merged into `base` in this order."""
+    """`adapters`: folders under shipped/NAME, merged into `base` in this order; `turn_tokens`: the cap on an agent
+    turn it was trained and measured with (its benchmark's `--turn-tokens`)."""
 
     name: str
     base: str
     adapters: tuple[str, ...]
     description: str
+    turn_tokens: int
 
 
 TRAINED_AGENTS: dict[str, TrainedAgent] = {
@@ -38,6 +40,7 @@ TRAINED_AGENTS: dict[str, TrainedAgent] = {
         adapters=("cold", "grpo"),
         description="the built-in model trained with GRPO to prompt an environment that holds notes "
         "(docs/notes-agent.md)",
+        turn_tokens=48,
     ),
 }
 
