@@ -267,11 +267,14 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
     flags, turn, generations, budget, tmp_path, monkeypatch
 ):
     """The stages themselves (minutes to hours) are replaced: what is checked is the settings they are given."""
+    import dataclasses
     import json
 
     bench = _real_agent_bench()
-    if turn == "shipped":
-        turn, budget = bench.SHIPPED.turn_tokens, bench.SHIPPED_STEPS * 16
+    if turn == "shipped":  # figures no default shares, so that each is seen to come from the shipped agent
+        monkeypatch.setattr(bench, "SHIPPED_AGENT", dataclasses.replace(bench.SHIPPED_AGENT, turn_tokens=40))
+        monkeypatch.setattr(bench, "shipped_steps", lambda: 5)
+        turn, budget = 40, 5 * 16
     given = []
     figures = dict.fromkeys(("em", "f1", "em_1", "em_2", "f1_1", "f1_2", "calls", "calls_1", "calls_2", "tokens",
                              "at_once"), 0.0)  # fmt: skip
@@ -297,6 +300,26 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
     trained = [] if "--eval-only" in flags else [("train", 5, turn, "--kind-thoughts" in flags, generations)]
     assert given == [*trained, ("table", turn, budget)]
     assert json.loads((tmp_path / "real_agent.json").read_text())["turn_tokens"] == turn
+
+
+def test_the_shipped_agents_steps_are_its_grpo_adapters(monkeypatch, tmp_path):
+    """Read from the record of the adapter GRPO left, wherever it is in the order."""
+    import dataclasses
+    import json
+
+    from prompt_r1.agents import trained
+
+    bench = _real_agent_bench()
+    for stage, steps in (("cold", 12), ("grpo", 7)):
+        (tmp_path / "agent" / stage).mkdir(parents=True)
+        (tmp_path / "agent" / stage / "prompt-r1-adapter.json").write_text(
+            json.dumps({"stage": stage, "steps": steps})
+        )
+    monkeypatch.setattr(trained, "SHIPPED", tmp_path)
+    agent = dataclasses.replace(bench.SHIPPED_AGENT, name="agent")
+    for order in (("cold", "grpo"), ("grpo", "cold")):
+        monkeypatch.setattr(bench, "SHIPPED_AGENT", dataclasses.replace(agent, adapters=order))
+        assert bench.shipped_steps() == 7
 
 
 def test_a_seeds_cold_start_is_reused_for_the_same_settings_and_redone_for_others(tmp_path, monkeypatch):

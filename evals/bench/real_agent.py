@@ -11,13 +11,14 @@ OUT/seed-S/. `--async`: the GRPO steps with the asynchronous trainer instead (pr
 sheet per group of episodes, the policy served by a vLLM server of its own; the `vllm` extra), under
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
 demonstrations: `--ask-again` (the share that asks again after a builder reply) and `--kind-thoughts` (thoughts
-that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`); `--generations` sets the
-samples per question in a step (a GRPO group; the step keeps its 16 episodes). With `--eval-only`, the settings
-of training (`--seed0 --seeds --steps --cold-steps --ask-again --kind-thoughts --generations --async`) are
-refused. Then one table on `--questions` held-out questions (evaluation pool, drawn from `--eval-seed`, half of
-them 2-call): direct, instruction, OPRO and GEPA (their search budget in metric calls: as many as the episodes one
-seed trained on, the shipped agent's 256 with `--eval-only`; `--search-budget`), each seed's cold-started and
-trained agent, and the controls (the trained agent with the notes withheld; answered at once).
+that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`; with `--eval-only`, the
+cap the shipped agent was trained with); `--generations` sets the samples per question in a step (a GRPO group;
+the step keeps its 16 episodes). With `--eval-only`, the settings of training (`--seed0 --seeds --steps
+--cold-steps --ask-again --kind-thoughts --generations --async`) are refused. Then one table on `--questions`
+held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and
+GEPA (their search budget in metric calls: as many as the episodes one seed trained on, with `--eval-only` the
+shipped agent's, read from its adapter's record; `--search-budget`), each seed's cold-started and trained agent,
+and the controls (the trained agent with the notes withheld; answered at once).
 Agents decode greedily; the environment is greedy.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
@@ -65,10 +66,7 @@ EPISODES_PER_STEP = 16  # 4 questions x 4 samples by default (--generations)
 GENERATIONS = 4
 STEPS = 20  # GRPO steps per seed
 SEEDS = 3
-SHIPPED = TRAINED_AGENTS["smollm2-135m-notes"]
-# The shipped agent's GRPO steps, from its last adapter's record: with --eval-only, the baselines' search budget is
-# that many steps of 16 episodes.
-SHIPPED_STEPS = json.loads((adapter_folders(SHIPPED)[-1] / "prompt-r1-adapter.json").read_text())["steps"]
+SHIPPED_AGENT = TRAINED_AGENTS["smollm2-135m-notes"]
 
 
 # The settings of training (flag: its argument's name, its default), refused with --eval-only, which trains nothing.
@@ -301,10 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.generations < 2 or EPISODES_PER_STEP % args.generations:
         parser.error(f"--generations must be 2, 4, 8 or 16 (a group of 2 or more that divides a step's "
                      f"{EPISODES_PER_STEP} episodes), got {args.generations}")  # fmt: skip
-    if args.turn_tokens is None:  # --eval-only: the cap the shipped agent was trained and measured with
-        args.turn_tokens = (
-            SHIPPED.turn_tokens if args.eval_only else 64 if args.kind_thoughts else TURN_TOKENS
-        )
+    if args.turn_tokens is None and args.eval_only:  # the cap the shipped agent was trained and measured with
+        args.turn_tokens = SHIPPED_AGENT.turn_tokens
+    elif args.turn_tokens is None:  # kind thoughts are longer
+        args.turn_tokens = 64 if args.kind_thoughts else TURN_TOKENS
     elif not 1 <= args.turn_tokens <= TOTAL_TOKENS:
         parser.error(
             f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"
@@ -328,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             suffix = f" {run['seed']}" if len(runs) > 1 else ""
             agents[f"untrained{suffix}"] = run["cold_model"]
             agents[f"trained{suffix}"] = run["trained_model"]
-    # Cost-matched: as many metric calls as the episodes one seed trains on.
-    budget = args.search_budget or (SHIPPED_STEPS if args.eval_only else args.steps) * EPISODES_PER_STEP
+    # Cost-matched: as many metric calls as the episodes one seed trains on (--eval-only: the shipped agent did).
+    budget = args.search_budget or (shipped_steps() if args.eval_only else args.steps) * EPISODES_PER_STEP
     result = asyncio.run(compare(args, agents, budget))
     print_table(result["table"])
     for line in targets(result["table"], seeds or [0]):
@@ -353,6 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def shipped_steps() -> int:
+    """The shipped agent's GRPO steps, from its GRPO adapter's record."""
+    from prompt_r1.tasks.notes_agent import FACTS
+
+    records = [json.loads((folder / FACTS).read_text()) for folder in adapter_folders(SHIPPED_AGENT)]
+    (grpo,) = [record for record in records if record.get("stage") == "grpo"]
+    return grpo["steps"]
+
+
 def _shipped_agents(out: Path) -> dict[str, str]:
     """The shipped agent, and its cold start alone (the untrained agent) merged into OUT/shipped-cold."""
     import dataclasses
@@ -360,7 +367,7 @@ def _shipped_agents(out: Path) -> dict[str, str]:
     from prompt_r1.agents.builtin import resolve_model
     from prompt_r1.agents.trained import merge_into
 
-    agent = SHIPPED
+    agent = SHIPPED_AGENT
     cold = out / "shipped-cold"
     if not (cold / "config.json").is_file():
         merge_into(
