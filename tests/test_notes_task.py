@@ -308,13 +308,12 @@ def test_the_shipped_agents_steps_are_its_grpo_adapters(monkeypatch, tmp_path):
     import json
 
     from prompt_r1.agents import trained
+    from prompt_r1.tasks.notes_agent import ADAPTER_RECORD
 
     bench = _real_agent_bench()
     for stage, steps in (("cold", 12), ("grpo", 7)):
         (tmp_path / "agent" / stage).mkdir(parents=True)
-        (tmp_path / "agent" / stage / "prompt-r1-adapter.json").write_text(
-            json.dumps({"stage": stage, "steps": steps})
-        )
+        (tmp_path / "agent" / stage / ADAPTER_RECORD).write_text(json.dumps({"stage": stage, "steps": steps}))
     monkeypatch.setattr(trained, "SHIPPED", tmp_path)
     agent = dataclasses.replace(bench.SHIPPED_AGENT, name="agent")
     for order in (("cold", "grpo"), ("grpo", "cold")):

@@ -353,9 +353,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def shipped_steps() -> int:
     """The shipped agent's GRPO steps, from its GRPO adapter's record."""
-    from prompt_r1.tasks.notes_agent import FACTS
+    from prompt_r1.tasks.notes_agent import ADAPTER_RECORD
 
-    records = [json.loads((folder / FACTS).read_text()) for folder in adapter_folders(SHIPPED_AGENT)]
+    records = [json.loads((folder / ADAPTER_RECORD).read_text()) for folder in adapter_folders(SHIPPED_AGENT)]
     (grpo,) = [record for record in records if record.get("stage") == "grpo"]
     return grpo["steps"]
 

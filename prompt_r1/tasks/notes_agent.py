@@ -41,6 +41,7 @@ from typing import Any
 from prompt_r1.tasks.notes import KINDS, draw_sheets, question_about
 
 __all__ = [
+    "ADAPTER_RECORD",
     "ANSWER",
     "ASK",
     "LORA",
@@ -59,7 +60,7 @@ LORA = {
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
 }
 BASE = "smollm2-135m"
-FACTS = "prompt-r1-adapter.json"  # beside an adapter: how it was made (stage, seed, steps)
+ADAPTER_RECORD = "prompt-r1-adapter.json"  # beside an adapter: how it was made (stage, seed, steps)
 ASK_AGAIN = 0.7  # after a builder reply, the share of demonstrations that ask again (module docstring)
 COLD_STEPS = 16  # the cold start's fine-tuning steps
 
@@ -199,7 +200,7 @@ def cold_start(
 
 def save_adapter(model: Any, path: str | Path, facts: dict[str, Any]) -> Path:
     """Save `model`'s LoRA adapter to PATH in float16, its base named `smollm2-135m` (not this machine's folder),
-    with FACTS (how it was made) in PATH/prompt-r1-adapter.json (`FACTS`)."""
+    with FACTS (how it was made) in PATH/`ADAPTER_RECORD`."""
     from safetensors.torch import load_file, save_file
 
     path = Path(path)
@@ -209,5 +210,5 @@ def save_adapter(model: Any, path: str | Path, facts: dict[str, Any]) -> Path:
     config = json.loads((path / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = BASE
     (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (path / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
+    (path / ADAPTER_RECORD).write_text(json.dumps(facts, indent=2) + "\n")
     return path
