@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 
 import pytest
 from helpers import async_tiny_config as _config
-from helpers import name_rows, run_cli_process
+from helpers import name_rows, run_cli
 
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.testing.servers import ScriptedServer
@@ -193,38 +192,40 @@ def test_each_trainer_has_its_own_config_checked_when_built_with_one_line_per_re
         _config(tmp_path, async_grpo=True, max_env_calls=0)
 
 
-def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path):
-    """`--async` and `async: true` both pick the async trainer; its refusals come before any model loads."""
+def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path, monkeypatch):
+    """`--async` and `async: true` both pick the async trainer; its refusals come before any model loads (in this
+    process: the recipe's model does not exist, so a refusal that came later would fail on it)."""
+    monkeypatch.chdir(tmp_path)  # the recipe's output_dir is relative
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "model_name_or_path: unused\noutput_dir: out\nenv_base_url: http://127.0.0.1:9/v1\nnum_iterations: 2\n"
         "use_cpu: true\nbf16: false\n"
     )
 
-    def train(*args: str) -> subprocess.CompletedProcess:
-        return run_cli_process(
-            ["train", "--config", recipe, *args], timeout=300, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}
-        )
+    def train(*args: str) -> tuple[int, str]:
+        code, _, err = run_cli(["train", "--config", recipe, *args])
+        return code, err
 
-    done = train("--async")
-    assert done.returncode == 2, done.stderr[-2000:]
+    code, err = train("--async")
+    assert code == 2, err[-2000:]
     assert (
-        done.stderr.strip()
+        err.strip()
         .splitlines()[-1]
         .startswith("prompt-r1: error: the async trainer does not support num_iterations")
     )
     recipe.write_text(recipe.read_text() + "async: true\n")
-    assert "the async trainer does not support num_iterations" in train().stderr
+    assert "the async trainer does not support num_iterations" in train()[1]
     recipe.write_text(recipe.read_text().replace("async: true\n", "max_staleness: 1\n"))
-    done = train()
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines()[-1] == (
+    code, err = train()
+    assert code == 2, err[-2000:]
+    assert err.strip().splitlines()[-1] == (
         "prompt-r1: error: the synchronous trainer does not support max_staleness: 1 (a setting of the async "
         "trainer: add async: true (--async), or drop it)"
     )
     recipe.write_text(recipe.read_text().replace("max_staleness: 1\n", ""))
-    done = train("--max_staleness", "1")  # a flag: the same line, without a value to show
-    assert done.returncode == 2 and "does not support max_staleness (a setting of the async" in done.stderr
+    code, err = train("--max_staleness", "1")  # a flag: the same line, without a value to show
+    assert code == 2 and "does not support max_staleness (a setting of the async" in err
+    assert not (tmp_path / "out").exists()  # refused before the run made anything
 
 
 def test_a_launch_the_trainer_cannot_run_on_is_one_line_before_anything_loads(tmp_path, monkeypatch):

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from helpers import run_cli
 
 from prompt_r1.agents.builtin import MANIFEST, ModelNameError, check_builtin, resolve_model
 from prompt_r1.agents.trained import TRAINED_AGENTS, adapter_folders
@@ -71,16 +69,14 @@ def test_the_shipped_agent_follows_the_protocol_on_held_out_questions(builtin_ca
         assert parse(row["question"])[1].lower() in row["prompts"][0].lower(), row
 
 
-def test_run_takes_the_shipped_agent_by_name_offline(builtin_cache):
-    environ = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    environ["PROMPT_R1_CACHE"] = str(builtin_cache)
-    result = subprocess.run(
-        [sys.executable, "-m", "prompt_r1", "run", "Who built the Varn Bridge?", "--agent-model", AGENT,
-         "--agent-temperature", "0", "--json"],
-        capture_output=True, text=True, timeout=300, env=environ,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    episode = json.loads(result.stdout)
+def test_run_takes_the_shipped_agent_by_name_offline(builtin_cache, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("PROMPT_R1_CACHE", str(builtin_cache))
+    code, out, err = run_cli(
+        ["run", "Who built the Varn Bridge?", "--agent-model", AGENT, "--agent-temperature", "0", "--json"]
+    )
+    assert code == 0, err[-2000:]
+    episode = json.loads(out)
     assert episode["status"] == "answered" and episode["usage"]["env_calls"] >= 1
     assert "Varn Bridge" in episode["turns"][0]["prompt"]
 
@@ -90,16 +86,21 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
     environment with each step's notes; the step's gold answers are its sheets', and the task's figures are
     logged."""
     pytest.importorskip("trl")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from prompt_r1.agents.local import load_transformers_model
     from prompt_r1.tasks.notes import parse, training_questions
     from prompt_r1.tasks.notes_training import grpo_config, notes_trainer, training_rows
+    from prompt_r1.training.run import train
 
     config = grpo_config(
         tmp_path / "run", resolve_model(AGENT), max_steps=2, per_device_train_batch_size=2, num_generations=2,
         max_turn_tokens=40, seed=5, data_seed=5,
     )  # fmt: skip
-    trainer = notes_trainer(config, training_rows(training_questions(4, seed=5)))
+    rows = training_rows(training_questions(4, seed=5))
+    trainer = train(config, build=lambda c: notes_trainer(c, rows))  # trains, then saves the adapter
     rollout = trainer.rollout_func
-    trainer.train()
     assert trainer.state.global_step == 2
     logged = [h for h in trainer.state.log_history if "reward" in h]
     assert len(logged) == 2 and all("notes/em" in h and "notes/calls" in h for h in logged)
@@ -108,6 +109,17 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
         assert parse(asked.question)[1] in asked.sheet.names()
         assert asked.sheet in rollout.world.sheets
         assert episode.question == asked.question
+    # The run's adapter is a real one of the built-in model: the agent loader takes it as a model, and it loads
+    # onto the base model.
+    adapter = tmp_path / "run"
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    model, tokenizer = load_transformers_model(str(adapter), device="cpu")
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+    assert tokenizer.eos_token == "<|im_end|>"
+    tuned = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m")), adapter
+    )
+    assert {n for n, _ in tuned.named_parameters() if "lora_" in n}
 
 
 @pytest.mark.slow  # CI trains the task above; this runs it twice (about 3 minutes on 2 cores)

@@ -6,7 +6,6 @@ answers slowly, so that the signal lands in the middle of a step."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("trl")
 
 from conftest import NAME_RESPONSE  # noqa: E402
-from helpers import ROOT, cli_command, spawn, tiny_train_args, wait_for, write_name_dataset  # noqa: E402
+from helpers import ROOT, cli_command, run_cli, spawn, tiny_train_args, wait_for, write_name_dataset  # noqa: E402
 
 from prompt_r1.testing.servers import ScriptedServer  # noqa: E402
 
@@ -69,10 +68,10 @@ def test_sigterm_finishes_the_step_saves_a_checkpoint_and_resume_goes_on(protoco
         assert "finishing this step and saving a checkpoint" in output and "Traceback" not in output
         assert not (tmp_path / "run" / "model.safetensors").exists()  # the checkpoint is the result
 
-        resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, capture_output=True, text=True,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "trained 6 steps" in resumed.stderr
+        # The resumed run in this process (the signals were the launched one's): a process start fewer.
+        code, _, err = run_cli([*command[3:], "--resume"])
+    assert code == 0, err[-3000:]
+    assert "trained 6 steps" in err
     assert (tmp_path / "run" / "model.safetensors").exists()
 
 

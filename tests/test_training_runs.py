@@ -154,7 +154,8 @@ def test_merge_refuses_a_folder_that_is_not_an_adapter(tmp_path, capsys):
     assert "not a LoRA adapter folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+# ZeRO-2 under 2 processes is also the uninterrupted run of tests/test_training_ledger.py's kill-and-resume test.
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_cli_trains_under_accelerate_with_two_deepspeed_processes(protocol_model_path, tmp_path, stage):
     """The README's command: accelerate launch with the repo's DeepSpeed config, 2 CPU processes (gloo)."""
     from safetensors.torch import load_file

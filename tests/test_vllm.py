@@ -73,6 +73,9 @@ def test_greedy_episodes_are_token_for_token_those_of_the_transformers_backend(
         )
         theirs = name_episodes(local, server, 1)[0]
     assert done.returncode == 0, done.stderr[-3000:]
+    # batch writes nothing to stdout: vLLM's output (its engine process's too) goes to stderr.
+    assert done.stdout == "", done.stdout[-2000:]
+    assert "Loading safetensors checkpoint shards" in done.stderr
     assert theirs["status"] == "answered" and theirs["usage"]["env_calls"] == 1  # a whole two-turn episode
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3
@@ -135,6 +138,9 @@ def test_eval_with_the_vllm_backend_scores_the_same_episodes(wide_head_model_pat
     assert (out / "summary.csv").exists()
 
 
+# vLLM's output going to stderr is checked by the batch test above, and `run --json` by the served agent's run test
+# (tests/test_vllm_serve.py): this one adds only `run` with the in-process engine, for another engine start.
+@pytest.mark.slow
 def test_run_json_with_the_vllm_backend_prints_only_json_on_stdout(wide_head_model_path, tmp_path):
     with name_environment() as server:
         done = run_cli_process(
