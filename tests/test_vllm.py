@@ -91,6 +91,9 @@ def test_greedy_episodes_are_token_for_token_those_of_the_transformers_backend(
             assert abs(mine - other) < LOGPROB_GAP if mask else mine == other == 0.0
 
 
+# eval and batch build their agent through one factory (`agents.load_agent`): the batch test above covers the vLLM
+# backend token for token, and eval's methods run in CI on the other backends; this one pays another engine start.
+@pytest.mark.slow
 def test_eval_with_the_vllm_backend_scores_the_same_episodes(wide_head_model_path, tmp_path):
     """`prompt-r1 eval --agent-backend vllm` on a dataset file: the loop's method and the agent alone, greedy, give
     the answers the transformers backend gives."""
