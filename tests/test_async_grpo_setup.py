@@ -214,7 +214,8 @@ def test_the_switch_is_async_on_the_command_line_and_in_a_recipe(tmp_path, monke
         .startswith("prompt-r1: error: the async trainer does not support num_iterations")
     )
     recipe.write_text(recipe.read_text() + "async: true\n")
-    assert "the async trainer does not support num_iterations" in train()[1]
+    code, err = train()
+    assert code == 2 and "the async trainer does not support num_iterations" in err
     recipe.write_text(recipe.read_text().replace("async: true\n", "max_staleness: 1\n"))
     code, err = train()
     assert code == 2, err[-2000:]

@@ -235,8 +235,9 @@ def test_served_environment_and_guided_agent_are_token_exact_over_two_and_three_
     assert server.requests == 2 * 2 + 2 * 3
 
 
-# CI covers this path with the notes task's two steps (tests/test_notes_agent.py): the built-in model as LoRA policy
-# and as the environment served by the trainer's process, through `train`, and the same adapter checks.
+# CI covers this path with the notes task's two steps (tests/test_notes_agent.py): a built-in agent, by name, as the
+# LoRA policy, the built-in model as the environment served by the trainer's process, through `train`, and the same
+# adapter checks.
 @pytest.mark.slow
 def test_two_grpo_steps_with_lora_on_the_builtin_model_write_a_loadable_adapter(builtin_cache, tmp_path):
     """The synchronous trainer with the built-in model as its policy (LoRA) and as its environment (served by the

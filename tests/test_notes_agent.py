@@ -71,7 +71,6 @@ def test_the_shipped_agent_follows_the_protocol_on_held_out_questions(builtin_ca
 
 def test_run_takes_the_shipped_agent_by_name_offline(builtin_cache, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.setenv("PROMPT_R1_CACHE", str(builtin_cache))
     code, out, err = run_cli(
         ["run", "Who built the Varn Bridge?", "--agent-model", AGENT, "--agent-temperature", "0", "--json"]
     )
@@ -95,7 +94,7 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
     from prompt_r1.training.run import train
 
     config = grpo_config(
-        tmp_path / "run", resolve_model(AGENT), max_steps=2, per_device_train_batch_size=2, num_generations=2,
+        tmp_path / "run", AGENT, max_steps=2, per_device_train_batch_size=2, num_generations=2,
         max_turn_tokens=40, seed=5, data_seed=5,
     )  # fmt: skip
     rows = training_rows(training_questions(4, seed=5))
@@ -109,8 +108,9 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
         assert parse(asked.question)[1] in asked.sheet.names()
         assert asked.sheet in rollout.world.sheets
         assert episode.question == asked.question
-    # The run's adapter is a real one of the built-in model: the agent loader takes it as a model, and it loads
-    # onto the base model.
+    # The run's adapter is one of the notes agent (the built-in model and its shipped adapters, named above, which
+    # the trainer resolved to its folder): the agent loader takes it as a model, and it loads onto the built-in
+    # model's weights.
     adapter = tmp_path / "run"
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     model, tokenizer = load_transformers_model(str(adapter), device="cpu")

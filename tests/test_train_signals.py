@@ -47,7 +47,9 @@ def _finish(proc: subprocess.Popen, timeout: float = 300.0) -> int:
 
 
 @pytest.mark.timeout(900)
-def test_sigterm_finishes_the_step_saves_a_checkpoint_and_resume_goes_on(protocol_model_path, tmp_path):
+def test_sigterm_finishes_the_step_saves_a_checkpoint_and_resume_goes_on(
+    protocol_model_path, tmp_path, monkeypatch
+):
     log = tmp_path / "train.log"
     # 0.2 s per environment call: a step takes a second or more, so the signal lands inside one.
     with ScriptedServer({"env": lambda body: NAME_RESPONSE}, latency=0.2) as server:
@@ -69,6 +71,7 @@ def test_sigterm_finishes_the_step_saves_a_checkpoint_and_resume_goes_on(protoco
         assert not (tmp_path / "run" / "model.safetensors").exists()  # the checkpoint is the result
 
         # The resumed run in this process (the signals were the launched one's): a process start fewer.
+        monkeypatch.chdir(tmp_path)  # where the launched run ran
         code, _, err = run_cli([*command[3:], "--resume"])
     assert code == 0, err[-3000:]
     assert "trained 6 steps" in err

@@ -371,9 +371,12 @@ def test_a_run_killed_mid_step_and_resumed_pays_no_call_twice_and_ends_with_the_
             _launch([*_train_args(protocol_model_path, tmp_path, server, whole), *steps], tmp_path)
         )
         uninterrupted = _bodies(server.requests)
-    # The uninterrupted run is also the suite's DeepSpeed ZeRO-2 run of 2 processes (test_training_runs.py runs
-    # ZeRO-3): it trains its steps and moves the weights.
+    # The uninterrupted run is also the suite's ZeRO-2 training run of 2 processes without vLLM (test_training_runs.py
+    # runs ZeRO-3): it trains its steps and moves the weights.
     assert "trained 3 steps" in whole_log
+    start = load_file(protocol_model_path / "model.safetensors")
+    trained = load_file(whole / "model.safetensors")
+    assert any(not torch.equal(start[name], trained[name]) for name in start), "no parameter changed"
     reference = _ledger_rows(whole)
     assert {row[1] for row in reference} == {0, 1, 2}
     # Kill after every call of the first step and half of the second: the calls after that are held unanswered.
@@ -420,8 +423,6 @@ def test_a_run_killed_mid_step_and_resumed_pays_no_call_twice_and_ends_with_the_
     ]
     assert signals[0] == signals[1]
     before, after = load_file(whole / "model.safetensors"), load_file(broken / "model.safetensors")
-    start = load_file(protocol_model_path / "model.safetensors")
-    assert any(not torch.equal(start[name], before[name]) for name in start), "no parameter changed"
     assert before.keys() == after.keys()
     for name in before:
         assert torch.equal(before[name], after[name]), name

@@ -1,4 +1,4 @@
-"""The vLLM paths on vLLM's CPU build, in-process: the vLLM agent backend under run, batch and eval; TRL's colocated
+"""The vLLM paths on vLLM's CPU build, in-process: the vLLM agent backend under batch, eval and run (slow); TRL's colocated
 engine as the GRPO rollout policy (one process, and two DeepSpeed ZeRO-2 processes under accelerate launch) with an
 exact weight sync. `vllm serve` as a served agent and TRL's server-mode policy: tests/test_vllm_serve.py.
 
