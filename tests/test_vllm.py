@@ -1,6 +1,7 @@
-"""The vLLM paths on vLLM's CPU build, in-process: the vLLM agent backend under batch, eval and run (slow); TRL's colocated
-engine as the GRPO rollout policy (one process, and two DeepSpeed ZeRO-2 processes under accelerate launch) with an
-exact weight sync. `vllm serve` as a served agent and TRL's server-mode policy: tests/test_vllm_serve.py.
+"""The vLLM paths on vLLM's CPU build, in-process: the vLLM agent backend under batch, eval and run (slow); TRL's
+colocated engine as the GRPO rollout policy (one process, and two DeepSpeed ZeRO-2 processes under accelerate
+launch) with an exact weight sync. `vllm serve` as a served agent and TRL's server-mode policy:
+tests/test_vllm_serve.py.
 
 The tiny model has attention heads 64 wide, as vLLM's CPU attention requires (conftest's wide_head_model_path)."""
 
@@ -91,9 +92,6 @@ def test_greedy_episodes_are_token_for_token_those_of_the_transformers_backend(
             assert abs(mine - other) < LOGPROB_GAP if mask else mine == other == 0.0
 
 
-# eval and batch build their agent through one factory (`agents.load_agent`): the batch test above covers the vLLM
-# backend token for token, and eval's methods run in CI on the other backends; this one pays another engine start.
-@pytest.mark.slow
 def test_eval_with_the_vllm_backend_scores_the_same_episodes(wide_head_model_path, tmp_path):
     """`prompt-r1 eval --agent-backend vllm` on a dataset file: the loop's method and the agent alone, greedy, give
     the answers the transformers backend gives."""
