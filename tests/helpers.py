@@ -260,6 +260,25 @@ def release_name_episodes(*agents: Any) -> list[dict]:
         return [asyncio.run(graph.ainvoke({"question": NAME_QUESTION})) for graph in graphs]
 
 
+def check_builtin_adapter(adapter: Path) -> None:
+    """`adapter` is a LoRA adapter folder of the built-in model: the agent loader takes it as a model (with the
+    built-in's chat tokens), and it loads onto the built-in model's weights."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from prompt_r1.agents.builtin import resolve_model
+    from prompt_r1.agents.local import load_transformers_model
+
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    model, tokenizer = load_transformers_model(str(adapter), device="cpu")
+    assert any("lora_A" in name for name, _ in model.named_parameters())
+    assert tokenizer.eos_token == "<|im_end|>"
+    tuned = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m")), adapter
+    )
+    assert {n for n, _ in tuned.named_parameters() if "lora_" in n}
+
+
 def rows_of(path: Path) -> list[dict]:
     """The JSON rows of a JSONL file, blank lines skipped."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -243,9 +243,7 @@ def test_two_grpo_steps_with_lora_on_the_builtin_model_write_a_loadable_adapter(
     """The synchronous trainer with the built-in model as its policy (LoRA) and as its environment (served by the
     trainer's process): two real GRPO steps, an adapter that loads onto the built-in model and changes it."""
     pytest.importorskip("trl")
-    from helpers import name_rows, tiny_grpo_config
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from helpers import check_builtin_adapter, name_rows, tiny_grpo_config
 
     from prompt_r1.training.run import train
 
@@ -256,21 +254,12 @@ def test_two_grpo_steps_with_lora_on_the_builtin_model_write_a_loadable_adapter(
     )  # fmt: skip
     trainer = train(config, train_rows=name_rows(4))
     assert trainer.state.global_step == 2
-    adapter = tmp_path / "run"
-    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     # An untrained base model writes no tags in 16 tokens: every episode scores the same, the groups carry no
     # signal, and the adapter stays at its start (LoRA's B at 0). What matters here is that it is a real adapter
     # of the built-in model that the agent loader takes as a model.
     logged = [h for h in trainer.state.log_history if "reward" in h]
     assert len(logged) == 2
-    from prompt_r1.agents.local import load_transformers_model
-
-    model, tokenizer = load_transformers_model(str(adapter), device="cpu")
-    assert any("lora_A" in name for name, _ in model.named_parameters())
-    assert tokenizer.eos_token == "<|im_end|>"
-    base = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"))
-    tuned = PeftModel.from_pretrained(base, adapter)
-    assert {n for n, _ in tuned.named_parameters() if "lora_" in n}
+    check_builtin_adapter(tmp_path / "run")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import asyncio
 import json
 
 import pytest
-from helpers import run_cli
+from helpers import check_builtin_adapter, run_cli
 
 from prompt_r1.agents.builtin import MANIFEST, ModelNameError, check_builtin, resolve_model
 from prompt_r1.agents.trained import TRAINED_AGENTS, adapter_folders
@@ -85,10 +85,6 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
     environment with each step's notes; the step's gold answers are its sheets', and the task's figures are
     logged."""
     pytest.importorskip("trl")
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from prompt_r1.agents.local import load_transformers_model
     from prompt_r1.tasks.notes import parse, training_questions
     from prompt_r1.tasks.notes_training import grpo_config, notes_trainer, training_rows
     from prompt_r1.training.run import train
@@ -111,15 +107,7 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
     # The run's adapter is one of the notes agent (the built-in model and its shipped adapters, named above, which
     # the trainer resolved to its folder): the agent loader takes it as a model, and it loads onto the built-in
     # model's weights.
-    adapter = tmp_path / "run"
-    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
-    model, tokenizer = load_transformers_model(str(adapter), device="cpu")
-    assert any("lora_A" in name for name, _ in model.named_parameters())
-    assert tokenizer.eos_token == "<|im_end|>"
-    tuned = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m")), adapter
-    )
-    assert {n for n, _ in tuned.named_parameters() if "lora_" in n}
+    check_builtin_adapter(tmp_path / "run")
 
 
 @pytest.mark.slow  # CI trains the task above; this runs it twice (about 3 minutes on 2 cores)

@@ -422,10 +422,10 @@ def test_a_run_killed_mid_step_and_resumed_pays_no_call_twice_and_ends_with_the_
         [(row["step"], row["reward"], row["loss"]) for row in _logged(out, 3)] for out in (whole, broken)
     ]
     assert signals[0] == signals[1]
-    before, after = load_file(whole / "model.safetensors"), load_file(broken / "model.safetensors")
-    assert before.keys() == after.keys()
-    for name in before:
-        assert torch.equal(before[name], after[name]), name
+    after = load_file(broken / "model.safetensors")
+    assert trained.keys() == after.keys()
+    for name in trained:
+        assert torch.equal(trained[name], after[name]), name
 
 
 def test_the_step_line_ends_with_the_steps_cost_and_the_total():
