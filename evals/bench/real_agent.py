@@ -10,11 +10,12 @@ then `--steps` GRPO steps (prompt_r1.tasks.notes_training; a line per step), the
 OUT/seed-S/. `--async`: the GRPO steps with the asynchronous trainer instead (prompt_r1.tasks.notes_async: a
 sheet per group of episodes, the policy served by a vLLM server of its own; the `vllm` extra), under
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
-demonstrations: `--ask-again` (the share that asks again after a builder reply) and `--kind-thoughts` (thoughts
+demonstrations: `--ask-again` (the share that asks again after a builder reply), `--kind-thoughts` (thoughts
 that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`; with `--eval-only`, the
-cap the shipped agent was trained with); `--generations` sets the samples per question in a step (a GRPO group;
+cap the shipped agent was trained with) and `--served-replies` (the built-in environment's replies in them, on
+training-pool sheets, in place of scripted ones); `--generations` sets the samples per question in a step (a GRPO group;
 the step keeps its 16 episodes). With `--eval-only`, the settings of training (`--seed0 --seeds --steps
---cold-steps --ask-again --kind-thoughts --generations --async`) are refused. Then one table on `--questions`
+--cold-steps --ask-again --kind-thoughts --served-replies --generations --async`) are refused. Then one table on `--questions`
 held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and
 GEPA (their search budget in metric calls: as many as the episodes one seed trained on, with `--eval-only` the
 shipped agent's, read from its adapter's record; `--search-budget`), each seed's cold-started and trained agent,
@@ -74,7 +75,7 @@ TRAINING = {
     "--seed0": ("seed0", None), "--seeds": ("seeds", SEEDS), "--steps": ("steps", STEPS),
     "--cold-steps": ("cold_steps", COLD_STEPS), "--ask-again": ("ask_again", ASK_AGAIN),
     "--kind-thoughts": ("kind_thoughts", False), "--generations": ("generations", GENERATIONS),
-    "--async": ("async_grpo", False),
+    "--async": ("async_grpo", False), "--served-replies": ("served_replies", False),
 }  # fmt: skip
 
 
@@ -91,11 +92,18 @@ def cold_start_once(seed: int, args: argparse.Namespace, cold: Path) -> dict:
     # Written last: a finished cold start of these settings, reused by a rerun with the same ones.
     marker = cold / "cold_start.json"
     made = json.loads(marker.read_text()) if marker.is_file() else {}
-    recipe = {"steps": args.cold_steps, "ask_again": args.ask_again, "kinds": args.kind_thoughts}
+    replies = "served" if args.served_replies else "scripted"
+    recipe = {
+        "steps": args.cold_steps,
+        "ask_again": args.ask_again,
+        "kinds": args.kind_thoughts,
+        "replies": replies,
+    }
     if {k: made.get(k) for k in recipe} != recipe:
         marker.unlink(missing_ok=True)  # a redo cut short leaves no marker of the settings it replaced
         notes_agent.cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again,
-                               kinds=args.kind_thoughts, say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
+                               kinds=args.kind_thoughts, replies=replies,
+                               say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
         made = {**recipe, "seconds": time.monotonic() - started}
         marker.write_text(json.dumps(made) + "\n")
     return made
@@ -263,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kind-thoughts", action="store_true", default=None,
         help="the cold start's thoughts name what the question asks for (prompt_r1.tasks.notes_agent)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--served-replies", action="store_true", default=None,
+        help="the cold start's demonstrations carry the served environment's replies, not scripted ones",
     )  # fmt: skip
     parser.add_argument(
         "--turn-tokens", type=int,

@@ -51,6 +51,7 @@ __all__ = [
     "Sheet",
     "calls_of",
     "draw_sheets",
+    "mentions",
     "parse",
     "training_questions",
     "notes_system_prompt",
@@ -235,7 +236,8 @@ def _shares_a_word(names: Sequence[str], others: Sequence[str]) -> bool:
     return not words(names).isdisjoint(words(others))
 
 
-def _mentions(text: str, name: str) -> bool:
+def mentions(text: str, name: str) -> bool:
+    """Whether `text` names `name` (as whole words, in any case)."""
     return re.search(rf"\b{re.escape(name.lower())}\b", text.lower()) is not None
 
 
@@ -289,7 +291,7 @@ class NotesWorld:
             return EMPTY
         for text in reversed(prompts):
             for sheet in self.sheets:
-                if any(_mentions(text, name) for name in sheet.names()):
+                if any(mentions(text, name) for name in sheet.names()):
                     return sheet
         return EMPTY
 

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.tasks.notes import KINDS, draw_sheets, question_about
+from prompt_r1.tasks.notes import KINDS, Sheet, draw_sheets, mentions, notes_system_prompt, question_about
 
 __all__ = [
     "ADAPTER_RECORD",
@@ -49,6 +51,8 @@ __all__ = [
     "demonstrations",
     "reply_forms",
     "save_adapter",
+    "served_demonstrations",
+    "served_replies",
 ]
 
 ASK = "<think>{thought}</think>\n<interaction_prompt>{prompt}</interaction_prompt>"
@@ -63,6 +67,9 @@ BASE = "smollm2-135m"
 ADAPTER_RECORD = "prompt-r1-adapter.json"  # beside an adapter: how it was made (stage, seed, steps)
 ASK_AGAIN = 0.7  # after a builder reply, the share of demonstrations that ask again (module docstring)
 COLD_STEPS = 16  # the cold start's fine-tuning steps
+REPLIES = ("scripted", "served")  # where the demonstrations' environment replies come from
+# One environment request: the sheet its notes hold, the earlier (prompt, reply) pairs, the prompt.
+Request = tuple[Sheet, Sequence[tuple[str, str]], str]
 
 
 def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[str, str]]:
@@ -84,6 +91,17 @@ def _after_reply(gave: str, name: str, asks: str | None) -> str:
     """The thought after a reply: the name it gave and, with kind thoughts (`asks`), what it gave and what the
     question asks for."""
     return f"The reply names the {gave}, {name}. {asks}" if asks else f"The reply names {name}."
+
+
+def _asks_for(kind: str, kinds: bool) -> str | None:
+    """The kind thought that names what the question asks for (None without kind thoughts)."""
+    return f"The question asks for the {'builder' if kind == 'builder' else 'birthplace'}." if kinds else None
+
+
+def _first_turn(asks: str | None, prompt: str) -> str:
+    return ASK.format(
+        thought=f"{asks} I ask the large model." if asks else "I ask the large model.", prompt=prompt
+    )
 
 
 def demonstrations(
@@ -109,13 +127,8 @@ def demonstrations(
         reply, name = rng.choice(
             reply_forms("builder" if named_builder else "birthplace", thing, person, place)
         )
-        asks = (
-            f"The question asks for the {'builder' if kind == 'builder' else 'birthplace'}."
-            if kinds
-            else None
-        )
-        script = [ASK.format(thought=f"{asks} I ask the large model." if asks else "I ask the large model.",
-                             prompt=prompt), reply]  # fmt: skip
+        asks = _asks_for(kind, kinds)
+        script = [_first_turn(asks, prompt), reply]
         gave = "builder" if named_builder else "birthplace"
         if named_builder and rng.random() < ask_again:  # ask again, about the person the reply named
             script.append(
@@ -129,6 +142,110 @@ def demonstrations(
     return episodes
 
 
+def served_demonstrations(
+    n: int,
+    seed: int,
+    replies: Callable[[list[Request]], list[str]],
+    *,
+    ask_again: float = ASK_AGAIN,
+    kinds: bool = False,
+    rounds: int = 8,
+) -> list[tuple[str, list[str]]]:
+    """`n` episodes as `demonstrations` writes them, but with the environment's own replies (`replies`: the
+    requests' reply texts, in order; `served_replies` asks the built-in environment), so that the choice after a
+    reply is taught on replies as the agent will read them, not on a script's few forms.
+
+    A reply counts by the fact it names: a 1-call question's reply must name its answer, a 2-call question's first
+    reply the builder (or the birthplace itself: then the episode answers), a second call's reply the birthplace.
+    An episode with a reply that names none of these is dropped, and another of its kind drawn (in at most
+    `rounds` rounds), so the kinds keep the shares they are drawn with (a third each) however often the
+    environment misses one. The second call is asked after every reply that names a builder, and the choice
+    (`ask_again`) drawn only among the episodes whose second reply counts, so that dropping a wrong second reply
+    leaves the share as it is."""
+    rng = random.Random(seed)
+    wanted = [rng.choice(KINDS) for _ in range(n)]
+    kept: dict[str, list[tuple[str, list[str]]]] = {kind: [] for kind in KINDS}
+    for _ in range(rounds):
+        missing = {kind: wanted.count(kind) - len(kept[kind]) for kind in KINDS}
+        if not any(count > 0 for count in missing.values()):
+            break
+        plans = []
+        for kind, count in missing.items():
+            for _ in range(2 * count):  # about half the 2-call episodes miss (docs/benchmarks.md)
+                sheet = draw_sheets(1, rng, "train")[0]
+                i = rng.randrange(len(sheet.things))
+                asked = question_about(kind, sheet, i)
+                first_half = kind == "builder_birthplace" and rng.random() < 0.5
+                prompt = f"Who built the {sheet.things[i]}?" if first_half else asked.question
+                plans.append((asked, i, prompt, rng.random()))  # the choice's draw, made whatever the replies
+        first = replies([(asked.sheet, [], prompt) for asked, _, prompt, _ in plans])
+        again = {}
+        for j, ((asked, i, prompt, _), reply) in enumerate(zip(plans, first, strict=True)):
+            person, place = asked.sheet.people[i], asked.sheet.places[i]
+            if asked.kind != "birthplace" and mentions(reply, person) and not mentions(reply, place):
+                again[j] = (asked.sheet, [(prompt, reply)], f"Where was {person} born?")
+        second = dict(zip(again, replies(list(again.values())), strict=True))
+        for j, ((asked, i, prompt, draw), reply) in enumerate(zip(plans, first, strict=True)):
+            person, place = asked.sheet.people[i], asked.sheet.places[i]
+            asks = _asks_for(asked.kind, kinds)
+            script = [_first_turn(asks, prompt), reply]
+            if j in again:
+                if not mentions(second[j], place):
+                    continue
+                if draw < ask_again:  # ask again, about the person the reply named
+                    turn = ASK.format(thought=_after_reply("builder", person, asks), prompt=again[j][2])
+                    script += [turn, second[j]]
+                    gave, name = "birthplace", place
+                else:
+                    gave, name = "builder", person
+            elif mentions(reply, asked.answer):
+                gave, name = "birthplace" if asked.answer == place else "builder", asked.answer
+            else:
+                continue
+            script.append(ANSWER.format(thought=_after_reply(gave, name, asks), answer=name))
+            kept[asked.kind].append((asked.question, script))
+    short = {
+        kind: wanted.count(kind) - len(kept[kind]) for kind in KINDS if len(kept[kind]) < wanted.count(kind)
+    }
+    if short:
+        raise RuntimeError(
+            f"the environment's replies named the fact asked for too seldom: {short} episodes still missing after "
+            f"{rounds} rounds (is the environment the notes task's, answering from the notes?)"
+        )
+    taken = dict.fromkeys(KINDS, 0)
+    episodes = []
+    for kind in wanted:
+        episodes.append(kept[kind][taken[kind]])
+        taken[kind] += 1
+    return episodes
+
+
+@contextmanager
+def served_replies(*, seed: int = 0, max_tokens: int = 32) -> Iterator[Callable[[list[Request]], list[str]]]:
+    """While the block runs, a function that asks the built-in environment (`BASE`, served on 127.0.0.1, greedy,
+    `max_tokens` a reply, as the notes task's training serves it) each request with its sheet's notes, and returns
+    the reply texts in order."""
+    import asyncio
+
+    from prompt_r1.agents.model_server import model_server_in_thread
+    from prompt_r1.clients.environment import EnvironmentClient
+    from prompt_r1.core.config import EnvironmentConfig
+
+    with model_server_in_thread(BASE, seed=seed) as server:
+        config = EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=max_tokens,
+                                   temperature=0.0, max_in_flight=256)  # fmt: skip
+
+        async def ask(requests: list[Request]) -> list[str]:
+            client = EnvironmentClient(config, api_key="none")
+            replies = await asyncio.gather(
+                *(client.respond(prompt, history, system_prompt=notes_system_prompt(sheet))
+                  for sheet, history, prompt in requests)
+            )  # fmt: skip
+            return [reply.text for reply in replies]
+
+        yield lambda requests: asyncio.run(ask(requests)) if requests else []
+
+
 def cold_start(
     out: str | Path,
     *,
@@ -140,12 +257,14 @@ def cold_start(
     lr: float = 2e-3,
     ask_again: float = ASK_AGAIN,
     kinds: bool = False,
+    replies: str = "scripted",
     base: str = BASE,
     say: Any = None,
 ) -> Path:
     """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` (of `ask_again` and `kinds`) for `steps` steps;
     save the adapter to OUT/adapter and the merged model (the trainer's starting point) to OUT/model. Returns
-    OUT/model.
+    OUT/model. `replies`: "served" writes the demonstrations with the built-in environment's replies
+    (`served_demonstrations`), "scripted" with the script's (`demonstrations`).
 
     Each step's `batch_size` rows run `micro_batch` at a time, their gradients summed and divided by the whole
     batch's target tokens: the step the whole batch would take, while only a micro-batch's activations and
@@ -160,12 +279,21 @@ def cold_start(
 
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
+    if replies not in REPLIES:
+        raise ValueError(f"replies must be one of {', '.join(REPLIES)}, got {replies!r}")
+    if (
+        replies == "served"
+    ):  # before the model to train is loaded: the environment is served from this process
+        with served_replies(seed=seed) as ask:
+            scripts = served_demonstrations(episodes, seed, ask, ask_again=ask_again, kinds=kinds)
+    else:
+        scripts = demonstrations(episodes, seed, ask_again=ask_again, kinds=kinds)
     out = Path(out)
     folder = resolve_model(base)
     tok = AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(seed)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(**LORA))
-    rows = episode_rows(tok, demonstrations(episodes, seed, ask_again=ask_again, kinds=kinds))
+    rows = episode_rows(tok, scripts)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     order = torch.Generator().manual_seed(seed)
     model.train()
@@ -191,7 +319,8 @@ def cold_start(
             group["lr"] = lr * (1 - (step + 1) / steps)
         if say is not None:
             say(f"cold start: step {step + 1}/{steps}, loss {loss:.3f}")
-    save_adapter(model, out / "adapter", {"stage": "cold start", "seed": seed, "steps": steps})
+    facts = {"stage": "cold start", "seed": seed, "steps": steps}
+    save_adapter(model, out / "adapter", facts if replies == "scripted" else {**facts, "replies": replies})
     merged = model.merge_and_unload()
     merged.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
