@@ -129,3 +129,50 @@ def test_the_same_seed_gives_the_same_step_lines(builtin_cache, tmp_path):
 
     first = run("a")
     assert len(first) == 2 and first == run("b")
+
+
+def test_served_demonstrations_carry_the_environments_own_replies_and_copy_the_fact_they_name(builtin_cache):
+    """The cold start's demonstrations with the served built-in environment's replies (training-pool sheets): every
+    reply in them is one the environment gave to that prompt with that history, every answer is the name the last
+    reply gave, the question kinds keep their drawn shares whatever the environment misses, and no evaluation name
+    appears."""
+    import random
+    import re
+
+    from prompt_r1.tasks.notes import KINDS, POOLS, parse
+    from prompt_r1.tasks.notes_agent import served_demonstrations, served_replies
+
+    given = {}
+    with served_replies(seed=0) as ask:
+
+        def recorded(requests):
+            texts = ask(requests)
+            given.update({(sheet, tuple(history), prompt): text for (sheet, history, prompt), text
+                          in zip(requests, texts, strict=True)})  # fmt: skip
+            return texts
+
+        episodes = served_demonstrations(8, 3, recorded, ask_again=0.5, kinds=True)
+    drawn = random.Random(3)
+    assert [parse(q)[0] for q, _ in episodes] == [drawn.choice(KINDS) for _ in range(8)]
+    replied = {(history, prompt): text for (_, history, prompt), text in given.items()}
+    for question, script in episodes:
+        prompts = [
+            re.search(r"<interaction_prompt>(.*)</interaction_prompt>", t).group(1) for t in script[:-1:2]
+        ]
+        history: tuple = ()
+        for prompt, reply in zip(prompts, script[1::2], strict=True):
+            assert replied[(history, prompt)] == reply  # the environment's own text, not a script's
+            history += ((prompt, reply),)
+        answer = re.search(r"<answer>(.*)</answer>", script[-1]).group(1)
+        assert answer.lower() in script[-2].lower(), (question, script)
+        words = set(re.findall(r"[A-Z][a-z]+", question + " ".join(script)))
+        evaluation = {w for key in ("first", "last", "places", "prefixes") for n in POOLS["eval"][key]
+                      for w in n.split()}  # fmt: skip
+        assert not words & evaluation
+
+
+def test_served_demonstrations_refuse_an_environment_that_never_names_the_fact():
+    from prompt_r1.tasks.notes_agent import served_demonstrations
+
+    with pytest.raises(RuntimeError, match="named the fact asked for too seldom: .* after 2 rounds"):
+        served_demonstrations(4, 0, lambda requests: ["I cannot say."] * len(requests), rounds=2)

@@ -27,6 +27,12 @@ every turn, and after a reply what it gave ("The reply names the builder, Tovi L
 whichever way the choice then goes: the choice stays independent of the question, but it follows a word that
 names the right one, which is what GRPO has to tie it to.
 
+`replies="served"` (`served_demonstrations`) writes the same episodes with the replies the built-in environment
+itself gives (served on 127.0.0.1 from the cold start's process, greedy, training-pool sheets), in place of the
+script's few forms: the agent then learns the choice after a reply on replies as it will read them in training
+and evaluation. An episode whose reply misses the fact is dropped and another of its kind drawn, and the choice is
+drawn among the episodes where both continuations hold, so the kinds and `ask_again` keep their shares.
+
 The adapters (`save_adapter`) are saved in float16 with the base named `smollm2-135m`, so a trained agent is a
 few MB and portable (`prompt_r1.agents.builtin` merges them into a folder of their own when first used).
 """
@@ -232,8 +238,10 @@ def served_replies(*, seed: int = 0, max_tokens: int = 32) -> Iterator[Callable[
     from prompt_r1.core.config import EnvironmentConfig
 
     with model_server_in_thread(BASE, seed=seed) as server:
+        # Hundreds of requests at once: 64 in flight (the server batches them), each allowed the time a queue of
+        # batches takes on 2 cores.
         config = EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=max_tokens,
-                                   temperature=0.0, max_in_flight=256)  # fmt: skip
+                                   temperature=0.0, max_in_flight=64, timeout=600.0)  # fmt: skip
 
         async def ask(requests: list[Request]) -> list[str]:
             client = EnvironmentClient(config, api_key="none")
