@@ -362,3 +362,33 @@ def test_the_notes_task_takes_groups_of_8_in_a_step_of_16(tmp_path):
     config = grpo_config(tmp_path, "smollm2-135m", num_generations=8, per_device_train_batch_size=4,
                          gradient_accumulation_steps=4, seed=1)  # fmt: skip
     assert (config.num_generations, config.generation_batch_size) == (8, 16)
+
+
+def test_served_demonstrations_keep_the_kinds_and_the_choices_share_when_replies_miss():
+    """Replies written here from each request's sheet, every other person's birthplace missed on a second call:
+    the episodes keep the kinds as drawn and ask again after `ask_again` of the builder replies, for both kinds of
+    question that get one (dropping only the missed ask-again episodes would leave a third, not a half)."""
+    from prompt_r1.tasks.notes import KINDS
+    from prompt_r1.tasks.notes_agent import served_demonstrations
+
+    def replies(requests):
+        out = []
+        for sheet, history, prompt in requests:
+            if prompt.startswith(("Who built", "Where was the builder")):
+                i = next(i for i, thing in enumerate(sheet.things) if thing in prompt)
+                out.append(f"The {sheet.things[i]} was built by {sheet.people[i]}.")
+            else:
+                i = next(i for i, person in enumerate(sheet.people) if person in prompt)
+                missed = history and len(sheet.people[i]) % 2 == 0
+                out.append("I cannot say." if missed else f"{sheet.people[i]} was born in {sheet.places[i]}.")
+        return out
+
+    episodes = served_demonstrations(600, 4, replies, ask_again=0.5)
+    drawn = random.Random(4)
+    assert [parse(q)[0] for q, _ in episodes] == [drawn.choice(KINDS) for _ in range(600)]
+    shares = {}
+    for kind in ("builder", "builder_birthplace"):
+        scripts = [script for q, script in episodes if parse(q)[0] == kind]
+        shares[kind] = sum(len(script) == 5 for script in scripts) / len(scripts)
+    assert all(abs(share - 0.5) < 0.08 for share in shares.values()), shares
+    assert all("I cannot say." not in script for _, script in episodes)
