@@ -289,9 +289,8 @@ def cold_start(
         raise ValueError(f"micro_batch must be at least 1, got {micro_batch}")
     if replies not in REPLIES:
         raise ValueError(f"replies must be one of {', '.join(REPLIES)}, got {replies!r}")
-    if (
-        replies == "served"
-    ):  # before the model to train is loaded: the environment is served from this process
+    # Served replies are written before the model to train is loaded: the environment is served from this process.
+    if replies == "served":
         with served_replies(seed=seed) as ask:
             scripts = served_demonstrations(episodes, seed, ask, ask_again=ask_again, kinds=kinds)
     else:
