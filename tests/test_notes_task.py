@@ -236,6 +236,7 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
      (["--cold-steps", "0"], "--cold-steps must be at least 1, got 0"),
      (["--eval-only", "--kind-thoughts", "--ask-again", "0.5"],
       "--ask-again, --kind-thoughts: settings of training, which --eval-only does not do"),
+     (["--eval-only", "--served-replies"], "--served-replies: settings of training, which --eval-only does not do"),
      (["--eval-only", "--generations", "8", "--async"],
       "--generations, --async: settings of training, which --eval-only does not do"),
      (["--eval-only", "--seed0", "3", "--steps", "4"],
@@ -344,6 +345,10 @@ def test_a_seeds_cold_start_is_reused_for_the_same_settings_and_redone_for_other
     assert ran == [(3, 16, 0.7, False, "scripted")]
     assert json.loads(marker.read_text()) == made and made["steps"] == 16 and made["seconds"] >= 0
     assert bench.cold_start_once(3, argparse.Namespace(**settings), cold) == made  # reused
+    assert len(ran) == 1
+    older = {k: v for k, v in made.items() if k != "replies"}  # written before the setting existed: scripted
+    marker.write_text(json.dumps(older))
+    bench.cold_start_once(3, argparse.Namespace(**settings), cold)
     assert len(ran) == 1
     for change in ({"ask_again": 0.5}, {"kind_thoughts": True}, {"cold_steps": 8}, {"served_replies": True}):
         redone = bench.cold_start_once(3, argparse.Namespace(**{**settings, **change}), cold)

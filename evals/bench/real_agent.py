@@ -99,6 +99,7 @@ def cold_start_once(seed: int, args: argparse.Namespace, cold: Path) -> dict:
         "kinds": args.kind_thoughts,
         "replies": replies,
     }
+    made.setdefault("replies", "scripted")  # a marker from before the setting existed: scripted replies
     if {k: made.get(k) for k in recipe} != recipe:
         marker.unlink(missing_ok=True)  # a redo cut short leaves no marker of the settings it replaced
         notes_agent.cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again,

@@ -165,9 +165,11 @@ def served_demonstrations(
     reply the builder (or the birthplace itself: then the episode answers), a second call's reply the birthplace.
     An episode with a reply that names none of these is dropped, and another of its kind drawn (in at most
     `rounds` rounds), so the kinds keep the shares they are drawn with (a third each) however often the
-    environment misses one. The second call is asked after every reply that names a builder, and the choice
-    (`ask_again`) drawn only among the episodes whose second reply counts, so that dropping a wrong second reply
-    leaves the share as it is."""
+    environment misses one. The second call is asked after every reply that names the builder and not the
+    birthplace (one naming both is answered), and the choice (`ask_again`) drawn only among the episodes whose
+    second reply counts, so that dropping a wrong second reply leaves the share as it is. Within the 2-call kind
+    the kept episodes lean to those whose first call asked for the builder alone, which the environment answers
+    more often than the whole question (20 and 16 of 24)."""
     rng = random.Random(seed)
     wanted = [rng.choice(KINDS) for _ in range(n)]
     kept: dict[str, list[tuple[str, list[str]]]] = {kind: [] for kind in KINDS}
