@@ -279,6 +279,13 @@ def check_builtin_adapter(adapter: Path) -> None:
     assert {n for n, _ in tuned.named_parameters() if "lora_" in n}
 
 
+def pool_words(pool: str) -> set[str]:
+    """Every word of the notes task's name pool `pool` (prompt_r1.tasks.notes.POOLS: train or eval)."""
+    from prompt_r1.tasks.notes import POOLS
+
+    return {w for words in POOLS[pool].values() for w in words}
+
+
 def rows_of(path: Path) -> list[dict]:
     """The JSON rows of a JSONL file, blank lines skipped."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

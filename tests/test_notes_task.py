@@ -10,6 +10,7 @@ import random
 import re
 
 import pytest
+from helpers import pool_words
 
 from prompt_r1.tasks.notes import (
     EMPTY,
@@ -29,13 +30,9 @@ from prompt_r1.tasks.notes import (
 )
 
 
-def _words(pool: str) -> set[str]:
-    return {w for words in POOLS[pool].values() for w in words}
-
-
 def test_the_training_and_evaluation_pools_share_no_word():
-    assert _words("train") and _words("eval")
-    assert _words("train").isdisjoint(_words("eval"))
+    assert pool_words("train") and pool_words("eval")
+    assert pool_words("train").isdisjoint(pool_words("eval"))
 
 
 def test_sheets_in_play_share_no_name_and_no_sheet_repeats_a_word():
@@ -133,8 +130,8 @@ def test_cold_start_demonstrations_hold_no_evaluation_name_and_teach_no_choice()
     episodes = demonstrations(400, seed=0)
     text = " ".join(q + " " + " ".join(script) for q, script in episodes)
     found = set(re.findall(r"[A-Z][a-z]+", text))
-    assert found & _words("train")
-    assert not found & _words("eval"), found & _words("eval")
+    assert found & pool_words("train")
+    assert not found & pool_words("eval"), found & pool_words("eval")
     # After a builder reply the demonstrations ask again equally often whatever the question (ASK_AGAIN).
     shares = {}
     for kind in ("Who built", "Where was the builder"):

@@ -173,12 +173,19 @@ def served_demonstrations(
     rng = random.Random(seed)
     wanted = [rng.choice(KINDS) for _ in range(n)]
     kept: dict[str, list[tuple[str, list[str]]]] = {kind: [] for kind in KINDS}
+
+    def missing() -> dict[str, int]:
+        return {
+            kind: wanted.count(kind) - len(kept[kind])
+            for kind in KINDS
+            if len(kept[kind]) < wanted.count(kind)
+        }
+
     for _ in range(rounds):
-        missing = {kind: wanted.count(kind) - len(kept[kind]) for kind in KINDS}
-        if not any(count > 0 for count in missing.values()):
+        if not missing():
             break
         plans = []
-        for kind, count in missing.items():
+        for kind, count in missing().items():
             for _ in range(2 * count):  # about half the 2-call episodes miss (docs/benchmarks.md)
                 sheet = draw_sheets(1, rng, "train")[0]
                 i = rng.randrange(len(sheet.things))
@@ -212,20 +219,13 @@ def served_demonstrations(
                 continue
             script.append(ANSWER.format(thought=_after_reply(gave, name, asks), answer=name))
             kept[asked.kind].append((asked.question, script))
-    short = {
-        kind: wanted.count(kind) - len(kept[kind]) for kind in KINDS if len(kept[kind]) < wanted.count(kind)
-    }
-    if short:
+    if missing():
         raise RuntimeError(
-            f"the environment's replies named the fact asked for too seldom: {short} episodes still missing after "
-            f"{rounds} rounds (is the environment the notes task's, answering from the notes?)"
+            f"the environment's replies named the fact asked for too seldom: {missing()} episodes still missing "
+            f"after {rounds} rounds (is the environment the notes task's, answering from the notes?)"
         )
-    taken = dict.fromkeys(KINDS, 0)
-    episodes = []
-    for kind in wanted:
-        episodes.append(kept[kind][taken[kind]])
-        taken[kind] += 1
-    return episodes
+    by_kind = {kind: iter(episodes) for kind, episodes in kept.items()}
+    return [next(by_kind[kind]) for kind in wanted]
 
 
 @contextmanager
