@@ -71,6 +71,7 @@ def _two_turn(args, cuda: bool) -> dict:
         env_max_in_flight=256,
         env_rate_limit=100_000,
         max_turns=2,
+        agent_compile_decode=args.compile_decode,
         max_turn_tokens=args.turn_tokens,
         max_total_tokens=4 * args.turn_tokens + 64,
         reward_preset="reference",
@@ -115,6 +116,7 @@ def _peak_memory_callback():
 def worker(args) -> None:
     """One trainer under `accelerate launch`; the main process writes its figures to args.result."""
     import torch
+    from torch._dynamo.utils import counters
 
     cuda = torch.cuda.is_available()
     out = Path(args.result).parent / f"run-{args.worker}"
@@ -212,6 +214,8 @@ def worker(args) -> None:
         "params": sum(p.numel() for p in trainer.model.parameters()),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "processes": trainer.accelerator.num_processes,
+        # Graphs torch.compile made in this run: the policy's compiled decoding step (AgentConfig.compile_decode).
+        "compiled_graphs": counters["stats"]["unique_graphs"],
     }
     Path(args.result).write_text(json.dumps(result))
 
@@ -241,6 +245,10 @@ def plan(args) -> list[str]:
     ]
     if not args.skip_eager:
         lines.append(f"sync two-turn, batch_wait 0, env {args.latency:.1f} s: {zero}")
+    if args.eager_decode:
+        lines.append(
+            f"sync two-turn, decoding not compiled (compile_decode off), env {args.latency:.1f} s: {zero}"
+        )
     if args.vllm:
         lines.append(f"sync two-turn, vLLM colocate, env {args.latency:.1f} s: {zero}")
     if args.async_grpo:
@@ -274,8 +282,9 @@ def _launch(
     tokens: int = 0,
     batch_wait: float = 0.5,
     vllm: bool = False,
+    compile_decode: str = "auto",
 ) -> dict:
-    result = tmp / f"{mode}-{batch_wait}-{'vllm' if vllm else 'generate'}.json"
+    result = tmp / f"{mode}-{batch_wait}-{'vllm' if vllm else 'generate'}-{compile_decode}.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     import torch
@@ -289,7 +298,7 @@ def _launch(
         __file__, "--worker", mode, "--model", str(model), "--base-url", base_url,
         "--result", str(result), "--steps", str(args.steps), "--batch", str(args.batch),
         "--turn-tokens", str(args.turn_tokens), "--tokens", str(tokens), "--batch-wait", str(batch_wait),
-        *(["--vllm"] if vllm else []),
+        "--compile-decode", compile_decode, *(["--vllm"] if vllm else []),
     ]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(command, env=env, check=True)
@@ -402,6 +411,12 @@ def main() -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--batch-wait", type=float, default=0.5, help=argparse.SUPPRESS)
+    parser.add_argument("--compile-decode", default="auto", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--eager-decode",
+        action="store_true",
+        help="add the two-turn run with the policy's decoding not compiled (compile_decode off)",
+    )
     parser.add_argument(
         "--vllm", action="store_true", help="also run both trainers with TRL's colocated vLLM"
     )
@@ -452,6 +467,11 @@ def main() -> int:
                 if args.skip_eager
                 else _launch(args, "multi", model, server.base_url, tmp, batch_wait=0.0)
             )
+            plain = (
+                _launch(args, "multi", model, server.base_url, tmp, compile_decode="off")
+                if args.eager_decode
+                else None
+            )
             multi_vllm = _launch(args, "multi", model, server.base_url, tmp, vllm=True) if args.vllm else None
         runs = _async_rows(args, model, tmp) if args.async_grpo else {}
         tokens = max(1, round(multi["agent_tokens"]))
@@ -473,6 +493,8 @@ def main() -> int:
     ]
     if eager is not None:
         rows.append(("  the same, batcher not waiting for the environment (batch_wait 0)", eager, single))
+    if plain is not None:
+        rows.append(("  the same, decoding not compiled (compile_decode off)", plain, single))
     if args.vllm:
         rows += [
             (f"TRL single-turn GRPO, vLLM colocate, {tokens} tokens", single_vllm, single_vllm),
@@ -495,6 +517,10 @@ def main() -> int:
         f"Prompt-R1 episodes: {multi['turns']:.2f} turns, {multi['generate_calls']:.2f} policy generate calls per "
         f"step, {multi['answered']:.0%} answered, mean reward "
         f"{multi['reward']:.3f}; agent tokens per episode {multi['agent_tokens']:.1f}"
+    )
+    print(
+        f"policy decoding: {'compiled' if multi['compiled_graphs'] else 'eager'} "
+        f"({multi['compiled_graphs']} graph(s) compiled in the run)"
     )
     parts = multi.get("times") or {}
     if "rollout" in parts:
@@ -538,6 +564,8 @@ def main() -> int:
     print(f"step times (s): multi {[round(t, 3) for t in multi['step_times']]}")
     if eager is not None:
         print(f"                eager {[round(t, 3) for t in eager['step_times']]}")
+    if plain is not None:
+        print(f"        not compiled {[round(t, 3) for t in plain['step_times']]}")
     print(f"               single {[round(t, 3) for t in single['step_times']]}")
     return 0
 

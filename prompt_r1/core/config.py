@@ -215,11 +215,19 @@ class AgentConfig:
         "is vLLM and a tokenizer is found), on (required), off (chat messages).",
         default="auto",
     )
+    compile_decode: str = _help(
+        "Decode a local agent with a static key/value cache and a compiled step (torch.compile, CUDA graphs): on, "
+        "off, or auto (on for a CUDA model whose weights DeepSpeed ZeRO-3 does not partition). The first calls "
+        "compile (tens of seconds), which pays off over many batches (training: its default is auto).",
+        default="off",
+    )
 
     def __post_init__(self) -> None:
         _check_types(self)
         if self.token_exact not in {"auto", "on", "off"}:
             raise ConfigError(f"agent token_exact must be auto, on or off, got {self.token_exact!r}")
+        if self.compile_decode not in {"auto", "on", "off"}:
+            raise ConfigError(f"agent compile_decode must be auto, on or off, got {self.compile_decode!r}")
         if self.backend not in {"auto", "served", "transformers", "vllm"}:
             raise ConfigError(
                 f"agent backend must be auto, served, transformers or vllm, got {self.backend!r}"

@@ -26,7 +26,13 @@ from prompt_r1.agents.batching import BatchingBackend, PendingRequest, derive_se
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 
-__all__ = ["VLLMColocatePolicy", "VLLMServerPolicy", "on_trainer_thread", "trainer_policy"]
+__all__ = [
+    "VLLMColocatePolicy",
+    "VLLMServerPolicy",
+    "drop_orphan_input_grad_hooks",
+    "on_trainer_thread",
+    "trainer_policy",
+]
 
 
 def _sampling(args: Any) -> dict[str, Any]:
@@ -192,6 +198,23 @@ def on_trainer_thread(trainer: Any, agent: BatchingBackend) -> BatchingBackend:
     return agent
 
 
+def drop_orphan_input_grad_hooks(model: Any) -> int:
+    """Remove the input-embedding hooks that transformers' `gradient_checkpointing_enable` left behind; returns how
+    many. Unwrapping for generation turns gradient checkpointing off and on again around every rollout, and each
+    `enable` adds a forward hook on the input embeddings (`enable_input_require_grads`) that `disable` removes only
+    for an adapter loaded through transformers: without this an embedding carries two more hooks after every step
+    (a Python call each per forward, and a new shape for a compiled decoding step's guards, so a recompile per
+    step). The hooks the model still names (`_require_grads_hooks`) are kept."""
+    kept = {handle.id for m in model.modules() for handle in getattr(m, "_require_grads_hooks", None) or ()}
+    dropped = 0
+    for module in model.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if getattr(hook, "__name__", "") == "make_inputs_require_grads" and key not in kept:
+                del module._forward_hooks[key]
+                dropped += 1
+    return dropped
+
+
 @contextlib.contextmanager
 def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBackend]:
     """The agent backend for one rollout call, generating with the trainer's current policy."""
@@ -242,11 +265,13 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
         ) as model,
         summon(trainer.model_wrapped, recurse=False) if summon else contextlib.nullcontext(),
     ):
+        drop_orphan_input_grad_hooks(model)
         config = AgentConfig(
             model=str(getattr(model.config, "_name_or_path", "policy")),
             temperature=args.temperature,
             top_p=args.top_p,
             max_new_tokens=max_new_tokens,
+            compile_decode=args.agent_compile_decode,
         )
         agent = TransformersAgent(config, model=model, tokenizer=tokenizer, sampling=_generate_sampling(args))
         yield on_trainer_thread(trainer, agent)
