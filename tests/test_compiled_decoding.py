@@ -80,6 +80,11 @@ def test_compiled_decoding_is_off_for_inference_and_auto_only_on_cuda(tiny_model
     assert compiles_decoding(agent.model, "on") and not compiles_decoding(agent.model, "off")
     with pytest.raises(ConfigError, match="compile_decode must be auto, on or off, got 'yes'"):
         AgentConfig(compile_decode="yes")
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
+
+    assert PromptR1GRPOConfig(output_dir="unused", use_cpu=True, report_to=[]).agent_compile_decode == "auto"
+    with pytest.raises(ConfigError, match="agent_compile_decode must be auto, on or off, got 'always'"):
+        PromptR1GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], agent_compile_decode="always")
 
 
 async def test_a_compiler_failure_falls_back_to_eager_decoding(trained_tiny_model_path):
