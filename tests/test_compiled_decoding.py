@@ -1,12 +1,13 @@
-"""Compiled decoding of the local agent (AgentConfig.compile_decode): a static cache and a compiled step give the
-eager tokens, pad rows to a power of two and drop the pads, compile once for the calls of a shape, and fall back to
-eager decoding when the compiler fails. On CPU the compiler's backend here is dynamo's `eager` (the graph is traced
-and guarded as on a GPU, then run without code generation); the GPU benchmark (evals/bench/grpo_gpu.py) runs
-inductor with CUDA graphs."""
+"""Compiled decoding of the local agent (prompt_r1.agents.compiled_decoding): a static cache and a compiled step
+give the eager tokens, pad rows to a power of two and drop the pads, compile once for the calls of a shape, keep
+their caches within a budget, and fall back to eager decoding when the compiler fails. On CPU the compiler's
+backend here is dynamo's `eager` (the graph is traced and guarded as on a GPU, then run without code generation);
+the GPU benchmark (evals/bench/grpo_gpu.py) runs inductor with CUDA graphs."""
 
 from __future__ import annotations
 
 import asyncio
+import types
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from conftest import TINY_QUESTION, TINY_TURN_1
 from torch._dynamo.utils import counters
 
 from prompt_r1.agents import AgentRequest
-from prompt_r1.agents.local import TransformersAgent, compiles_decoding
+from prompt_r1.agents import compiled_decoding as decoding
+from prompt_r1.agents.local import TransformersAgent, _StopRecorder
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import question_message
@@ -54,13 +56,11 @@ async def test_compiled_decoding_gives_the_eager_tokens_and_compiles_once_per_sh
     torch._dynamo.reset()
     eager, compiled = _agent(trained_tiny_model_path, "off"), _agent(trained_tiny_model_path, "on")
     assert eager.compile_config is None and compiled.compile_config is not None
-    # Three rows (padded to four) of different prompt lengths, and rows that stop at once beside rows that run on.
-    graphs = []
+    graphs = [_graphs()]
     # Three rows (padded to four), then four rows of other prompt lengths and caps: the same shapes once padded.
-    for requests in (
-        _requests(QUESTIONS[:3]),
-        _requests(QUESTIONS[:1], max_new_tokens=8) + _requests(QUESTIONS[:0:-1]),
-    ):
+    first = _requests(QUESTIONS[:3])
+    second = _requests(QUESTIONS[:1], max_new_tokens=8) + _requests(QUESTIONS[:0:-1])
+    for requests in (first, second):
         want, got = await _generate(eager, requests), await _generate(compiled, requests)
         for a, b in zip(want, got, strict=True):
             assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason and b.text == a.text
@@ -69,44 +69,96 @@ async def test_compiled_decoding_gives_the_eager_tokens_and_compiles_once_per_sh
     # A row cut at its own cap beside rows that ran to their stop string.
     assert [o.finish_reason for o in got] == ["length", "stop", "stop", "stop"] and len(got[0].token_ids) == 8
     assert got[-1].text == TINY_TURN_1
-    # The step was compiled for the first batch and replayed for the second.
-    assert graphs[0] >= 1 and graphs[1] == graphs[0]
+    # The step was compiled for the first batch and replayed for the second, on the model's one kept cache.
+    assert graphs[1] > graphs[0] and graphs[2] == graphs[1]
+    kept = decoding._MODELS[compiled.model].caches
+    assert list(kept) == [4] and kept[4].get_max_length() % decoding.CACHE_STEP == 0
 
 
-def test_compiled_decoding_is_off_for_inference_and_auto_only_on_cuda(tiny_model_path):
+def test_padding_rows_stop_at_once_and_lengths_are_read_once():
+    recorder = _StopRecorder(None, (), {0}, prompt_len=2, rows=4, real=2)
+    ids = torch.tensor([[5, 5, 7], [5, 5, 0], [5, 5, 7], [5, 5, 7]])  # row 1 wrote EOS (0); rows 2-3 are pads
+    assert recorder(ids, None).tolist() == [False, True, True, True]
+    ids = torch.cat([ids, torch.tensor([[0], [0], [0], [0]])], dim=1)
+    assert recorder(ids, None).tolist() == [True, True, True, True]
+    assert recorder.lengths() == [2, 1, 1, 1]  # each row's first stop; the pads' at their first token
+    assert _StopRecorder(None, (), set(), 2, rows=2).lengths() == [None, None]  # no pads, none stopped
+
+
+def test_rows_pad_to_a_power_of_two_within_the_limit_and_caches_keep_within_the_budget(tiny_model_path):
+    assert [decoding.padded_rows(n, 64) for n in (1, 3, 4, 33, 64)] == [1, 4, 4, 64, 64]
+    assert decoding.padded_rows(40, 48) == 48 and decoding.padded_rows(50, 48) == 50  # never below the batch
+    assert [decoding.cache_length(n) for n in (1, 256, 257)] == [256, 256, 512]
+    model = TransformersAgent(AgentConfig(model=str(tiny_model_path))).model
+    token = 10  # bytes of a token of a row, for the budget's arithmetic
+    lock = decoding.model_lock(model)
+    with lock:
+        small = decoding.static_cache(model, 4, 256, row_token_bytes=token, budget=30_000)
+        # A shorter call reuses the longer cache; a longer one replaces it.
+        assert decoding.static_cache(model, 4, 256, row_token_bytes=token, budget=30_000) is small
+        longer = decoding.static_cache(model, 4, 512, row_token_bytes=token, budget=30_000)
+        assert (
+            longer is not small
+            and decoding.static_cache(model, 4, 256, row_token_bytes=token, budget=None) is longer
+        )
+        # Another row count: 2 x 512 x 10 more would pass 30,000, so the least recently used cache goes.
+        other = decoding.static_cache(model, 2, 512, row_token_bytes=token, budget=30_000)
+        assert list(decoding._MODELS[model].caches) == [2] and other.get_max_length() == 512
+        # A cache over the budget by itself: none (that call decodes eagerly), and the kept ones stay.
+        assert decoding.static_cache(model, 64, 512, row_token_bytes=token, budget=30_000) is None
+        assert list(decoding._MODELS[model].caches) == [2]
+    assert decoding.model_lock(model) is lock
+
+
+def test_compiled_decoding_is_off_for_inference_and_auto_only_on_cuda_with_whole_weights(tiny_model_path):
     agent = TransformersAgent(AgentConfig(model=str(tiny_model_path)))
     assert AgentConfig().compile_decode == "off" and agent.compile_config is None
-    assert compiles_decoding(agent.model, "auto") is False  # the trainer's default: on CUDA only
-    assert compiles_decoding(agent.model, "on") and not compiles_decoding(agent.model, "off")
+    assert not decoding.compiles_decoding(agent.model, "auto")  # on CPU
+    assert decoding.compiles_decoding(agent.model, "on") and not decoding.compiles_decoding(
+        agent.model, "off"
+    )
+    whole = torch.nn.Parameter(torch.zeros(1))
+    partitioned = torch.nn.Parameter(torch.zeros(1))
+    partitioned.ds_id = 0  # as DeepSpeed ZeRO-3 marks the parameters it partitions
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"), parameters=lambda: [whole])
+    assert decoding.compiles_decoding(on_cuda, "auto")
+    on_cuda.parameters = lambda: [whole, partitioned]
+    assert not decoding.compiles_decoding(on_cuda, "auto") and decoding.compiles_decoding(on_cuda, "on")
     with pytest.raises(ConfigError, match="compile_decode must be auto, on or off, got 'yes'"):
         AgentConfig(compile_decode="yes")
+    from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
     from prompt_r1.training.sync.config import PromptR1GRPOConfig
 
     assert PromptR1GRPOConfig(output_dir="unused", use_cpu=True, report_to=[]).agent_compile_decode == "auto"
     with pytest.raises(ConfigError, match="agent_compile_decode must be auto, on or off, got 'always'"):
         PromptR1GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], agent_compile_decode="always")
+    assert "agent_compile_decode" not in PromptR1AsyncGRPOConfig.__dataclass_fields__  # it decodes on vLLM
 
 
 async def test_a_compiler_failure_falls_back_to_eager_decoding(trained_tiny_model_path):
     torch._dynamo.reset()
     broken = _agent(trained_tiny_model_path, "on", backend="no-such-backend")
+    before = TransformersAgent(broken.config, model=broken.model, tokenizer=broken.tokenizer)
     eager = _agent(trained_tiny_model_path, "off")
     requests = _requests(QUESTIONS[:2])
     with pytest.warns(UserWarning, match="compiled decoding failed, decoding eagerly from now on"):
         got = await _generate(broken, requests)
-    assert broken.compile_config is None
-    # The model stays eager: the next agent made on it (a trainer makes one every step) does not try again.
+    assert broken.compile_config is None and broken.model not in decoding._MODELS  # its caches let go
+    assert [o.token_ids for o in got] == [o.token_ids for o in await _generate(eager, requests)]
+    # The model stays eager: an agent made on it after the failure, or before it, does not try again.
     assert (
         TransformersAgent(broken.config, model=broken.model, tokenizer=broken.tokenizer).compile_config
         is None
     )
-    assert [o.token_ids for o in got] == [o.token_ids for o in await _generate(eager, requests)]
+    assert [o.token_ids for o in await _generate(before, requests)] == [o.token_ids for o in got]
+    assert broken.model not in decoding._MODELS
 
 
 def test_the_rollouts_unwrapping_leaves_one_input_grad_hook(tiny_model_path):
     """Unwrapping for generation turns gradient checkpointing off and on around every rollout; transformers adds an
     input-embedding hook at each `enable` that `disable` keeps. Without the sweep the hooks pile up (and a compiled
-    decoding step, whose guards count them, recompiles every step)."""
+    decoding step, whose guards count them, recompiles every step). The trainer's run is checked in
+    tests/test_training_runs.py."""
     from transformers import AutoModelForCausalLM
 
     from prompt_r1.training.sync.policy import drop_orphan_input_grad_hooks

@@ -54,6 +54,7 @@ def stand_in_trainer(model_path: Path, *, temperature: float = 1.0):
             ds3_gather_for_generation=True,
             gradient_checkpointing_kwargs=None,
             seed=0,
+            agent_compile_decode="auto",
         ),
         state=SimpleNamespace(global_step=0),
         use_vllm=False,

@@ -42,6 +42,11 @@ def test_grpo_trains_in_one_process_and_environment_tokens_stay_out_of_the_loss(
         before = _params(trainer.model)
         trainer.train()
         assert trainer.state.global_step == 2
+        # Each unwrapping for generation (two a step) adds an input-embedding hook, turning gradient checkpointing
+        # off and on again; the rollout sweeps the orphans before it generates, so after any number of steps the
+        # embedding holds the hook kept at the last generation and the two added since (without it: 1 + 2 a step).
+        assert trainer.args.gradient_checkpointing
+        assert len(trainer.model.get_input_embeddings()._forward_hooks) == 3
         # Training you can watch: a line per step instead of transformers' dict of every metric, and the curves.
         captured = capsys.readouterr()
         lines = re.findall(

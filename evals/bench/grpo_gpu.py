@@ -3,7 +3,7 @@ single-turn GRPO on the same model and launch as the baseline, side by side in o
 
     python evals/bench/grpo_gpu.py [--steps 8] [--batch 16] [--latency 0.2] [--zero 2] [--processes 1] [--vllm]
                                    [--hidden 1024] [--layers 28] [--heads 16] [--kv-heads 8] [--intermediate 3072]
-                                   [--async] [--max-staleness 4]
+                                   [--async] [--max-staleness 4] [--no-compile-decode]
 
 It builds a Qwen2-shaped model of the given size (default about 0.35 B parameters, Qwen3-0.6B's shape without its
 large vocabulary: nothing can come from a hub here) with an in-process tokenizer, fine-tunes it on the GPU for a
@@ -71,7 +71,6 @@ def _two_turn(args, cuda: bool) -> dict:
         env_max_in_flight=256,
         env_rate_limit=100_000,
         max_turns=2,
-        agent_compile_decode=args.compile_decode,
         max_turn_tokens=args.turn_tokens,
         max_total_tokens=4 * args.turn_tokens + 64,
         reward_preset="reference",
@@ -131,6 +130,7 @@ def worker(args) -> None:
         config = PromptR1GRPOConfig(
             **_common(args, out, cuda),
             **_two_turn(args, cuda),
+            agent_compile_decode=args.compile_decode,
         )
         trainer = build_trainer(
             config, train_rows=_rows(args.batch * args.steps, golden=True), callbacks=[memory]
@@ -245,7 +245,7 @@ def plan(args) -> list[str]:
     ]
     if not args.skip_eager:
         lines.append(f"sync two-turn, batch_wait 0, env {args.latency:.1f} s: {zero}")
-    if args.eager_decode:
+    if args.no_compile_decode:
         lines.append(
             f"sync two-turn, decoding not compiled (compile_decode off), env {args.latency:.1f} s: {zero}"
         )
@@ -413,7 +413,7 @@ def main() -> int:
     parser.add_argument("--batch-wait", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--compile-decode", default="auto", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--eager-decode",
+        "--no-compile-decode",
         action="store_true",
         help="add the two-turn run with the policy's decoding not compiled (compile_decode off)",
     )
@@ -469,7 +469,7 @@ def main() -> int:
             )
             plain = (
                 _launch(args, "multi", model, server.base_url, tmp, compile_decode="off")
-                if args.eager_decode
+                if args.no_compile_decode
                 else None
             )
             multi_vllm = _launch(args, "multi", model, server.base_url, tmp, vllm=True) if args.vllm else None

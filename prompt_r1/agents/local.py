@@ -11,28 +11,19 @@ that is the machine's RAM, a batch whose estimate of both exceeds `max_batch_byt
 rows that fit. On an accelerator the default is no bound: a split costs a whole decoding pass, and the batches a
 rollout makes fit its memory. `--agent-generate-memory-mb` (`AgentConfig.generate_memory_mb`) sets the bound.
 
-Compiled decoding (`AgentConfig.compile_decode`; the synchronous trainer's `agent_compile_decode`, auto by
-default, turns it on for a policy on CUDA): a small agent's decoding step is bound by launching its kernels (the
-353 M-parameter benchmark model on an H200: about 20 ms a step at 16 or 64 rows, where its arithmetic takes well
-under a millisecond), so a turn costs its longest row's tokens times that, whatever the batch. A static key/value
-cache and a compiled step replay a whole step as CUDA graphs. Shapes are kept few, so that the step compiles once
-or twice (a longer cache makes its length dynamic) and then replays: rows are padded to a power of two (the pads
-stop at once and are dropped), the cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per
-row count, the longest asked for, so that the turns of every training step replay the same graphs at the same
-addresses (its memory stays held: 64 rows of 1,280 tokens of that model hold 4.7 GB). A model the compiler fails
-on is decoded eagerly from then on, with a warning.
+Compiled decoding (`AgentConfig.compile_decode`: a static cache and a step replayed as CUDA graphs) is
+`prompt_r1.agents.compiled_decoding`'s; this module pads the rows and falls back to eager decoding.
 """
 
 from __future__ import annotations
 
 import warnings
-import weakref
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList, StaticCache, StoppingCriteria, StopStringCriteria
-from transformers.generation.configuration_utils import CompileConfig
+from transformers import LogitsProcessorList, StoppingCriteria, StopStringCriteria
 
+from prompt_r1.agents import compiled_decoding as compiled_decoding
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest
 from prompt_r1.agents.model_source import check_model_source
@@ -40,55 +31,12 @@ from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.protocol import STOP_SEQUENCES
 
-__all__ = [
-    "CACHE_STEP",
-    "CPU_BATCH_BYTES",
-    "TransformersAgent",
-    "compiles_decoding",
-    "generate_bytes_per_token",
-    "load_transformers_model",
-]
+__all__ = ["CPU_BATCH_BYTES", "TransformersAgent", "generate_bytes_per_token", "load_transformers_model"]
 
 # The CPU default of `max_batch_bytes`. The estimate leaves out the forward pass's passing activations, which
 # roughly double it: the built-in model, 400-token prompts and 64 new tokens (34 MB a row), ran 64 rows at once
 # (2.2 GB estimated) at 3.5 GB above the model's memory.
 CPU_BATCH_BYTES = 1 << 30
-
-# A compiled decoder's cache length is a multiple of this: the turns of a rollout (each a little longer than the
-# last) share one shape, and so one compiled step.
-CACHE_STEP = 256
-# Static caches kept per model: rows -> cache, the most recently used last; at most _CACHES_KEPT of them.
-_STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_CACHES_KEPT = 4
-# Models the compiler failed on: decoded eagerly from then on (a trainer makes a new agent every step).
-_COMPILE_FAILED: weakref.WeakSet = weakref.WeakSet()
-
-
-def compiles_decoding(model: Any, setting: str) -> bool:
-    """Whether `setting` (AgentConfig.compile_decode) decodes `model` compiled: auto is on for a CUDA model whose
-    weights are whole (DeepSpeed ZeRO-3 gathers partitioned weights in hooks a compiled step would not run); never
-    for a model the compiler failed on."""
-    if setting != "auto" or model in _COMPILE_FAILED:
-        return setting == "on" and model not in _COMPILE_FAILED
-    partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
-    return torch.device(model.device).type == "cuda" and not partitioned
-
-
-def _static_cache(model: Any, rows: int, length: int) -> StaticCache:
-    """The model's kept static cache for `rows` rows, emptied, when it holds `length` tokens; else a new one of
-    `length` in its place (the least recently used dropped past _CACHES_KEPT). A longer cache than a call needs
-    serves it: the turns of an episode, each longer than the last, then share one cache and one compiled shape."""
-    caches = _STATIC_CACHES.setdefault(model, {})
-    cache = caches.pop(rows, None)
-    if cache is not None and cache.get_max_length() >= length:
-        cache.reset()
-    else:
-        cache = None  # dropped before the new one is made: both would be held at once otherwise
-        cache = StaticCache(config=model.config, max_cache_len=length)
-        while len(caches) >= _CACHES_KEPT:
-            caches.pop(next(iter(caches)))
-    caches[rows] = cache
-    return cache
 
 
 def generate_bytes_per_token(model: Any) -> tuple[int, int]:
@@ -215,10 +163,10 @@ class TransformersAgent(BatchingBackend):
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
         )
-        self.compile_config: CompileConfig | None = None
-        if compiles_decoding(model, config.compile_decode):
-            self.compile_config = CompileConfig(fullgraph=False, dynamic=None, mode="reduce-overhead")
-            self.compile_config._compile_all_devices = True  # `on` on CPU too (no CUDA graphs there)
+        self.compile_config, self.cache_budget = None, None
+        if compiled_decoding.compiles_decoding(model, config.compile_decode):
+            self.compile_config = compiled_decoding.decoding_compile_config()
+            self.cache_budget = compiled_decoding.cache_budget(model, config.compile_decode)
 
     def _generate_locked(self, batch: list[PendingRequest]) -> list[AgentOutput]:
         return [out for rows in self._fitting(batch) for out in self._generate_rows(rows)]
@@ -244,17 +192,39 @@ class TransformersAgent(BatchingBackend):
 
     @torch.no_grad()
     def _generate_rows(self, batch: list[PendingRequest]) -> list[AgentOutput]:
+        if self.compile_config is None or compiled_decoding.compile_failed(self.model):
+            return self._decode(batch)
+        # Compiled: the rows padded to a power of two, the model's kept static cache (none where its budget has no
+        # room: this call is eager), the model's lock held, since the cache and the recorded graphs are its own.
+        rows = compiled_decoding.padded_rows(len(batch), self.max_batch_size)
+        tokens = max(len(item.prompt_ids) for item in batch) + max(item.max_new_tokens for item in batch)
+        with compiled_decoding.model_lock(self.model):
+            try:
+                static = compiled_decoding.static_cache(
+                    self.model, rows, compiled_decoding.cache_length(tokens),
+                    row_token_bytes=self.cache_bytes, budget=self.cache_budget,
+                )  # fmt: skip
+                if static is not None:
+                    return self._decode(batch, static, rows)
+            except Exception as exc:  # kept as text: the exception holds the failed call's frames and tensors
+                failure = f"{type(exc).__name__}: {exc}"
+            else:  # no room in the budget: this call decodes eagerly
+                return self._decode(batch)
+        # A model or a torch the compiler cannot take: eager decoding gives the same tokens. The caches go first,
+        # so that the eager call has their memory.
+        static = None
+        compiled_decoding.record_failure(self.model)
+        self.compile_config = None
+        warnings.warn(f"compiled decoding failed, decoding eagerly from now on: {failure}", stacklevel=2)
+        return self._decode(batch)
+
+    def _decode(self, batch: list[PendingRequest], static: Any = None, rows: int = 0) -> list[AgentOutput]:
+        """One generate call for `batch`; with a static cache (`static`), compiled, over `rows` rows (the batch and
+        copies of its last row, stopped at once and dropped)."""
         cfg = self.config
         device = self.model.device
         width = max(len(item.prompt_ids) for item in batch)
-        most_new = max(item.max_new_tokens for item in batch)
-        compiled = self.compile_config is not None
-        # Compiled, the rows are padded to a power of two (at most max_batch_size) with copies of the last.
-        rows = (
-            max(len(batch), min(1 << (len(batch) - 1).bit_length(), self.max_batch_size))
-            if compiled
-            else len(batch)
-        )
+        rows = rows if static is not None else len(batch)
         input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((rows, width), dtype=torch.long)
         for row in range(rows):  # left padding: every row's next token sits in the last column
@@ -277,38 +247,19 @@ class TransformersAgent(BatchingBackend):
             sampling = dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
         else:
             sampling = dict(do_sample=False)
-        if compiled:
-            length = -(-(width + most_new) // CACHE_STEP) * CACHE_STEP
-            cache = dict(
-                past_key_values=_static_cache(self.model, rows, length), compile_config=self.compile_config
-            )
-        else:
-            cache = {}
-        try:
-            out = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                max_new_tokens=most_new,
-                stopping_criteria=[recorder],
-                logits_processor=guide or None,
-                pad_token_id=self.pad_id,
-                return_dict_in_generate=True,
-                output_scores=True,
-                **cache,
-                **sampling,
-            )
-        except Exception as exc:
-            if not compiled:
-                raise
-            # A model or a torch the compiler cannot take: eager decoding still gives the same tokens.
-            warnings.warn(
-                f"compiled decoding failed, decoding eagerly from now on: {type(exc).__name__}: {exc}",
-                stacklevel=2,
-            )
-            self.compile_config = None
-            _COMPILE_FAILED.add(self.model)
-            _STATIC_CACHES.pop(self.model, None)
-            return self._generate_rows(batch)
+        compiled = {} if static is None else dict(past_key_values=static, compile_config=self.compile_config)
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max(item.max_new_tokens for item in batch),
+            stopping_criteria=[recorder],
+            logits_processor=guide or None,
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **compiled,
+            **sampling,
+        )
         # Each sampled token's log-probability under the distribution it was drawn from, one step at a time: the
         # stacked form (`compute_transition_scores`) copies every step's scores twice at once.
         logprobs = torch.stack(

@@ -98,11 +98,6 @@ class PromptR1Fields(EnvironmentFields):
     agent_dtype: str = field_help(
         "Weights dtype for loading the agent: auto, bfloat16, float16 or float32.", default="auto"
     )
-    agent_compile_decode: str = field_help(
-        "The synchronous trainer's policy decoding (transformers generate, not vLLM): compiled with a static cache "
-        "and CUDA graphs (on), eager (off), or auto (compiled on CUDA unless ZeRO-3 partitions the weights).",
-        default="auto",
-    )
     use_peft: bool = field_help("Train a LoRA adapter instead of all weights.", default=False)
     lora_r: int = field_help("LoRA rank.", default=16)
     lora_alpha: int = field_help("LoRA alpha.", default=32)
@@ -188,10 +183,6 @@ class PromptR1Fields(EnvironmentFields):
         if self.agent_dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ConfigError(
                 f"agent_dtype must be auto, bfloat16, float16 or float32, got {self.agent_dtype!r}"
-            )
-        if self.agent_compile_decode not in ("auto", "on", "off"):
-            raise ConfigError(
-                f"agent_compile_decode must be auto, on or off, got {self.agent_compile_decode!r}"
             )
         if isinstance(self.lora_target_modules, str):
             self.lora_target_modules = [self.lora_target_modules]

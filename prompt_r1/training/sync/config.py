@@ -31,6 +31,13 @@ class PromptR1GRPOConfig(GRPOConfig, PromptR1Fields):
     """GRPO for the Prompt-R1 agent with TRL's `GRPOTrainer`: TRL's fields, the shared Prompt-R1 ones, then this
     trainer's own."""
 
+    # The policy's decoding in the rollout without vLLM (prompt_r1.agents.compiled_decoding).
+    agent_compile_decode: str = field_help(
+        "The policy's decoding in the rollout (transformers generate, not vLLM): compiled with a static key/value "
+        "cache and CUDA graphs (on), eager (off), or auto: compiled on CUDA unless ZeRO-3 partitions the weights, "
+        "while its kept caches fit an eighth of the GPU's memory.",
+        default="auto",
+    )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
     vllm_sync_check: bool = field_help(
         "After every weight sync to vLLM (a colocated engine, or the server in server mode), compare the "
@@ -70,6 +77,10 @@ class PromptR1GRPOConfig(GRPOConfig, PromptR1Fields):
                 "the synchronous trainer does not run on FSDP: launch it with training/accelerate/"
                 "deepspeed_zero2.yaml (or deepspeed_zero3.yaml), or train with --async, whose trainer shards with "
                 "FSDP2 (training/accelerate/fsdp2.yaml)"
+            )
+        if self.agent_compile_decode not in ("auto", "on", "off"):
+            raise ConfigError(
+                f"agent_compile_decode must be auto, on or off, got {self.agent_compile_decode!r}"
             )
         self.check_prompt_r1()
         check_spend_caps(self)

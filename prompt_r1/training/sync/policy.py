@@ -202,7 +202,7 @@ def drop_orphan_input_grad_hooks(model: Any) -> int:
     """Remove the input-embedding hooks that transformers' `gradient_checkpointing_enable` left behind; returns how
     many. Unwrapping for generation turns gradient checkpointing off and on again around every rollout, and each
     `enable` adds a forward hook on the input embeddings (`enable_input_require_grads`) that `disable` removes only
-    for an adapter loaded through transformers: without this an embedding carries two more hooks after every step
+    for an adapter loaded through transformers: without this an embedding carries one more hook per unwrapping
     (a Python call each per forward, and a new shape for a compiled decoding step's guards, so a recompile per
     step). The hooks the model still names (`_require_grads_hooks`) are kept."""
     kept = {handle.id for m in model.modules() for handle in getattr(m, "_require_grads_hooks", None) or ()}

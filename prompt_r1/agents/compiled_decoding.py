@@ -1,0 +1,149 @@
+"""Compiled decoding for the local agent: a static key/value cache and a decoding step compiled by torch.compile,
+replayed as CUDA graphs (`AgentConfig.compile_decode`; the synchronous trainer's `agent_compile_decode`, auto by
+default, turns it on for a policy on CUDA).
+
+Why: a small agent's decoding step is bound by launching its kernels one by one, not by its arithmetic (estimated
+from the GPU benchmark's figures: about 20 ms a step for the 353 M-parameter model on an H200, whose arithmetic for
+64 rows takes well under a millisecond), so a turn costs its longest row's tokens times that, whatever the batch. A
+CUDA graph replays a whole step at once.
+
+Shapes are kept few, so that the step compiles once or twice (a longer cache makes its length dynamic) and then
+replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are dropped), the
+cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per row count, the longest asked for, so
+that the turns of every training step replay the same graphs at the same addresses. The kept caches stay in
+memory between calls: under `auto` a call whose cache would take the kept caches past `CACHE_SHARE` of the
+device's memory decodes eagerly instead (a 4 B agent's 64 rows of 8,192 tokens would need 72 GiB), and `on`
+keeps them whatever they take. A model the compiler fails on is decoded eagerly from then on, with a warning.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from transformers import StaticCache
+from transformers.generation.configuration_utils import CompileConfig
+
+__all__ = [
+    "CACHE_SHARE",
+    "CACHE_STEP",
+    "cache_budget",
+    "cache_length",
+    "compile_failed",
+    "compiles_decoding",
+    "decoding_compile_config",
+    "model_lock",
+    "padded_rows",
+    "record_failure",
+    "static_cache",
+]
+
+# A compiled decoder's cache length is a multiple of this: the turns of a rollout (each a little longer than the
+# last) share one shape, and so one compiled step.
+CACHE_STEP = 256
+# Under `auto`, the most of its device's memory a model's kept static caches may hold.
+CACHE_SHARE = 1 / 8
+
+
+class _ModelCaches:
+    """One model's kept caches (row count -> cache, the most recently used last) and the lock its compiled calls
+    hold: the caches and the recorded graphs are the model's, whichever agent or thread decodes with it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.caches: dict[int, StaticCache] = {}
+
+
+_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FAILED: weakref.WeakSet = weakref.WeakSet()  # models the compiler failed on
+_GUARD = threading.Lock()  # for _MODELS itself
+
+
+def _entry(model: Any) -> _ModelCaches:
+    with _GUARD:
+        entry = _MODELS.get(model)
+        if entry is None:
+            entry = _MODELS[model] = _ModelCaches()
+        return entry
+
+
+def decoding_compile_config() -> CompileConfig:
+    config = CompileConfig(fullgraph=False, dynamic=None, mode="reduce-overhead")
+    config._compile_all_devices = True  # `on` on CPU too (no CUDA graphs there); auto is CUDA only
+    return config
+
+
+def compiles_decoding(model: Any, setting: str) -> bool:
+    """Whether `setting` (auto, on, off) decodes `model` compiled: auto is on for a CUDA model whose weights are
+    whole (DeepSpeed ZeRO-3 gathers partitioned weights in hooks a compiled step would not run); never for a model
+    the compiler failed on."""
+    if setting == "off" or compile_failed(model):
+        return False
+    if setting == "on":
+        return True
+    partitioned = any(hasattr(p, "ds_id") for p in model.parameters())
+    return torch.device(model.device).type == "cuda" and not partitioned
+
+
+def compile_failed(model: Any) -> bool:
+    return model in _FAILED
+
+
+def record_failure(model: Any) -> None:
+    """The compiler failed on `model`: decode it eagerly from now on, and let its caches go."""
+    _FAILED.add(model)
+    with _GUARD:
+        _MODELS.pop(model, None)
+
+
+def model_lock(model: Any) -> threading.Lock:
+    return _entry(model).lock
+
+
+def padded_rows(rows: int, most: int) -> int:
+    """`rows` padded to a power of two, at most `most` (but never fewer than `rows`)."""
+    return max(rows, min(1 << (rows - 1).bit_length(), most))
+
+
+def cache_length(tokens: int) -> int:
+    """`tokens` rounded up to a multiple of CACHE_STEP."""
+    return -(-tokens // CACHE_STEP) * CACHE_STEP
+
+
+def static_cache(
+    model: Any, rows: int, length: int, *, row_token_bytes: int, budget: int | None
+) -> StaticCache | None:
+    """The model's kept cache for `rows` rows, emptied, when it holds `length` tokens; else a new one of `length`
+    in its place. A longer cache than a call needs serves it: the turns of an episode, each longer than the last,
+    then share one cache and one compiled shape. `budget`: the most bytes the model's kept caches may hold
+    (`row_token_bytes` a token of a row); the least recently used others are dropped to make room, and None is
+    returned (decode eagerly) when the cache alone would not fit. Call it holding `model_lock(model)`."""
+    caches = _entry(model).caches
+    cache = caches.pop(rows, None)
+    if cache is not None and cache.get_max_length() >= length:
+        cache.reset()
+        caches[rows] = cache
+        return cache
+    cache = None  # dropped before a new one is made: both would be held at once otherwise
+    size = rows * length * row_token_bytes
+    if budget is not None:
+        if size > budget:
+            return None
+        while (
+            caches
+            and size + sum(n * c.get_max_length() * row_token_bytes for n, c in caches.items()) > budget
+        ):
+            caches.pop(next(iter(caches)))
+    cache = caches[rows] = StaticCache(config=model.config, max_cache_len=length)
+    return cache
+
+
+def cache_budget(model: Any, setting: str) -> int | None:
+    """The bytes a model's kept caches may hold under `setting`: CACHE_SHARE of a CUDA device's memory under auto,
+    no bound under on (or on a device whose memory torch does not report)."""
+    device = torch.device(model.device)
+    if setting != "auto" or device.type != "cuda":
+        return None
+    return int(torch.cuda.get_device_properties(device).total_memory * CACHE_SHARE)
