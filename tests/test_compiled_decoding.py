@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import types
+import warnings
 
 import pytest
 import torch
@@ -75,7 +76,7 @@ async def test_compiled_decoding_gives_the_eager_tokens_and_compiles_once_per_sh
     assert list(kept) == [4] and kept[4].get_max_length() % decoding.CACHE_STEP == 0
 
 
-def test_padding_rows_stop_at_once_and_lengths_are_read_once():
+def test_padding_rows_stop_at_once_and_each_row_keeps_its_first_stop():
     recorder = _StopRecorder(None, (), {0}, prompt_len=2, rows=4, real=2)
     ids = torch.tensor([[5, 5, 7], [5, 5, 0], [5, 5, 7], [5, 5, 7]])  # row 1 wrote EOS (0); rows 2-3 are pads
     assert recorder(ids, None).tolist() == [False, True, True, True]
@@ -90,24 +91,50 @@ def test_rows_pad_to_a_power_of_two_within_the_limit_and_caches_keep_within_the_
     assert decoding.padded_rows(40, 48) == 48 and decoding.padded_rows(50, 48) == 50  # never below the batch
     assert [decoding.cache_length(n) for n in (1, 256, 257)] == [256, 256, 512]
     model = TransformersAgent(AgentConfig(model=str(tiny_model_path))).model
-    token = 10  # bytes of a token of a row, for the budget's arithmetic
-    lock = decoding.model_lock(model)
-    with lock:
-        small = decoding.static_cache(model, 4, 256, row_token_bytes=token, budget=30_000)
-        # A shorter call reuses the longer cache; a longer one replaces it.
-        assert decoding.static_cache(model, 4, 256, row_token_bytes=token, budget=30_000) is small
-        longer = decoding.static_cache(model, 4, 512, row_token_bytes=token, budget=30_000)
-        assert (
-            longer is not small
-            and decoding.static_cache(model, 4, 256, row_token_bytes=token, budget=None) is longer
-        )
-        # Another row count: 2 x 512 x 10 more would pass 30,000, so the least recently used cache goes.
-        other = decoding.static_cache(model, 2, 512, row_token_bytes=token, budget=30_000)
-        assert list(decoding._MODELS[model].caches) == [2] and other.get_max_length() == 512
-        # A cache over the budget by itself: none (that call decodes eagerly), and the kept ones stay.
-        assert decoding.static_cache(model, 64, 512, row_token_bytes=token, budget=30_000) is None
-        assert list(decoding._MODELS[model].caches) == [2]
-    assert decoding.model_lock(model) is lock
+    token, budget = 10, 27_000  # bytes of a token of a row, and the kept caches' budget
+
+    def cache(rows, length, budget=budget):
+        return decoding.static_cache(model, rows, length, row_token_bytes=token, budget=budget)
+
+    def kept():
+        return {rows: c.get_max_length() for rows, c in decoding._MODELS[model].caches.items()}
+
+    with decoding.model_lock(model):
+        small = cache(4, 256)
+        assert cache(4, 256) is small  # reused
+        longer = cache(4, 512)  # a longer call replaces it; a shorter one then reuses the longer
+        assert longer is not small and cache(4, 256, budget=None) is longer and kept() == {4: 512}
+        cache(1, 256), cache(4, 256)  # 4 x 512 and 1 x 256 kept (23,040 bytes); rows 4 used last
+        assert kept() == {1: 256, 4: 512}
+        # 2 x 256 more (5,120) passes 27,000: the least recently used (rows 1) goes, not the one used last.
+        cache(2, 256)
+        assert kept() == {4: 512, 2: 256}
+        # A cache over the budget by itself: none (that call decodes eagerly), and the kept ones all stay, the
+        # shorter one of its own row count too.
+        assert cache(64, 512) is None and cache(2, 4096) is None and kept() == {4: 512, 2: 256}
+
+
+def test_the_budget_is_an_eighth_of_a_cuda_devices_memory_under_auto_only(monkeypatch, tiny_model_path):
+    model = TransformersAgent(AgentConfig(model=str(tiny_model_path))).model
+    assert decoding.cache_budget(model, "auto") is None and decoding.cache_budget(model, "on") is None  # CPU
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
+    memory = types.SimpleNamespace(total_memory=80 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: memory)
+    assert decoding.cache_budget(on_cuda, "auto") == 10 << 30 and decoding.cache_budget(on_cuda, "on") is None
+
+
+async def test_a_call_over_the_budget_decodes_eagerly_and_keeps_compiling_later(trained_tiny_model_path):
+    torch._dynamo.reset()
+    compiled, eager = _agent(trained_tiny_model_path, "on"), _agent(trained_tiny_model_path, "off")
+    compiled.cache_budget = 1  # no cache fits
+    requests = _requests(QUESTIONS[:3])
+    graphs = _graphs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not a failure: no warning
+        got = await _generate(compiled, requests)
+    assert [o.token_ids for o in got] == [o.token_ids for o in await _generate(eager, requests)]
+    assert _graphs() == graphs and compiled.compile_config is not None  # eager this call, still compiling
+    assert not decoding.compile_failed(compiled.model)
 
 
 def test_compiled_decoding_is_off_for_inference_and_auto_only_on_cuda_with_whole_weights(tiny_model_path):
@@ -143,15 +170,16 @@ async def test_a_compiler_failure_falls_back_to_eager_decoding(trained_tiny_mode
     requests = _requests(QUESTIONS[:2])
     with pytest.warns(UserWarning, match="compiled decoding failed, decoding eagerly from now on"):
         got = await _generate(broken, requests)
-    assert broken.compile_config is None and broken.model not in decoding._MODELS  # its caches let go
+    assert broken.compile_config is None and not decoding._MODELS[broken.model].caches  # its caches let go
     assert [o.token_ids for o in got] == [o.token_ids for o in await _generate(eager, requests)]
-    # The model stays eager: an agent made on it after the failure, or before it, does not try again.
-    assert (
-        TransformersAgent(broken.config, model=broken.model, tokenizer=broken.tokenizer).compile_config
-        is None
-    )
-    assert [o.token_ids for o in await _generate(before, requests)] == [o.token_ids for o in got]
-    assert broken.model not in decoding._MODELS
+    # The model stays eager: an agent made on it after the failure, or before it, does not try again (a second
+    # try would fail and warn again).
+    after = TransformersAgent(broken.config, model=broken.model, tokenizer=broken.tokenizer)
+    assert after.compile_config is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [o.token_ids for o in await _generate(before, requests)] == [o.token_ids for o in got]
+    assert not decoding._MODELS[broken.model].caches
 
 
 def test_the_rollouts_unwrapping_leaves_one_input_grad_hook(tiny_model_path):

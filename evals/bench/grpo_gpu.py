@@ -214,7 +214,8 @@ def worker(args) -> None:
         "params": sum(p.numel() for p in trainer.model.parameters()),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "processes": trainer.accelerator.num_processes,
-        # Graphs torch.compile made in this run: the policy's compiled decoding step (AgentConfig.compile_decode).
+        # Graphs torch.compile made in this process: with compiled decoding on, the policy's decoding step's (and
+        # any other compiled function's: none in these runs).
         "compiled_graphs": counters["stats"]["unique_graphs"],
     }
     Path(args.result).write_text(json.dumps(result))
@@ -520,7 +521,7 @@ def main() -> int:
     )
     print(
         f"policy decoding: {'compiled' if multi['compiled_graphs'] else 'eager'} "
-        f"({multi['compiled_graphs']} graph(s) compiled in the run)"
+        f"({multi['compiled_graphs']} graph(s) compiled in the run's process)"
     )
     parts = multi.get("times") or {}
     if "rollout" in parts:

@@ -10,10 +10,12 @@ CUDA graph replays a whole step at once.
 Shapes are kept few, so that the step compiles once or twice (a longer cache makes its length dynamic) and then
 replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are dropped), the
 cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per row count, the longest asked for, so
-that the turns of every training step replay the same graphs at the same addresses. The kept caches stay in
-memory between calls: under `auto` a call whose cache would take the kept caches past `CACHE_SHARE` of the
-device's memory decodes eagerly instead (a 4 B agent's 64 rows of 8,192 tokens would need 72 GiB), and `on`
-keeps them whatever they take. A model the compiler fails on is decoded eagerly from then on, with a warning.
+that the turns of every training step replay the same graphs at the same addresses (each new cache, a new row
+count or a longer length, compiles or records again). The kept caches stay in memory between calls: under `auto`
+they hold at most `CACHE_SHARE` of the device's memory, the least recently used dropped to make room, and a call
+whose cache alone would not fit decodes eagerly (a 4 B agent's 64 rows of 8,192 tokens would need 72 GiB); `on`
+keeps them whatever they take. A model the compiler fails on (or any error in a compiled call) is decoded
+eagerly from then on, with a warning.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ __all__ = [
 # A compiled decoder's cache length is a multiple of this: the turns of a rollout (each a little longer than the
 # last) share one shape, and so one compiled step.
 CACHE_STEP = 256
-# Under `auto`, the most of its device's memory a model's kept static caches may hold.
+# Under `auto`, the most of its device's memory a model's kept static caches may hold: the training step beside
+# them needs the rest (the benchmark's 353 M model at 64 rows of 1,280 tokens: 4.4 GiB of an H200's 140).
 CACHE_SHARE = 1 / 8
 
 
@@ -71,7 +74,9 @@ def _entry(model: Any) -> _ModelCaches:
 
 def decoding_compile_config() -> CompileConfig:
     config = CompileConfig(fullgraph=False, dynamic=None, mode="reduce-overhead")
-    config._compile_all_devices = True  # `on` on CPU too (no CUDA graphs there); auto is CUDA only
+    # Read by transformers' `_valid_auto_compile_criteria`, which otherwise compiles on accelerators only: `on`
+    # compiles on CPU too (without CUDA graphs there); auto is CUDA only.
+    config._compile_all_devices = True
     return config
 
 
@@ -92,10 +97,12 @@ def compile_failed(model: Any) -> bool:
 
 
 def record_failure(model: Any) -> None:
-    """The compiler failed on `model`: decode it eagerly from now on, and let its caches go."""
+    """The compiler failed on `model`: decode it eagerly from now on, and let its caches go (the entry and its
+    lock stay, so that a call already past the check waits on the same lock and then finds no cache)."""
     _FAILED.add(model)
-    with _GUARD:
-        _MODELS.pop(model, None)
+    entry = _entry(model)
+    with entry.lock:
+        entry.caches.clear()
 
 
 def model_lock(model: Any) -> threading.Lock:
@@ -120,17 +127,19 @@ def static_cache(
     then share one cache and one compiled shape. `budget`: the most bytes the model's kept caches may hold
     (`row_token_bytes` a token of a row); the least recently used others are dropped to make room, and None is
     returned (decode eagerly) when the cache alone would not fit. Call it holding `model_lock(model)`."""
+    if compile_failed(model):
+        return None
     caches = _entry(model).caches
-    cache = caches.pop(rows, None)
-    if cache is not None and cache.get_max_length() >= length:
-        cache.reset()
-        caches[rows] = cache
-        return cache
-    cache = None  # dropped before a new one is made: both would be held at once otherwise
+    kept = caches.get(rows)
+    if kept is not None and kept.get_max_length() >= length:
+        caches[rows] = caches.pop(rows)  # the most recently used, last
+        kept.reset()
+        return kept
     size = rows * length * row_token_bytes
+    if budget is not None and size > budget:
+        return None  # this call decodes eagerly; the kept caches stay
+    caches.pop(rows, None)
     if budget is not None:
-        if size > budget:
-            return None
         while (
             caches
             and size + sum(n * c.get_max_length() * row_token_bytes for n, c in caches.items()) > budget

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StopStringCriteria
 
-from prompt_r1.agents import compiled_decoding as compiled_decoding
+from prompt_r1.agents import compiled_decoding
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest
 from prompt_r1.agents.model_source import check_model_source
@@ -198,6 +198,7 @@ class TransformersAgent(BatchingBackend):
         # room: this call is eager), the model's lock held, since the cache and the recorded graphs are its own.
         rows = compiled_decoding.padded_rows(len(batch), self.max_batch_size)
         tokens = max(len(item.prompt_ids) for item in batch) + max(item.max_new_tokens for item in batch)
+        failure = None
         with compiled_decoding.model_lock(self.model):
             try:
                 static = compiled_decoding.static_cache(
@@ -208,14 +209,13 @@ class TransformersAgent(BatchingBackend):
                     return self._decode(batch, static, rows)
             except Exception as exc:  # kept as text: the exception holds the failed call's frames and tensors
                 failure = f"{type(exc).__name__}: {exc}"
-            else:  # no room in the budget: this call decodes eagerly
-                return self._decode(batch)
-        # A model or a torch the compiler cannot take: eager decoding gives the same tokens. The caches go first,
-        # so that the eager call has their memory.
-        static = None
-        compiled_decoding.record_failure(self.model)
-        self.compile_config = None
-        warnings.warn(f"compiled decoding failed, decoding eagerly from now on: {failure}", stacklevel=2)
+            static = None  # the cache a failed call left in this frame: the eager call below needs its memory
+        if failure is not None:
+            # A model or a torch the compiler cannot take (any error in a compiled call counts): eager decoding gives
+            # the same tokens, and the model's caches go first.
+            compiled_decoding.record_failure(self.model)
+            self.compile_config = None
+            warnings.warn(f"compiled decoding failed, decoding eagerly from now on: {failure}", stacklevel=2)
         return self._decode(batch)
 
     def _decode(self, batch: list[PendingRequest], static: Any = None, rows: int = 0) -> list[AgentOutput]:

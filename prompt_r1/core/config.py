@@ -217,8 +217,9 @@ class AgentConfig:
     )
     compile_decode: str = _help(
         "Decode a local agent with a static key/value cache and a compiled step (torch.compile, CUDA graphs): on, "
-        "off, or auto (on for a CUDA model whose weights DeepSpeed ZeRO-3 does not partition). The first calls "
-        "compile (tens of seconds), which pays off over many batches (training: its default is auto).",
+        "off, or auto (on for a CUDA model whose weights DeepSpeed ZeRO-3 does not partition, while its kept caches "
+        "fit an eighth of the GPU's memory). The first calls compile (tens of seconds), which pays off over many "
+        "batches (training: its default is auto).",
         default="off",
     )
 

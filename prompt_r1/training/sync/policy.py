@@ -205,7 +205,10 @@ def drop_orphan_input_grad_hooks(model: Any) -> int:
     for an adapter loaded through transformers: without this an embedding carries one more hook per unwrapping
     (a Python call each per forward, and a new shape for a compiled decoding step's guards, so a recompile per
     step). The hooks the model still names (`_require_grads_hooks`) are kept."""
-    kept = {handle.id for m in model.modules() for handle in getattr(m, "_require_grads_hooks", None) or ()}
+    kept = set()
+    for m in model.modules():  # the list (transformers 5), or the one hook (transformers 4)
+        handles = getattr(m, "_require_grads_hooks", None) or [getattr(m, "_require_grads_hook", None)]
+        kept.update(handle.id for handle in handles if handle is not None)
     dropped = 0
     for module in model.modules():
         for key, hook in list(module._forward_hooks.items()):
