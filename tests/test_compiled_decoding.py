@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from prompt_r1.agents import AgentRequest
 from prompt_r1.agents import compiled_decoding as decoding
-from prompt_r1.agents.local import TransformersAgent, _StopRecorder
+from prompt_r1.agents.local import StopRecorder, TransformersAgent
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import question_message
@@ -72,18 +72,18 @@ async def test_compiled_decoding_gives_the_eager_tokens_and_compiles_once_per_sh
     assert got[-1].text == TINY_TURN_1
     # The step was compiled for the first batch and replayed for the second, on the model's one kept cache.
     assert graphs[1] > graphs[0] and graphs[2] == graphs[1]
-    kept = decoding._MODELS[compiled.model].caches
-    assert list(kept) == [4] and kept[4].get_max_length() % decoding.CACHE_STEP == 0
+    kept = decoding.kept_caches(compiled.model)
+    assert list(kept) == [4] and kept[4] % decoding.CACHE_STEP == 0
 
 
 def test_padding_rows_stop_at_once_and_each_row_keeps_its_first_stop():
-    recorder = _StopRecorder(None, (), {0}, prompt_len=2, rows=4, real=2)
+    recorder = StopRecorder(None, (), {0}, prompt_len=2, rows=4, real=2)
     ids = torch.tensor([[5, 5, 7], [5, 5, 0], [5, 5, 7], [5, 5, 7]])  # row 1 wrote EOS (0); rows 2-3 are pads
     assert recorder(ids, None).tolist() == [False, True, True, True]
     ids = torch.cat([ids, torch.tensor([[0], [0], [0], [0]])], dim=1)
     assert recorder(ids, None).tolist() == [True, True, True, True]
     assert recorder.lengths() == [2, 1, 1, 1]  # each row's first stop; the pads' at their first token
-    assert _StopRecorder(None, (), set(), 2, rows=2).lengths() == [None, None]  # no pads, none stopped
+    assert StopRecorder(None, (), set(), 2, rows=2).lengths() == [None, None]  # no pads, none stopped
 
 
 def test_rows_pad_to_a_power_of_two_within_the_limit_and_caches_keep_within_the_budget(tiny_model_path):
@@ -97,7 +97,7 @@ def test_rows_pad_to_a_power_of_two_within_the_limit_and_caches_keep_within_the_
         return decoding.static_cache(model, rows, length, row_token_bytes=token, budget=budget)
 
     def kept():
-        return {rows: c.get_max_length() for rows, c in decoding._MODELS[model].caches.items()}
+        return decoding.kept_caches(model)
 
     with decoding.model_lock(model):
         small = cache(4, 256)
@@ -170,7 +170,7 @@ async def test_a_compiler_failure_falls_back_to_eager_decoding(trained_tiny_mode
     requests = _requests(QUESTIONS[:2])
     with pytest.warns(UserWarning, match="compiled decoding failed, decoding eagerly from now on"):
         got = await _generate(broken, requests)
-    assert broken.compile_config is None and not decoding._MODELS[broken.model].caches  # its caches let go
+    assert broken.compile_config is None and not decoding.kept_caches(broken.model)  # its caches let go
     assert [o.token_ids for o in got] == [o.token_ids for o in await _generate(eager, requests)]
     # The model stays eager: an agent made on it after the failure, or before it, does not try again (a second
     # try would fail and warn again).
@@ -179,7 +179,7 @@ async def test_a_compiler_failure_falls_back_to_eager_decoding(trained_tiny_mode
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert [o.token_ids for o in await _generate(before, requests)] == [o.token_ids for o in got]
-    assert not decoding._MODELS[broken.model].caches
+    assert not decoding.kept_caches(broken.model)
 
 
 def test_the_rollouts_unwrapping_leaves_one_input_grad_hook(tiny_model_path):

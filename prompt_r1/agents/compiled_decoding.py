@@ -36,6 +36,7 @@ __all__ = [
     "compile_failed",
     "compiles_decoding",
     "decoding_compile_config",
+    "kept_caches",
     "model_lock",
     "padded_rows",
     "record_failure",
@@ -103,6 +104,12 @@ def record_failure(model: Any) -> None:
     entry = _entry(model)
     with entry.lock:
         entry.caches.clear()
+
+
+def kept_caches(model: Any) -> dict[int, int]:
+    """The model's kept static caches as row count -> tokens, the least recently used first."""
+    entry = _MODELS.get(model)
+    return {} if entry is None else {rows: cache.get_max_length() for rows, cache in entry.caches.items()}
 
 
 def model_lock(model: Any) -> threading.Lock:

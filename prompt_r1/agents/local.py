@@ -31,7 +31,13 @@ from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.protocol import STOP_SEQUENCES
 
-__all__ = ["CPU_BATCH_BYTES", "TransformersAgent", "generate_bytes_per_token", "load_transformers_model"]
+__all__ = [
+    "CPU_BATCH_BYTES",
+    "StopRecorder",
+    "TransformersAgent",
+    "generate_bytes_per_token",
+    "load_transformers_model",
+]
 
 # The CPU default of `max_batch_bytes`. The estimate leaves out the forward pass's passing activations, which
 # roughly double it: the built-in model, 400-token prompts and 64 new tokens (34 MB a row), ran 64 rows at once
@@ -88,7 +94,7 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
     return model, tokenizer
 
 
-class _StopRecorder(StoppingCriteria):
+class StopRecorder(StoppingCriteria):
     """Stops each row at a stop string or EOS and records how many tokens that row generated. Rows from `real` on
     are padding: stopped from the first token. The lengths stay on the device until the end (`lengths`): reading
     them every step would wait for the device each time."""
@@ -231,7 +237,7 @@ class TransformersAgent(BatchingBackend):
             prompt = batch[min(row, len(batch) - 1)].prompt_ids
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
             attention[row, width - len(prompt) :] = 1
-        recorder = _StopRecorder(self.tokenizer, batch[0].stop, self.eos_ids, width, rows, real=len(batch))
+        recorder = StopRecorder(self.tokenizer, batch[0].stop, self.eos_ids, width, rows, real=len(batch))
         guide = []
         if cfg.guide_calls is not None and self.sampling is None and batch[0].stop == STOP_SEQUENCES:
             from prompt_r1.agents.guide import ProtocolGuide, guided_plan
