@@ -21,6 +21,7 @@ from prompt_r1.agents.local import StopRecorder, TransformersAgent
 from prompt_r1.core.config import AgentConfig
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.prompts import question_message
+from prompt_r1.core.tokens import initial_prompt_ids
 
 QUESTIONS = (
     TINY_QUESTION,
@@ -74,6 +75,32 @@ async def test_compiled_decoding_gives_the_eager_tokens_and_compiles_once_per_sh
     assert graphs[1] > graphs[0] and graphs[2] == graphs[1]
     kept = decoding.kept_caches(compiled.model)
     assert list(kept) == [4] and kept[4] % decoding.CACHE_STEP == 0
+
+
+async def test_a_first_cache_made_for_the_trajectory_serves_its_longer_turns(trained_tiny_model_path):
+    """With a trajectory's budget as headroom (the trainer's max_total_tokens), the first cache is made that long:
+    a later turn, its prompt a few hundred tokens longer, replays the same compiled step on it. Without, it needs a longer
+    cache (a new shape: a recompile on a GPU)."""
+    torch._dynamo.reset()
+    short = _requests(QUESTIONS[:2])
+    longer = _requests([TINY_QUESTION + " word" * 60] * 2)
+    plain, ahead = _agent(trained_tiny_model_path, "on"), _agent(trained_tiny_model_path, "on")
+    grown = len(initial_prompt_ids(plain.tokenizer, longer[0].messages)) - max(
+        len(initial_prompt_ids(plain.tokenizer, r.messages)) for r in short
+    )
+    assert grown > decoding.CACHE_STEP  # past any cache the short turn alone would need
+    ahead.cache_headroom = grown + 24  # the turn's 24 new tokens on top
+    for agent in (plain, ahead):
+        await _generate(agent, short)
+    first = [decoding.kept_caches(agent.model)[2] for agent in (plain, ahead)]
+    graphs = _graphs()
+    await _generate(ahead, longer)
+    assert (
+        decoding.kept_caches(ahead.model) == {2: first[1]} and _graphs() == graphs
+    )  # the same cache, replayed
+    await _generate(plain, longer)
+    assert decoding.kept_caches(plain.model)[2] > first[0]  # a longer cache had to be made
+    assert first[1] > first[0]
 
 
 def test_padding_rows_stop_at_once_and_each_row_keeps_its_first_stop():

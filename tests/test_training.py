@@ -55,6 +55,7 @@ def stand_in_trainer(model_path: Path, *, temperature: float = 1.0):
             gradient_checkpointing_kwargs=None,
             seed=0,
             agent_compile_decode="auto",
+            max_total_tokens=512,
         ),
         state=SimpleNamespace(global_step=0),
         use_vllm=False,

@@ -7,11 +7,12 @@ from the GPU benchmark's figures: about 20 ms a step for the 353 M-parameter mod
 64 rows takes well under a millisecond), so a turn costs its longest row's tokens times that, whatever the batch. A
 CUDA graph replays a whole step at once.
 
-Shapes are kept few, so that the step compiles once or twice (a longer cache makes its length dynamic) and then
-replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are dropped), the
+Shapes are kept few, so that the step compiles once (twice where a longer cache makes its length dynamic) and
+then replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are dropped), the
 cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per row count, the longest asked for, so
 that the turns of every training step replay the same graphs at the same addresses (each new cache, a new row
-count or a longer length, compiles or records again). The kept caches stay in memory between calls: under `auto`
+count or a longer length, compiles or records again; the trainer makes a first cache as long as a trajectory may
+grow, so that its later turns need no longer one). The kept caches stay in memory between calls: under `auto`
 they hold at most `CACHE_SHARE` of the device's memory, the least recently used dropped to make room, and a call
 whose cache alone would not fit decodes eagerly (a 4 B agent's 64 rows of 8,192 tokens would need 72 GiB); `on`
 keeps them whatever they take. A model the compiler fails on (or any error in a compiled call) is decoded
@@ -127,13 +128,15 @@ def cache_length(tokens: int) -> int:
 
 
 def static_cache(
-    model: Any, rows: int, length: int, *, row_token_bytes: int, budget: int | None
+    model: Any, rows: int, length: int, *, row_token_bytes: int, budget: int | None, make: int = 0
 ) -> StaticCache | None:
-    """The model's kept cache for `rows` rows, emptied, when it holds `length` tokens; else a new one of `length`
-    in its place. A longer cache than a call needs serves it: the turns of an episode, each longer than the last,
-    then share one cache and one compiled shape. `budget`: the most bytes the model's kept caches may hold
-    (`row_token_bytes` a token of a row); the least recently used others are dropped to make room, and None is
-    returned (decode eagerly) when the cache alone would not fit. Call it holding `model_lock(model)`."""
+    """The model's kept cache for `rows` rows, emptied, when it holds `length` tokens; else a new one in its place,
+    `make` tokens long where that fits the budget (else `length`). A longer cache than a call needs serves it: the
+    turns of an episode, each longer than the last, then share one cache and one compiled shape, and a first cache
+    made for the whole trajectory (`make`) spares the recompile a longer one would cost. `budget`: the most bytes
+    the model's kept caches may hold (`row_token_bytes` a token of a row); the least recently used others are
+    dropped to make room, and None is returned (decode eagerly) when the cache alone would not fit. Call it
+    holding `model_lock(model)`."""
     if compile_failed(model):
         return None
     caches = _entry(model).caches
@@ -142,6 +145,9 @@ def static_cache(
         caches[rows] = caches.pop(rows)  # the most recently used, last
         kept.reset()
         return kept
+    if budget is not None and rows * max(length, make) * row_token_bytes > budget:
+        make = 0
+    length = max(length, make)
     size = rows * length * row_token_bytes
     if budget is not None and size > budget:
         return None  # this call decodes eagerly; the kept caches stay

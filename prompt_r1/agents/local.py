@@ -138,12 +138,15 @@ class TransformersAgent(BatchingBackend):
         max_batch_bytes: int | None = None,
         max_context: int | None = None,
         sampling: dict[str, Any] | None = None,
+        cache_headroom: int = 0,
     ) -> None:
         """sampling: `generate` keyword arguments that replace the config's temperature/top_p (the trainer passes
         its own, so that no default of the model's generation_config, such as top_k, changes the distribution).
         max_batch_bytes: the most cache and score memory one `generate` call may hold, as estimated (module doc);
         a batch over it runs as consecutive calls. None: the config's `generate_memory_mb`, else `CPU_BATCH_BYTES`
-        for a model on CPU and no bound on an accelerator."""
+        for a model on CPU and no bound on an accelerator.
+        cache_headroom: compiled, the tokens a row may grow by past a prompt (a trajectory's budget): a new static
+        cache is made that long, so that the episode's later, longer turns replay the same compiled step."""
         super().__init__()
         self.sampling = sampling
         self.config = config = config or AgentConfig()
@@ -169,7 +172,7 @@ class TransformersAgent(BatchingBackend):
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), 0)
         )
-        self.compile_config, self.cache_budget = None, None
+        self.compile_config, self.cache_budget, self.cache_headroom = None, None, cache_headroom
         if compiled_decoding.compiles_decoding(model, config.compile_decode):
             self.compile_config = compiled_decoding.decoding_compile_config()
             self.cache_budget = compiled_decoding.cache_budget(model, config.compile_decode)
@@ -203,12 +206,14 @@ class TransformersAgent(BatchingBackend):
         # Compiled: the rows padded to a power of two, the model's kept static cache (none where its budget has no
         # room: this call is eager), the model's lock held, since the cache and the recorded graphs are its own.
         rows = compiled_decoding.padded_rows(len(batch), self.max_batch_size)
-        tokens = max(len(item.prompt_ids) for item in batch) + max(item.max_new_tokens for item in batch)
+        width = max(len(item.prompt_ids) for item in batch)
+        tokens = width + max(item.max_new_tokens for item in batch)
         failure = None
         with compiled_decoding.model_lock(self.model):
             try:
                 static = compiled_decoding.static_cache(
                     self.model, rows, compiled_decoding.cache_length(tokens),
+                    make=compiled_decoding.cache_length(width + self.cache_headroom),
                     row_token_bytes=self.cache_bytes, budget=self.cache_budget,
                 )  # fmt: skip
                 if static is not None:

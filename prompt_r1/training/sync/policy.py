@@ -276,5 +276,8 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
             max_new_tokens=max_new_tokens,
             compile_decode=args.agent_compile_decode,
         )
-        agent = TransformersAgent(config, model=model, tokenizer=tokenizer, sampling=_generate_sampling(args))
+        agent = TransformersAgent(
+            config, model=model, tokenizer=tokenizer, sampling=_generate_sampling(args),
+            cache_headroom=args.max_total_tokens,
+        )  # fmt: skip
         yield on_trainer_thread(trainer, agent)
