@@ -82,9 +82,10 @@ async def test_a_first_cache_made_for_the_trajectory_serves_its_longer_turns(tra
     a later turn, its prompt a few hundred tokens longer, replays the same compiled step on it. Without, it needs a longer
     cache (a new shape: a recompile on a GPU)."""
     torch._dynamo.reset()
-    short = _requests(QUESTIONS[:2])
-    longer = _requests([TINY_QUESTION + " word" * 60] * 2)
+    short = _requests(QUESTIONS[:2], turn=0)  # an episode's first turn: its cache is made with the headroom
+    longer = _requests([TINY_QUESTION + " word" * 60] * 2, turn=1)
     plain, ahead = _agent(trained_tiny_model_path, "on"), _agent(trained_tiny_model_path, "on")
+    plain.cache_budget = ahead.cache_budget = 1 << 30  # as under auto (under `on`, never longer than needed)
     grown = len(initial_prompt_ids(plain.tokenizer, longer[0].messages)) - max(
         len(initial_prompt_ids(plain.tokenizer, r.messages)) for r in short
     )
@@ -139,6 +140,22 @@ def test_rows_pad_to_a_power_of_two_within_the_limit_and_caches_keep_within_the_
         # A cache over the budget by itself: none (that call decodes eagerly), and the kept ones all stay, the
         # shorter one of its own row count too.
         assert cache(64, 512) is None and cache(2, 4096) is None and kept() == {4: 512, 2: 256}
+        # A first cache made longer than its call needs (`make`) where the budget has room beside the others
+        # (4 x 512 + 2 x 256 = 25,600 kept): under 30,000, 1 x 768 would not fit beside them, so 1 x 256 is made
+        # (and nothing dropped); alone it fits.
+        decoding.static_cache(model, 1, 256, make=768, row_token_bytes=token, budget=30_000)
+        assert kept() == {4: 512, 2: 256, 1: 256}
+    alone = TransformersAgent(AgentConfig(model=str(tiny_model_path))).model
+    with decoding.model_lock(alone):
+        decoding.static_cache(alone, 1, 256, make=768, row_token_bytes=token, budget=budget)
+        # Without a budget (`on`), never longer than the call needs.
+        decoding.static_cache(alone, 2, 256, make=768, row_token_bytes=token, budget=None)
+    assert decoding.kept_caches(alone) == {1: 768, 2: 256}
+    lock = decoding.model_lock(model)
+    with lock:
+        decoding.record_failure(model)
+    assert decoding.model_lock(model) is lock and kept() == {}  # the lock stays for a call waiting on it
+    assert decoding.static_cache(model, 1, 256, row_token_bytes=token, budget=None) is None
 
 
 def test_the_budget_is_an_eighth_of_a_cuda_devices_memory_under_auto_only(monkeypatch, tiny_model_path):

@@ -11,8 +11,8 @@ Shapes are kept few, so that the step compiles once (twice where a longer cache 
 then replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are dropped), the
 cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per row count, the longest asked for, so
 that the turns of every training step replay the same graphs at the same addresses (each new cache, a new row
-count or a longer length, compiles or records again; the trainer makes a first cache as long as a trajectory may
-grow, so that its later turns need no longer one). The kept caches stay in memory between calls: under `auto`
+count or a longer length, compiles or records again; the trainer makes a first cache about as long as a trajectory
+may grow, where the budget has room, so that its later turns need no longer one). The kept caches stay in memory between calls: under `auto`
 they hold at most `CACHE_SHARE` of the device's memory, the least recently used dropped to make room, and a call
 whose cache alone would not fit decodes eagerly (a 4 B agent's 64 rows of 8,192 tokens would need 72 GiB); `on`
 keeps them whatever they take. A model the compiler fails on (or any error in a compiled call) is decoded
@@ -53,12 +53,13 @@ CACHE_SHARE = 1 / 8
 
 
 class _ModelCaches:
-    """One model's kept caches (row count -> cache, the most recently used last) and the lock its compiled calls
-    hold: the caches and the recorded graphs are the model's, whichever agent or thread decodes with it."""
+    """One model's kept caches (row count -> (cache, its tokens), the most recently used last; the length is kept
+    here, since transformers 4 caches do not say it) and the lock its compiled calls hold: the caches and the
+    recorded graphs are the model's, whichever agent or thread decodes with it."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.caches: dict[int, StaticCache] = {}
+        self.caches: dict[int, tuple[StaticCache, int]] = {}
 
 
 _MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -100,17 +101,15 @@ def compile_failed(model: Any) -> bool:
 
 def record_failure(model: Any) -> None:
     """The compiler failed on `model`: decode it eagerly from now on, and let its caches go (the entry and its
-    lock stay, so that a call already past the check waits on the same lock and then finds no cache)."""
+    lock stay, so that a call waiting on the lock then finds no cache). Call it holding `model_lock(model)`."""
     _FAILED.add(model)
-    entry = _entry(model)
-    with entry.lock:
-        entry.caches.clear()
+    _entry(model).caches.clear()
 
 
 def kept_caches(model: Any) -> dict[int, int]:
     """The model's kept static caches as row count -> tokens, the least recently used first."""
     entry = _MODELS.get(model)
-    return {} if entry is None else {rows: cache.get_max_length() for rows, cache in entry.caches.items()}
+    return {} if entry is None else {rows: tokens for rows, (_, tokens) in entry.caches.items()}
 
 
 def model_lock(model: Any) -> threading.Lock:
@@ -131,34 +130,36 @@ def static_cache(
     model: Any, rows: int, length: int, *, row_token_bytes: int, budget: int | None, make: int = 0
 ) -> StaticCache | None:
     """The model's kept cache for `rows` rows, emptied, when it holds `length` tokens; else a new one in its place,
-    `make` tokens long where that fits the budget (else `length`). A longer cache than a call needs serves it: the
-    turns of an episode, each longer than the last, then share one cache and one compiled shape, and a first cache
-    made for the whole trajectory (`make`) spares the recompile a longer one would cost. `budget`: the most bytes
-    the model's kept caches may hold (`row_token_bytes` a token of a row); the least recently used others are
-    dropped to make room, and None is returned (decode eagerly) when the cache alone would not fit. Call it
-    holding `model_lock(model)`."""
+    `make` tokens long where the budget has room for it beside the other kept caches (else `length`; under no
+    budget, always `length`). A longer cache than a call needs serves it: the turns of an episode, each longer
+    than the last, then share one cache and one compiled shape, and a first cache made for about the whole
+    trajectory (`make`) spares the recompile a longer one would cost. `budget`: the most bytes the model's kept
+    caches may hold (`row_token_bytes` a token of a row); the least recently used others are dropped to make
+    room, and None is returned (decode eagerly) when the cache alone would not fit. Call it holding
+    `model_lock(model)`."""
     if compile_failed(model):
         return None
     caches = _entry(model).caches
-    kept = caches.get(rows)
-    if kept is not None and kept.get_max_length() >= length:
-        caches[rows] = caches.pop(rows)  # the most recently used, last
-        kept.reset()
-        return kept
-    if budget is not None and rows * max(length, make) * row_token_bytes > budget:
-        make = 0
+    if rows in caches and caches[rows][1] >= length:
+        cache, tokens = caches[rows] = caches.pop(rows)  # the most recently used, last
+        cache.reset()
+        return cache
+
+    def others() -> int:
+        return sum(n * tokens for n, (_, tokens) in caches.items() if n != rows) * row_token_bytes
+
+    if budget is None or rows * make * row_token_bytes + others() > budget:
+        make = 0  # no speculative length without a budget, nor at the cost of another row count's cache
     length = max(length, make)
     size = rows * length * row_token_bytes
     if budget is not None and size > budget:
         return None  # this call decodes eagerly; the kept caches stay
     caches.pop(rows, None)
     if budget is not None:
-        while (
-            caches
-            and size + sum(n * c.get_max_length() * row_token_bytes for n, c in caches.items()) > budget
-        ):
+        while caches and size + others() > budget:
             caches.pop(next(iter(caches)))
-    cache = caches[rows] = StaticCache(config=model.config, max_cache_len=length)
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    caches[rows] = (cache, length)
     return cache
 
 

@@ -206,25 +206,32 @@ class TransformersAgent(BatchingBackend):
         # Compiled: the rows padded to a power of two, the model's kept static cache (none where its budget has no
         # room: this call is eager), the model's lock held, since the cache and the recorded graphs are its own.
         rows = compiled_decoding.padded_rows(len(batch), self.max_batch_size)
-        width = max(len(item.prompt_ids) for item in batch)
-        tokens = width + max(item.max_new_tokens for item in batch)
+        tokens = max(len(item.prompt_ids) for item in batch) + max(item.max_new_tokens for item in batch)
+        # A new cache for an episode's first turn is made as long as it may grow (cache_headroom): later turns'
+        # prompts already hold earlier turns, and a headroom on top of them would overshoot.
+        first = [len(item.prompt_ids) for item in batch if item.turn == 0]
+        make = (
+            compiled_decoding.cache_length(max(first) + self.cache_headroom)
+            if first and self.cache_headroom
+            else 0
+        )
         failure = None
         with compiled_decoding.model_lock(self.model):
             try:
                 static = compiled_decoding.static_cache(
                     self.model, rows, compiled_decoding.cache_length(tokens),
-                    make=compiled_decoding.cache_length(width + self.cache_headroom),
+                    make=make,
                     row_token_bytes=self.cache_bytes, budget=self.cache_budget,
                 )  # fmt: skip
                 if static is not None:
                     return self._decode(batch, static, rows)
             except Exception as exc:  # kept as text: the exception holds the failed call's frames and tensors
                 failure = f"{type(exc).__name__}: {exc}"
+                # A model or a torch the compiler cannot take (any error in a compiled call counts): recorded under
+                # the lock, so that no other call tries again, and the model's caches let go.
+                compiled_decoding.record_failure(self.model)
             static = None  # the cache a failed call left in this frame: the eager call below needs its memory
-        if failure is not None:
-            # A model or a torch the compiler cannot take (any error in a compiled call counts): eager decoding gives
-            # the same tokens, and the model's caches go first.
-            compiled_decoding.record_failure(self.model)
+        if failure is not None:  # eager decoding gives the same tokens
             self.compile_config = None
             warnings.warn(f"compiled decoding failed, decoding eagerly from now on: {failure}", stacklevel=2)
         return self._decode(batch)

@@ -35,7 +35,8 @@ class PromptR1GRPOConfig(GRPOConfig, PromptR1Fields):
     agent_compile_decode: str = field_help(
         "The policy's decoding in the rollout (transformers generate, not vLLM): compiled with a static key/value "
         "cache and CUDA graphs (on), eager (off), or auto: compiled on CUDA unless ZeRO-3 partitions the weights, "
-        "while its kept caches fit an eighth of the GPU's memory.",
+        "while its kept caches fit an eighth of the GPU's memory (an episode's first cache is made about "
+        "max_total_tokens past its prompt where that room is there, so that later turns reuse it).",
         default="auto",
     )
     # vLLM rollouts (use_vllm, vllm_mode: TRL's own fields).
