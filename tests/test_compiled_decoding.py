@@ -179,6 +179,14 @@ async def test_a_call_over_the_budget_decodes_eagerly_and_keeps_compiling_later(
     assert [o.token_ids for o in got] == [o.token_ids for o in await _generate(eager, requests)]
     assert _graphs() == graphs and compiled.compile_config is not None  # eager this call, still compiling
     assert not decoding.compile_failed(compiled.model)
+    # An eager call does not hold the model's lock (other threads' compiled calls need not wait for it).
+    held = []
+    decode = compiled._decode
+    compiled._decode = lambda batch, *a: (
+        held.append(decoding.model_lock(compiled.model).locked()) or decode(batch, *a)
+    )
+    await _generate(compiled, requests)
+    assert held == [False]
 
 
 def test_compiled_decoding_is_off_for_inference_and_auto_only_on_cuda_with_whole_weights(tiny_model_path):

@@ -137,6 +137,19 @@ def test_every_loop_setting_reaches_the_rollouts_or_is_fixed_by_training():
     )
 
 
+def test_the_policy_decodes_with_the_trainers_compile_setting_and_trajectory_headroom(tiny_model_path):
+    """The rollout's agent on the trainer's model: agent_compile_decode reaches it (auto: eager on CPU; on:
+    compiled), and a first-turn cache is made for the trajectory's budget (max_total_tokens)."""
+    from prompt_r1.training.sync.policy import trainer_policy
+
+    trainer = stand_in_trainer(tiny_model_path)
+    with trainer_policy(trainer, max_new_tokens=8) as agent:
+        assert agent.compile_config is None and agent.cache_headroom == 512
+    trainer.args.agent_compile_decode = "on"
+    with trainer_policy(trainer, max_new_tokens=8) as agent:
+        assert agent.compile_config is not None and agent.model is trainer.model
+
+
 def test_rollout_returns_the_sampled_ids_and_rendered_environment_tokens(trained_tiny_model_path):
     trainer = stand_in_trainer(trained_tiny_model_path, temperature=0.0)  # greedy: the model plays its script
     tok = trainer.processing_class
