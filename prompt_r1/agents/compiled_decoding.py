@@ -8,15 +8,15 @@ from the GPU benchmark's figures: about 20 ms a step for the 353 M-parameter mod
 CUDA graph replays a whole step at once.
 
 Shapes are kept few, so that the step compiles once (twice where a longer cache makes its length dynamic) and
-then replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are dropped), the
-cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per row count, the longest asked for, so
-that the turns of every training step replay the same graphs at the same addresses (each new cache, a new row
-count or a longer length, compiles or records again; the trainer makes a first cache about as long as a trajectory
-may grow, where the budget has room, so that its later turns need no longer one). The kept caches stay in memory between calls: under `auto`
-they hold at most `CACHE_SHARE` of the device's memory, the least recently used dropped to make room, and a call
-whose cache alone would not fit decodes eagerly (a 4 B agent's 64 rows of 8,192 tokens would need 72 GiB); `on`
-keeps them whatever they take. A model the compiler fails on (or any error in a compiled call) is decoded
-eagerly from then on, with a warning.
+then replays: rows are padded to a power of two (at most the batch's limit; the pads stop at once and are
+dropped), the cache's length is a multiple of `CACHE_STEP`, and a model keeps one cache per row count, the
+longest asked for, so that the turns of every training step replay the same graphs at the same addresses (each
+new cache, a new row count or a longer length, compiles or records again; the trainer makes a first cache about
+as long as a trajectory may grow, where the budget has room, so that its later turns need no longer one). The
+kept caches stay in memory between calls: under `auto` they hold at most `CACHE_SHARE` of the device's memory,
+the least recently used dropped to make room, and a call whose cache alone would not fit decodes eagerly (a 4 B
+agent's 64 rows of 8,192 tokens would need 72 GiB); `on` keeps them whatever they take. A model the compiler
+fails on (or any error in a compiled call) is decoded eagerly from then on, with a warning.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def static_cache(
         return None
     caches = _entry(model).caches
     if rows in caches and caches[rows][1] >= length:
-        cache, tokens = caches[rows] = caches.pop(rows)  # the most recently used, last
+        cache, _ = caches[rows] = caches.pop(rows)  # the most recently used, last
         cache.reset()
         return cache
 

@@ -24,6 +24,7 @@ from prompt_r1.core.redaction import NO_KEY
 from prompt_r1.core.urls import MEMORY_STORE, RATE_STORE_PASSWORD_ENV, check_store_url, check_url, store_user
 
 __all__ = [
+    "COMPILE_DECODE",
     "DEFAULT_AGENT_MODEL",
     "DEFAULT_ENV_MODEL",
     "AgentConfig",
@@ -75,6 +76,9 @@ def _help(text: str, *, check: dict[str, Any] | None = None, **kw: Any) -> Any:
     metadata = {"help": text} if check is None else {"help": text, "check": check}
     return field(metadata=metadata, **kw)
 
+
+# A local agent's decoding (AgentConfig.compile_decode, and the synchronous trainer's agent_compile_decode).
+COMPILE_DECODE = ("auto", "on", "off")
 
 AT_LEAST_1 = {"integer": True, "minimum": 1}
 AT_LEAST_0 = {"integer": True, "minimum": 0}
@@ -227,7 +231,7 @@ class AgentConfig:
         _check_types(self)
         if self.token_exact not in {"auto", "on", "off"}:
             raise ConfigError(f"agent token_exact must be auto, on or off, got {self.token_exact!r}")
-        if self.compile_decode not in {"auto", "on", "off"}:
+        if self.compile_decode not in COMPILE_DECODE:
             raise ConfigError(f"agent compile_decode must be auto, on or off, got {self.compile_decode!r}")
         if self.backend not in {"auto", "served", "transformers", "vllm"}:
             raise ConfigError(

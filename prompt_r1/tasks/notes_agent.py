@@ -182,10 +182,11 @@ def served_demonstrations(
         }
 
     for _ in range(rounds):
-        if not missing():
+        short = missing()
+        if not short:
             break
         plans = []
-        for kind, count in missing().items():
+        for kind, count in short.items():
             for _ in range(2 * count):  # about half the 2-call episodes miss (docs/benchmarks.md)
                 sheet = draw_sheets(1, rng, "train")[0]
                 i = rng.randrange(len(sheet.things))
@@ -219,9 +220,10 @@ def served_demonstrations(
                 continue
             script.append(ANSWER.format(thought=_after_reply(gave, name, asks), answer=name))
             kept[asked.kind].append((asked.question, script))
-    if missing():
+    short = missing()
+    if short:
         raise RuntimeError(
-            f"the environment's replies named the fact asked for too seldom: {missing()} episodes still missing "
+            f"the environment's replies named the fact asked for too seldom: {short} episodes still missing "
             f"after {rounds} rounds (is the environment the notes task's, answering from the notes?)"
         )
     by_kind = {kind: iter(episodes) for kind, episodes in kept.items()}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 
 from trl import GRPOConfig
 
+from prompt_r1.core.config import COMPILE_DECODE
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.training.shared.config import (
     PromptR1Fields,
@@ -79,7 +80,7 @@ class PromptR1GRPOConfig(GRPOConfig, PromptR1Fields):
                 "deepspeed_zero2.yaml (or deepspeed_zero3.yaml), or train with --async, whose trainer shards with "
                 "FSDP2 (training/accelerate/fsdp2.yaml)"
             )
-        if self.agent_compile_decode not in ("auto", "on", "off"):
+        if self.agent_compile_decode not in COMPILE_DECODE:
             raise ConfigError(
                 f"agent_compile_decode must be auto, on or off, got {self.agent_compile_decode!r}"
             )
