@@ -331,29 +331,34 @@ def test_a_seeds_cold_start_is_reused_for_the_same_settings_and_redone_for_other
     marker = cold / "cold_start.json"
     ran = []
 
-    def cold_start(folder, *, seed, steps, ask_again, kinds, replies, say):
+    def cold_start(folder, *, seed, steps, ask_again, kinds, plans, replies, say):
         assert not marker.exists(), "a redo begins with the old settings' marker gone"
         folder.mkdir(parents=True, exist_ok=True)
-        ran.append((seed, steps, ask_again, kinds, replies))
+        ran.append((seed, steps, ask_again, kinds, plans, replies))
 
     monkeypatch.setattr(notes_agent, "cold_start", cold_start)
-    settings = dict(cold_steps=16, ask_again=0.7, kind_thoughts=False, served_replies=False)
+    settings = dict(cold_steps=16, ask_again=0.7, kind_thoughts=False, plan_thoughts=False, served_replies=False)
     made = bench.cold_start_once(3, argparse.Namespace(**settings), cold)
-    assert ran == [(3, 16, 0.7, False, "scripted")]
+    assert ran == [(3, 16, 0.7, False, False, "scripted")]
     assert json.loads(marker.read_text()) == made and made["steps"] == 16 and made["seconds"] >= 0
     assert bench.cold_start_once(3, argparse.Namespace(**settings), cold) == made  # reused
     assert len(ran) == 1
-    older = {k: v for k, v in made.items() if k != "replies"}  # written before the setting existed: scripted
+    # Written before the settings existed: scripted replies, no plan thoughts.
+    older = {k: v for k, v in made.items() if k not in ("replies", "plans")}
     marker.write_text(json.dumps(older))
     bench.cold_start_once(3, argparse.Namespace(**settings), cold)
     assert len(ran) == 1
-    for change in ({"ask_again": 0.5}, {"kind_thoughts": True}, {"cold_steps": 8}, {"served_replies": True}):
+    changes = ({"ask_again": 0.5}, {"kind_thoughts": True}, {"cold_steps": 8}, {"plan_thoughts": True},
+               {"served_replies": True})  # fmt: skip
+    for change in changes:
         redone = bench.cold_start_once(3, argparse.Namespace(**{**settings, **change}), cold)
-        assert ran[-1] == (3, redone["steps"], redone["ask_again"], redone["kinds"], redone["replies"])
-    assert len(ran) == 5 and ran[-1][-1] == "served"
+        assert ran[-1] == (
+            3, redone["steps"], redone["ask_again"], redone["kinds"], redone["plans"], redone["replies"]
+        )  # fmt: skip
+    assert len(ran) == 6 and ran[-1][-1] == "served" and ran[-2][-2] is True
     marker.write_text("{}")  # a marker of unknown settings is not trusted either
     bench.cold_start_once(3, argparse.Namespace(**settings), cold)
-    assert len(ran) == 6
+    assert len(ran) == 7
 
 
 def test_the_notes_task_takes_groups_of_8_in_a_step_of_16(tmp_path):

@@ -12,10 +12,11 @@ sheet per group of episodes, the policy served by a vLLM server of its own; the 
 OUT/seed-S/grpo-async (a seed's cold start is reused from OUT when its settings are the same). The cold start's
 demonstrations: `--ask-again` (the share that asks again after a builder reply), `--kind-thoughts` (thoughts
 that name what the question asks for, with the turn cap at 64 tokens, `--turn-tokens`; with `--eval-only`, the
-cap the shipped agent was trained with) and `--served-replies` (the built-in environment's replies in them, on
+cap the shipped agent was trained with), `--plan-thoughts` (thoughts after a reply that end with the choice made,
+"I ask where X was born." or "I answer X.", the cap at 80) and `--served-replies` (the built-in environment's replies in them, on
 training-pool sheets, in place of scripted ones); `--generations` sets the samples per question in a step (a GRPO group;
 the step keeps its 16 episodes). With `--eval-only`, the settings of training (`--seed0 --seeds --steps
---cold-steps --ask-again --kind-thoughts --served-replies --generations --async`) are refused. Then one table on `--questions`
+--cold-steps --ask-again --kind-thoughts --plan-thoughts --served-replies --generations --async`) are refused. Then one table on `--questions`
 held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and
 GEPA (their search budget in metric calls: as many as the episodes one seed trained on, with `--eval-only` the
 shipped agent's, read from its adapter's record; `--search-budget`), each seed's cold-started and trained agent,
@@ -76,6 +77,7 @@ TRAINING = {
     "--cold-steps": ("cold_steps", COLD_STEPS), "--ask-again": ("ask_again", ASK_AGAIN),
     "--kind-thoughts": ("kind_thoughts", False), "--generations": ("generations", GENERATIONS),
     "--async": ("async_grpo", False), "--served-replies": ("served_replies", False),
+    "--plan-thoughts": ("plan_thoughts", False),
 }  # fmt: skip
 
 
@@ -97,13 +99,15 @@ def cold_start_once(seed: int, args: argparse.Namespace, cold: Path) -> dict:
         "steps": args.cold_steps,
         "ask_again": args.ask_again,
         "kinds": args.kind_thoughts,
+        "plans": args.plan_thoughts,
         "replies": replies,
     }
-    made.setdefault("replies", "scripted")  # a marker from before the setting existed: scripted replies
+    # A marker from before a setting existed: scripted replies, no plan thoughts.
+    made = {"replies": "scripted", "plans": False} | made
     if {k: made.get(k) for k in recipe} != recipe:
         marker.unlink(missing_ok=True)  # a redo cut short leaves no marker of the settings it replaced
         notes_agent.cold_start(cold, seed=seed, steps=args.cold_steps, ask_again=args.ask_again,
-                               kinds=args.kind_thoughts, replies=replies,
+                               kinds=args.kind_thoughts, plans=args.plan_thoughts, replies=replies,
                                say=lambda line: say(f"seed {seed}: {line}"))  # fmt: skip
         made = {**recipe, "seconds": time.monotonic() - started}
         marker.write_text(json.dumps(made) + "\n")
@@ -274,13 +278,18 @@ def main(argv: list[str] | None = None) -> int:
         help="the cold start's thoughts name what the question asks for (prompt_r1.tasks.notes_agent)",
     )  # fmt: skip
     parser.add_argument(
+        "--plan-thoughts", action="store_true", default=None,
+        help="the cold start's thoughts after a reply end with the choice made, naming the next prompt",
+    )  # fmt: skip
+    parser.add_argument(
         "--served-replies", action="store_true", default=None,
         help="the cold start's demonstrations carry the served environment's replies, not scripted ones",
     )  # fmt: skip
     parser.add_argument(
         "--turn-tokens", type=int,
         help="most tokens an agent turn may take, in training and in the table (unset: the shipped agent's own "
-        "with --eval-only; 64 with --kind-thoughts, whose thoughts are longer; else 48)",
+        "with --eval-only; 80 with --plan-thoughts and 64 with --kind-thoughts, whose thoughts are longer; "
+        "else 48)",
     )  # fmt: skip
     parser.add_argument("--questions", type=int, default=200, help="held-out questions in the table")
     parser.add_argument("--eval-seed", "--seed", dest="eval_seed", type=int,
@@ -314,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{EPISODES_PER_STEP} episodes), got {args.generations}")  # fmt: skip
     if args.turn_tokens is None and args.eval_only:  # the cap the shipped agent was trained and measured with
         args.turn_tokens = SHIPPED_AGENT.turn_tokens
-    elif args.turn_tokens is None:  # kind thoughts are longer
-        args.turn_tokens = 64 if args.kind_thoughts else TURN_TOKENS
+    elif args.turn_tokens is None:  # kind and plan thoughts are longer
+        args.turn_tokens = 80 if args.plan_thoughts else 64 if args.kind_thoughts else TURN_TOKENS
     elif not 1 <= args.turn_tokens <= TOTAL_TOKENS:
         parser.error(
             f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"

@@ -27,6 +27,12 @@ every turn, and after a reply what it gave ("The reply names the builder, Tovi L
 whichever way the choice then goes: the choice stays independent of the question, but it follows a word that
 names the right one, which is what GRPO has to tie it to.
 
+`plans=True` ends every thought after a reply with the choice it makes, in words that name the next prompt
+("I ask where Tovi Lannet was born." or "I answer Tovi Lannet."): a second prompt then copies the name from the
+line just above it. Without it the cold-started agent's second prompt repeated the whole question in about a
+third of the 2-call episodes that asked again (docs/benchmarks.md). The choice is still drawn independently of the
+question; it is now made at the thought's last sentence ("I ask" or "I answer") instead of at the tag after it.
+
 `replies="served"` (`served_demonstrations`) writes the same episodes with the replies the built-in environment
 itself gives (served on 127.0.0.1 from the cold start's process, greedy, training-pool sheets), in place of the
 script's few forms: the agent then learns the choice after a reply on replies as it will read them in training
@@ -93,10 +99,18 @@ def reply_forms(kind: str, thing: str, person: str, place: str) -> list[tuple[st
     ]
 
 
-def _after_reply(gave: str, name: str, asks: str | None) -> str:
+def _after_reply(gave: str, name: str, asks: str | None, plan: str | None = None) -> str:
     """The thought after a reply: the name it gave and, with kind thoughts (`asks`), what it gave and what the
-    question asks for."""
-    return f"The reply names the {gave}, {name}. {asks}" if asks else f"The reply names {name}."
+    question asks for; with plan thoughts, the choice made (`plan`, from `_plan`)."""
+    thought = f"The reply names the {gave}, {name}. {asks}" if asks else f"The reply names {name}."
+    return f"{thought} {plan}" if plan else thought
+
+
+def _plan(ask_where: bool, name: str, plans: bool) -> str | None:
+    """The plan thought's last sentence: ask where NAME was born, or answer NAME (None without plan thoughts)."""
+    if not plans:
+        return None
+    return f"I ask where {name} was born." if ask_where else f"I answer {name}."
 
 
 def _asks_for(kind: str, kinds: bool) -> str | None:
@@ -111,11 +125,12 @@ def _first_turn(asks: str | None, prompt: str) -> str:
 
 
 def demonstrations(
-    n: int, seed: int, *, ask_again: float = ASK_AGAIN, kinds: bool = False
+    n: int, seed: int, *, ask_again: float = ASK_AGAIN, kinds: bool = False, plans: bool = False
 ) -> list[tuple[str, list[str]]]:
     """`n` scripted episodes (question, [turn, reply, turn, ...]) on training-pool sheets, every choice drawn
     independently of the question (see the module docstring): 1 or 2 calls, then an answer copying the last
-    reply's name. `kinds`: thoughts that name what the question asks for and what each reply gave."""
+    reply's name. `kinds`: thoughts that name what the question asks for and what each reply gave; `plans`:
+    thoughts after a reply that end with the choice made."""
     rng = random.Random(seed)
     episodes = []
     for _ in range(n):
@@ -137,13 +152,14 @@ def demonstrations(
         script = [_first_turn(asks, prompt), reply]
         gave = "builder" if named_builder else "birthplace"
         if named_builder and rng.random() < ask_again:  # ask again, about the person the reply named
-            script.append(
-                ASK.format(thought=_after_reply("builder", name, asks), prompt=f"Where was {name} born?")
-            )
+            thought = _after_reply("builder", name, asks, _plan(True, name, plans))
+            script.append(ASK.format(thought=thought, prompt=f"Where was {name} born?"))
             reply, name = rng.choice(reply_forms("birthplace", thing, person, place))
             script.append(reply)
             gave = "birthplace"
-        script.append(ANSWER.format(thought=_after_reply(gave, name, asks), answer=name))
+        script.append(
+            ANSWER.format(thought=_after_reply(gave, name, asks, _plan(False, name, plans)), answer=name)
+        )
         episodes.append((question, script))
     return episodes
 
@@ -155,6 +171,7 @@ def served_demonstrations(
     *,
     ask_again: float = ASK_AGAIN,
     kinds: bool = False,
+    plans: bool = False,
     rounds: int = 8,
 ) -> list[tuple[str, list[str]]]:
     """`n` episodes as `demonstrations` writes them, but with the environment's own replies (`replies`: the
@@ -209,7 +226,8 @@ def served_demonstrations(
                 if not mentions(second[j], place):
                     continue
                 if draw < ask_again:  # ask again, about the person the reply named
-                    turn = ASK.format(thought=_after_reply("builder", person, asks), prompt=again[j][2])
+                    thought = _after_reply("builder", person, asks, _plan(True, person, plans))
+                    turn = ASK.format(thought=thought, prompt=again[j][2])
                     script += [turn, second[j]]
                     gave, name = "birthplace", place
                 else:
@@ -218,7 +236,8 @@ def served_demonstrations(
                 gave, name = "birthplace" if asked.answer == place else "builder", asked.answer
             else:
                 continue
-            script.append(ANSWER.format(thought=_after_reply(gave, name, asks), answer=name))
+            thought = _after_reply(gave, name, asks, _plan(False, name, plans))
+            script.append(ANSWER.format(thought=thought, answer=name))
             kept[asked.kind].append((asked.question, script))
     short = missing()
     if short:
@@ -269,11 +288,12 @@ def cold_start(
     lr: float = 2e-3,
     ask_again: float = ASK_AGAIN,
     kinds: bool = False,
+    plans: bool = False,
     replies: str = "scripted",
     base: str = BASE,
     say: Any = None,
 ) -> Path:
-    """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` (of `ask_again` and `kinds`) for `steps` steps;
+    """Fine-tune `base` with LoRA (`LORA`) on `demonstrations` (of `ask_again`, `kinds` and `plans`) for `steps` steps;
     save the adapter to OUT/adapter and the merged model (the trainer's starting point) to OUT/model. Returns
     OUT/model. `replies`: "served" writes the demonstrations with the built-in environment's replies
     (`served_demonstrations`), "scripted" with the script's (`demonstrations`).
@@ -296,9 +316,11 @@ def cold_start(
     # Served replies are written before the model to train is loaded: the environment is served from this process.
     if replies == "served":
         with served_replies(seed=seed) as ask:
-            scripts = served_demonstrations(episodes, seed, ask, ask_again=ask_again, kinds=kinds)
+            scripts = served_demonstrations(
+                episodes, seed, ask, ask_again=ask_again, kinds=kinds, plans=plans
+            )
     else:
-        scripts = demonstrations(episodes, seed, ask_again=ask_again, kinds=kinds)
+        scripts = demonstrations(episodes, seed, ask_again=ask_again, kinds=kinds, plans=plans)
     out = Path(out)
     folder = resolve_model(base)
     tok = AutoTokenizer.from_pretrained(folder)
@@ -331,7 +353,8 @@ def cold_start(
         if say is not None:
             say(f"cold start: step {step + 1}/{steps}, loss {loss:.3f}")
     facts = {"stage": "cold start", "seed": seed, "steps": steps}
-    save_adapter(model, out / "adapter", facts if replies == "scripted" else {**facts, "replies": replies})
+    facts |= {"replies": replies} if replies != "scripted" else {}
+    save_adapter(model, out / "adapter", facts | ({"plans": True} if plans else {}))
     merged = model.merge_and_unload()
     merged.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
