@@ -222,6 +222,38 @@ def test_kind_thoughts_name_what_the_question_asks_for_and_still_teach_no_choice
     )]  # fmt: skip
 
 
+def test_plan_thoughts_end_with_the_choice_made_and_name_the_next_prompt():
+    from prompt_r1.tasks.notes_agent import demonstrations
+
+    episodes = demonstrations(400, seed=2, ask_again=0.5, kinds=True, plans=True)
+    asked_again = {}
+    for question, script in episodes:
+        kind, _ = parse(question)
+        turns = script[::2]
+        for turn in turns[1:]:  # every thought after a reply ends with what the turn then does
+            thought = re.search(r"<think>(.*)</think>", turn).group(1)
+            name = re.match(r"The reply names the (?:builder|birthplace), (.+?)\. ", thought).group(1)
+            if "<answer>" in turn:
+                assert thought.endswith(f" I answer {name}.") and f"<answer>{name}</answer>" in turn, turn
+            else:  # the prompt asks about the name the thought just wrote
+                assert thought.endswith(f" I ask where {name} was born."), turn
+                assert f"<interaction_prompt>Where was {name} born?</interaction_prompt>" in turn, turn
+        if kind != "birthplace":
+            asked_again.setdefault(kind, []).append(len(script) == 5)
+    # Still no choice that depends on the question: the share after a builder reply is alike for both kinds.
+    shares = {kind: sum(v) / len(v) for kind, v in asked_again.items()}
+    assert all(abs(share - 0.5) < 0.1 for share in shares.values()), shares
+    # The same draws as kind thoughts alone: only the thoughts after a reply gain their last sentence.
+    kinds = demonstrations(400, seed=2, ask_again=0.5, kinds=True)
+    assert [(q, s[1::2]) for q, s in kinds] == [(q, s[1::2]) for q, s in episodes]
+    assert all(
+        a[0] == b[0] and "I ask where" not in a[0] for (_, a), (_, b) in zip(kinds, episodes, strict=True)
+    )
+    # Without kind thoughts the plan follows the plain thought.
+    (_, plain), *_ = demonstrations(1, seed=0, plans=True)
+    assert plain[2].startswith("<think>The reply names Pia Corvin. I ask where Pia Corvin was born.</think>")
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [(["--ask-again", "1.5"], "--ask-again must be a share from 0 to 1, got 1.5"),
@@ -337,7 +369,9 @@ def test_a_seeds_cold_start_is_reused_for_the_same_settings_and_redone_for_other
         ran.append((seed, steps, ask_again, kinds, plans, replies))
 
     monkeypatch.setattr(notes_agent, "cold_start", cold_start)
-    settings = dict(cold_steps=16, ask_again=0.7, kind_thoughts=False, plan_thoughts=False, served_replies=False)
+    settings = dict(
+        cold_steps=16, ask_again=0.7, kind_thoughts=False, plan_thoughts=False, served_replies=False
+    )
     made = bench.cold_start_once(3, argparse.Namespace(**settings), cold)
     assert ran == [(3, 16, 0.7, False, False, "scripted")]
     assert json.loads(marker.read_text()) == made and made["steps"] == 16 and made["seconds"] >= 0
@@ -399,3 +433,14 @@ def test_served_demonstrations_keep_the_kinds_and_the_choices_share_when_replies
         shares[kind] = sum(len(script) == 5 for script in scripts) / len(scripts)
     assert all(abs(share - 0.5) < 0.08 for share in shares.values()), shares
     assert all("I cannot say." not in script for _, script in episodes)
+    # Plan thoughts change the thoughts alone: the same episodes, the replies and the choices drawn alike.
+    planned = served_demonstrations(60, 4, replies, ask_again=0.5, plans=True)
+    assert [(q, s[1::2]) for q, s in planned] == [
+        (q, s[1::2]) for q, s in served_demonstrations(60, 4, replies, ask_again=0.5)
+    ]
+    for _, script in planned:
+        for turn in script[2::2]:
+            name = re.search(r"The reply names (.+?)\. ", turn).group(1)
+            assert f"I ask where {name} was born.</think>" in turn or f"I answer {name}.</think>" in turn, (
+                turn
+            )
