@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -131,6 +132,12 @@ def test_console_script_end_to_end(server):
                          timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
+    # README.md's tour ends with `prompt-r1 --help` and the commands it lists (that block names this test).
+    helped = subprocess.run([exe, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert helped.returncode == 0, helped.stderr
+    listed = {line.split()[0] for line in helped.stdout.splitlines() if re.match(r"^ {4}\S", line)}
+    commands = {"run", "batch", "batch-merge", "eval", "score", "serve", "serve-model", "train", "merge"}
+    assert listed == commands, listed
 
 
 @pytest.mark.parametrize(

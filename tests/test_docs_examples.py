@@ -6,7 +6,8 @@ Each fenced `bash` or `python` block is preceded by one marker line, an HTML com
     <!-- example: needs gpu: WHY -->               cannot run without a GPU
     <!-- example: needs hub: WHY -->               needs a model hub, a provider's API key or a trained model
     <!-- example: needs service: WHY -->           needs a service of the user's own (a Redis every machine reaches)
-    <!-- example: covered by tests/F.py::NAME: WHY -->   too long for the suite; NAME runs the same path, smaller
+    <!-- example: covered by tests/F.py::NAME: WHY -->   too long for the suite, or run by a test already; NAME
+                                                         runs the same path (smaller) or the same commands
 
 A block that runs does so from the repository root with `.venv/bin` first on PATH (as after
 `source .venv/bin/activate`), in a fresh process, and must exit 0. An unmarked block fails the suite, so a new

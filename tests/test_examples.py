@@ -11,11 +11,13 @@ import pytest
 GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
 
 
+# Each runs as README.md's and graphs/README.md's tours write it (`python graphs/SCRIPT --demo FLAGS`): those blocks
+# name this test as the one that runs them, so a flag added there must be added here.
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
         ("embed_in_parent.py", ["Answer: Arthur's Magazine\nsteps: cleaned, formatted"]),
-        ("batch_questions.py", ["4 episodes in"]),
+        ("batch_questions.py --concurrency 4", ["4 episodes in"]),
         ("stream_turns.py", ["turn 1  response:  Response 1: When were"]),
         (
             "chat_model_demo.py",
@@ -36,8 +38,9 @@ GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
     ],
 )
 def test_example_runs(script, expected):
+    script, *flags = script.split()
     done = subprocess.run(
-        [sys.executable, str(GRAPHS / script), "--demo"], capture_output=True, text=True, timeout=120
+        [sys.executable, str(GRAPHS / script), "--demo", *flags], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     # The first line says the players are scripted, before any canned answer can pass for a model's.
