@@ -1,7 +1,8 @@
 """`prompt-r1 batch --ray`: episodes in Ray actors on a real Ray cluster on this machine (Ray's own multi-node
 harness, `ray.cluster_utils.Cluster`: a head and two worker nodes of 1 CPU each), a real redis-server as the shared
-store, and the scripted provider counting what reaches it. Every id once, one limit (no 429), one budget, no paid
-call sent twice when a node is lost or the driver killed; and bad input refused with one line, nothing sent.
+store, and the scripted provider counting what reaches it. Every id once, one limit (no 429, the actors' retries
+included), one budget, no paid call sent twice when a node is lost or the driver killed; and bad input refused
+with one line, nothing sent.
 
 The default tests share one cluster (its start is most of their time); the node-loss and driver-kill tests start
 their own and are `slow`."""
@@ -87,20 +88,43 @@ def check_rows(out: Path, n: int) -> list[dict]:
 
 
 def test_every_id_once_at_one_limit(tmp_path, cluster, provider):
+    # The provider answers 500 to each environment request the first time it sees it, so every call goes through
+    # the actors' clients' retries (which take the shared limit's slots too); the summary counts them.
+    from prompt_r1.testing.servers import Fault
+
+    first = set()
+
+    def once(model, body):
+        key = json.dumps(body["messages"], sort_keys=True)
+        if model == "env" and key not in first:
+            first.add(key)
+            return Fault("500", retry_after=0.0)
+        return None
+
+    provider.fault_rule = once
     questions, out = write_questions(tmp_path / "q.jsonl", 16), tmp_path / "out.jsonl"
     with RedisServer() as redis:
         code, _, err = run_cli(["batch", questions, "--out", out, "--ray", cluster.address, "--ray-actors", 2,
                                 "--concurrency", 8, *flags(provider, redis)])  # fmt: skip
     assert code == 0, err
     check_rows(out, 16)
-    # Two actors on two nodes, one limit: the provider never saw more than its limit, and never answered 429.
+    # Two actors on two nodes, one limit, retries included: the provider never saw more than its limit, and never
+    # answered 429.
     assert provider.rejected_by_rate_limit == 0
-    times = [r.received_at for r in provider.requests if r.model == "env"]
-    assert len(times) == 32 and max_in_window(times, PERIOD) <= LIMIT
-    assert max(env_requests(provider).values()) == 1  # no request sent twice
+    sent = [r for r in provider.requests if r.model == "env"]
+    assert max_in_window([r.received_at for r in sent], PERIOD) <= LIMIT
+    # Each call refused once, then answered once: no answered (paid) request sent twice.
+    answered = collections.Counter(
+        json.dumps(r.body["messages"], sort_keys=True) for r in sent if r.fault is None
+    )
+    refused = collections.Counter(json.dumps(r.body["messages"], sort_keys=True) for r in sent if r.fault)
+    assert len(answered) == 32 and max(answered.values()) == 1
+    assert refused == collections.Counter(answered.keys())
     summary = json.loads(out.with_name("out.summary.json").read_text())
     assert summary["written"] == 16 and summary["usage"]["models"]
     assert summary["ray"]["actors"] == 2 and summary["ray"]["retried_episodes"] == 0
+    # Two calls per question, each retried once (more where a loaded machine timed one out), each paid once.
+    assert summary["retries"] >= 32 and env_calls(summary) == 32, (summary["retries"], summary["usage"])
     # The ledger was closed by its keeper before Ray stopped: no write-ahead log or shared-memory file left.
     assert not list(tmp_path.glob("out.calls.sqlite-*"))
     # Resume: a rerun finds every row finished and sends nothing.
@@ -109,7 +133,7 @@ def test_every_id_once_at_one_limit(tmp_path, cluster, provider):
             ["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)]
         )
     assert code == 0, err
-    assert len(times) == sum(r.model == "env" for r in provider.requests)
+    assert len(sent) == sum(r.model == "env" for r in provider.requests)
 
 
 def test_one_budget_across_actors(tmp_path, cluster, provider):
@@ -485,32 +509,6 @@ def test_ray_not_installed_names_the_extra(tmp_path, provider, monkeypatch):
         "prompt-r1: error: --ray needs Ray, which is not installed: pip install 'prompt-r1[ray]'"
     ), err
     assert provider.requests == [] and not out.exists()
-
-
-def test_retries_are_the_actors(tmp_path, cluster, provider):
-    # The actors' clients retry (a 500 once per question's first call): the summary counts their retries.
-    from prompt_r1.testing.servers import Fault
-
-    first = set()
-
-    def once(model, body):
-        key = json.dumps(body["messages"], sort_keys=True)
-        if model == "env" and key not in first:
-            first.add(key)
-            return Fault("500", retry_after=0.0)
-        return None
-
-    provider.fault_rule = once
-    questions, out = write_questions(tmp_path / "q.jsonl", 3), tmp_path / "out.jsonl"
-    with RedisServer() as redis:
-        code, _, err = run_cli(
-            ["batch", questions, "--out", out, "--ray", cluster.address, *flags(provider, redis)]
-        )
-    assert code == 0, err
-    check_rows(out, 3)
-    summary = json.loads(out.with_name("out.summary.json").read_text())
-    # Two calls per question, each retried once (more where a loaded machine timed one out), each paid once.
-    assert summary["retries"] >= 6 and env_calls(summary) == 6, (summary["retries"], summary["usage"])
 
 
 def test_the_keeper_sends_nothing_for_a_dead_driver(tmp_path):
