@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 GRAPHS = Path(__file__).resolve().parent.parent / "graphs"
 
@@ -53,20 +56,21 @@ def test_example_runs(script, expected):
 
 
 def test_eval_demo_produces_the_table(tmp_path):
-    script = GRAPHS.parent / "evals" / "demo_eval.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--limit", "2", "--out", str(tmp_path / "demo")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("| Method | HotpotQA EM | HotpotQA F1 | 2WikiMQA EM")
-    assert "| Prompt-R1 |" in done.stdout and "| Env CoT |" in done.stdout
+    # In this process, through the script's `run(argv)` (its `__main__` only passes that to sys.exit): a process of
+    # its own would add nothing checked here, only an interpreter's start and imports. An evals/ demo run as a file,
+    # importing demo_eval beside it, is test_the_comparison_demo_runs_every_method_against_two_environments.
+    demo = load_script(GRAPHS.parent / "evals" / "demo_eval.py", "demo_eval")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = demo.run(["--limit", "2", "--out", str(tmp_path / "demo")])
+    stdout = out.getvalue()
+    assert code == 0, err.getvalue()
+    assert stdout.startswith("| Method | HotpotQA EM | HotpotQA F1 | 2WikiMQA EM")
+    assert "| Prompt-R1 |" in stdout and "| Env CoT |" in stdout
     assert (tmp_path / "demo" / "chart.png").exists()
     # The scripted agent reads the environment's answer out of its (escaped) reply: a loop that lost it would
     # score nothing, as once went unnoticed here.
-    prompt_r1 = next(line for line in done.stdout.splitlines() if line.startswith("| Prompt-R1 |"))
+    prompt_r1 = next(line for line in stdout.splitlines() if line.startswith("| Prompt-R1 |"))
     assert any(
         float(cell.strip(" *†")) > 0 for cell in prompt_r1.split("|")[2:-1] if cell.strip() not in ("", "–")
     )
