@@ -10,9 +10,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
 
 from prompt_r1.agents.builtin import MANIFEST, ModelNameError, builtin_folder, check_builtin, resolve_model
 
@@ -104,16 +106,27 @@ def test_a_torn_cache_is_made_again(builtin_cache, tmp_path, monkeypatch):
     assert builtin._complete(folder)
 
 
-def test_the_first_command_with_no_key_answers_through_the_real_loop(builtin_cache):
+def _no_key_run(args: list[str], monkeypatch) -> tuple[int, str, str]:
+    """`prompt-r1 ARGS` in this process (a process of its own added only an interpreter's start and the imports of
+    torch and transformers) as on a machine with no OPENAI_API_KEY, the session's model cache in PROMPT_R1_CACHE
+    (builtin_cache). The command's servers are threads here: none may outlive it."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, out, err = run_cli(args)
+    left = [t.name for t in threading.enumerate() if t.name.startswith("model-server-")]
+    assert left == [], f"the command left its model servers running: {left}"
+    return code, out, err
+
+
+def test_the_first_command_with_no_key_answers_through_the_real_loop(builtin_cache, monkeypatch):
     """The README's first command on a machine with no OPENAI_API_KEY: the built-in model as agent and as
     environment (served on 127.0.0.1 by the command), a real multi-turn episode, exit 0, nothing left running."""
-    result = _command(["run", QUESTION, "--json", "--agent-seed", "0"], builtin_cache)
-    assert result.returncode == 0, result.stderr[-2000:]
-    first = [line for line in result.stderr.splitlines() if line.startswith("prompt-r1:")][0]
+    code, out, err = _no_key_run(["run", QUESTION, "--json", "--agent-seed", "0"], monkeypatch)
+    assert code == 0, err[-2000:]
+    first = [line for line in err.splitlines() if line.startswith("prompt-r1:")][0]
     assert first.startswith(
         "prompt-r1: no OPENAI_API_KEY: the agent and the environment are the built-in smollm2"
     )
-    episode = json.loads(result.stdout)
+    episode = json.loads(out)
     assert episode["usage"]["env_calls"] == 1 and episode["status"] == "answered"
     reply = episode["turns"][0]["response"]
     assert episode["turns"][0]["response_source"] == "environment" and reply.strip()
@@ -121,14 +134,14 @@ def test_the_first_command_with_no_key_answers_through_the_real_loop(builtin_cac
         **episode["drift"], "checked": True, "differs": False}  # fmt: skip
 
 
-def test_the_release_protocol_renders_through_the_builtin_models_tokenizer(builtin_cache):
+def test_the_release_protocol_renders_through_the_builtin_models_tokenizer(builtin_cache, monkeypatch):
     """The reference release's protocol, with its own chat template, on SmolLM2's tokenizer: the agent's first
     prompt is the release's rendering in SmolLM2's tokens, and the episode runs (pad is not the end of a turn)."""
-    result = _command(["run", "Who wrote Hamlet?", "--protocol", "release", "--json", "--trajectory",
-                       "--agent-model", "smollm2-135m", "--agent-max-new-tokens", "12", "--agent-seed", "0",
-                       "--env-model", "smollm2-135m", "--max-turns", "1"], builtin_cache)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-1500:]
-    episode = json.loads(result.stdout)
+    code, out, err = _no_key_run(["run", "Who wrote Hamlet?", "--protocol", "release", "--json", "--trajectory",
+                                  "--agent-model", "smollm2-135m", "--agent-max-new-tokens", "12", "--agent-seed",
+                                  "0", "--env-model", "smollm2-135m", "--max-turns", "1"], monkeypatch)  # fmt: skip
+    assert code == 0, err[-1500:]
+    episode = json.loads(out)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
