@@ -290,6 +290,7 @@ def _real_agent_bench():
     [(["--seed0", "5", "--seeds", "1"], 48, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--kind-thoughts"], 64, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--kind-thoughts", "--turn-tokens", "80"], 80, 4, 20 * 16),
+     (["--seed0", "5", "--seeds", "1", "--kind-thoughts", "--plan-thoughts"], 80, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--generations", "8", "--steps", "3"], 48, 8, 3 * 16),
      (["--eval-only"], "shipped", None, "shipped")],  # the shipped agent's own cap, and 16 episodes a step it trained
 )  # fmt: skip
@@ -314,7 +315,7 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
         series = {"step": [], **{key: [] for _, key in bench.CURVES}}
         return {"seed": seed, "cold_model": "c", "trained_model": "t", "series": series}
 
-    async def compare(args, agents, budget):
+    async def compare(args, agents, budget, kept):
         given.append(("table", args.turn_tokens, budget))
         names = [
             *bench.BASELINES,

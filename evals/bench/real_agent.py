@@ -22,6 +22,11 @@ GEPA (their search budget in metric calls: as many as the episodes one seed trai
 shipped agent's, read from its adapter's record; `--search-budget`), each seed's cold-started and trained agent,
 and the controls (the trained agent with the notes withheld; answered at once).
 Agents decode greedily; the environment is greedy.
+Work already done under OUT is reused, so that a run cut short, or seeds added later (`--seeds 3` after `--seeds
+1`, the same `--seed0`, `--eval-seed` and settings), redo only what is missing: a seed's cold start and its GRPO run
+of the same settings (their records, cold_start.json and run.json, are written last), and each table row, kept
+under OUT/rows by what decides it (the method, the model's weights, the held-out draw, the turn cap, the search
+budget, the task's code). A line says what was reused.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
 OUT/curves.png; OUT defaults to a folder under the system's temporary directory, outside the checkout.
@@ -45,6 +50,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's own modules beside it
+
+from kept_rows import KeptRows  # noqa: E402
 
 from prompt_r1.agents.trained import TRAINED_AGENTS, adapter_folders  # noqa: E402
 from prompt_r1.tasks.notes_agent import ASK_AGAIN, COLD_STEPS  # noqa: E402
@@ -69,6 +77,8 @@ GENERATIONS = 4
 STEPS = 20  # GRPO steps per seed
 SEEDS = 3
 SHIPPED_AGENT = TRAINED_AGENTS["smollm2-135m-notes"]
+# The table's loop and environment: calls an episode may make (+ the answer), tokens a reply.
+MAX_TURNS, REPLY_TOKENS = 3, 32
 
 
 # The settings of training (flag: its argument's name, its default), refused with --eval-only, which trains nothing.
@@ -127,6 +137,15 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     cold_s = made["seconds"]
     started = time.monotonic()
     run = work / ("grpo-async" if args.async_grpo else "grpo")
+    # Written last: a finished GRPO run of these settings from this cold start, reused by a rerun with the same.
+    record = run / "run.json"
+    recipe = {"steps": args.steps, "generations": args.generations, "turn_tokens": args.turn_tokens,
+              "cold_start": {k: v for k, v in made.items() if k != "seconds"}}  # fmt: skip
+    done = json.loads(record.read_text()) if record.is_file() else {}
+    if done.get("recipe") == recipe and (run / "model" / "config.json").is_file():
+        say(f"seed {seed}: reusing the finished GRPO run in {run}")
+        return done["result"]
+    record.unlink(missing_ok=True)
     rows = training_rows(training_questions(args.steps * EPISODES_PER_STEP // args.generations + 4, seed))
     # 16 episodes a step under either trainer: 16 / G questions (groups) x G samples.
     settings = dict(
@@ -152,7 +171,7 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     kind = "async" if args.async_grpo else "sync"
     say(f"seed {seed}: cold start {cold_s / 60:.1f} min, GRPO ({kind}) {args.steps} steps {grpo_s / 60:.1f} min "
         f"(training {training_s / 60:.1f} min)")  # fmt: skip
-    return {
+    result = {
         "seed": seed,
         "trainer": kind,
         "cold_model": str(cold / "model"),
@@ -163,42 +182,71 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
         "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60, "training": training_s / 60},
         "series": series,
     }
+    record.write_text(json.dumps({"recipe": recipe, "result": result}, default=str) + "\n")
+    return result
 
 
-async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int) -> dict:
-    """Every method on one held-out draw; `agents`: name -> model folder (or built-in name)."""
+async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int, kept: KeptRows) -> dict:
+    """Every method on one held-out draw; `agents`: name -> model folder (or built-in name). Rows `kept` from an
+    earlier run are reused, the others computed and kept."""
     from prompt_r1.agents.local import TransformersAgent
     from prompt_r1.agents.model_server import model_server_in_thread
     from prompt_r1.clients.environment import EnvironmentClient
     from prompt_r1.core.config import AgentConfig, EnvironmentConfig, LoopConfig
 
     questions = held_out(args.questions, args.eval_seed)
-    loop = LoopConfig(max_turns=3, max_turn_tokens=args.turn_tokens, max_total_tokens=TOTAL_TOKENS)
+    loop = LoopConfig(max_turns=MAX_TURNS, max_turn_tokens=args.turn_tokens, max_total_tokens=TOTAL_TOKENS)
     rows: dict[str, list] = {}
     searched: dict[str, dict] = {}
+    reused: list[str] = []
     with model_server_in_thread(ENV_MODEL, seed=args.eval_seed) as server:
         client = EnvironmentClient(
-            EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=32, temperature=0.0,
+            EnvironmentConfig(model=server.name, base_url=server.base_url, max_tokens=REPLY_TOKENS, temperature=0.0,
                               max_in_flight=256),
             api_key="none",
         )  # fmt: skip
-        started = time.monotonic()
-        rows["direct"] = await env_method(client, questions)
-        rows["instruction"] = await env_method(client, questions, INSTRUCTION)
-        for method in ("opro", "gepa"):
-            searched[method] = await search_instruction(method, client, budget=budget, seed=args.eval_seed)
-            rows[method] = await env_method(client, questions, searched[method]["instruction"])
-        say(f"baselines: {time.monotonic() - started:.0f} s")
-        for name, model in agents.items():
+
+        async def method_rows(name: str, key: dict, work) -> dict:
+            """The method's kept rows (and search), or computed by `work` and kept."""
             started = time.monotonic()
-            agent = TransformersAgent(AgentConfig(model=model, temperature=0.0, seed=args.eval_seed,
-                                                  max_new_tokens=args.turn_tokens))  # fmt: skip
-            rows[name] = await agent_method(agent, client, questions, loop)
-            if name.startswith("trained"):
-                rows[f"{name}, notes withheld"] = await agent_method(
-                    agent, client, questions, loop, withheld=True
-                )
+            value = kept.get(key)
+            if value is not None:
+                reused.append(name)
+                return value
+            value = await work()
+            kept.put(key, value)
             say(f"{name}: {time.monotonic() - started:.0f} s")
+            return value
+
+        async def instructed(method: str) -> dict:
+            if method in ("opro", "gepa"):
+                search = await search_instruction(method, client, budget=budget, seed=args.eval_seed)
+                return {"rows": await env_method(client, questions, search["instruction"]), "search": search}
+            return {
+                "rows": await env_method(client, questions, INSTRUCTION if method == "instruction" else None)
+            }
+
+        for method in BASELINES:
+            value = await method_rows(method, kept.key(method), lambda method=method: instructed(method))
+            rows[method] = value["rows"]
+            if "search" in value:
+                searched[method] = value["search"]
+        for name, model in agents.items():
+            agent = None
+
+            async def played(withheld: bool, model: str = model) -> dict:
+                nonlocal agent
+                if agent is None:  # loaded only when a row of it is not kept
+                    agent = TransformersAgent(AgentConfig(model=model, temperature=0.0, seed=args.eval_seed,
+                                                          max_new_tokens=args.turn_tokens))  # fmt: skip
+                return {"rows": await agent_method(agent, client, questions, loop, withheld=withheld)}
+
+            for withheld in (False, True) if name.startswith("trained") else (False,):
+                row_name = f"{name}, notes withheld" if withheld else name
+                key = kept.key("agent", model, withheld)
+                rows[row_name] = (await method_rows(row_name, key, lambda w=withheld: played(w)))["rows"]
+    if reused:
+        say(f"reused from {kept.folder}: {', '.join(reused)}")
     return {
         "questions": len(questions),
         "eval_seed": args.eval_seed,
@@ -208,6 +256,7 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int)
             for m, s in searched.items()
         },  # fmt: skip
         "rows": rows,
+        "reused": reused,
     }
 
 
@@ -350,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
             agents[f"trained{suffix}"] = run["trained_model"]
     # Cost-matched: as many metric calls as the episodes one seed trains on (--eval-only: the shipped agent did).
     budget = args.search_budget or (shipped_steps() if args.eval_only else args.steps) * EPISODES_PER_STEP
-    result = asyncio.run(compare(args, agents, budget))
+    loop = {"max_turns": MAX_TURNS, "reply_tokens": REPLY_TOKENS, "total_tokens": TOTAL_TOKENS}
+    kept = KeptRows(out, eval_seed=args.eval_seed, questions=args.questions, turn_tokens=args.turn_tokens,
+                    budget=budget, loop=loop)  # fmt: skip
+    result = asyncio.run(compare(args, agents, budget, kept))
     print_table(result["table"])
     for line in targets(result["table"], seeds or [0]):
         say(line)

@@ -1,0 +1,162 @@
+"""The real-agent benchmark (evals/bench/real_agent.py) reuses what an earlier run under the same OUT finished: a
+seed's GRPO run of the same settings, and each table row kept for the same weights, draw and settings. The stages
+themselves (minutes to hours) are replaced here by stand-ins that count their calls: what is checked is when they
+run again and that what is reused is what they gave."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import types
+
+import pytest
+from helpers import ROOT, load_script
+
+
+@pytest.fixture
+def bench():
+    return load_script(ROOT / "evals" / "bench" / "real_agent.py", "real_agent")
+
+
+def _weights(folder, value: float):
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.full((4,), value)}, folder / "model.safetensors")
+    (folder / "config.json").write_text("{}")
+    return str(folder)
+
+
+def _kept(bench, out, **changes):
+    settings = dict(eval_seed=7, questions=4, turn_tokens=48, budget=16, loop={"max_turns": 3})
+    return bench.KeptRows(out, **{**settings, **changes})
+
+
+def test_kept_rows_are_found_only_for_what_decides_them(bench, tmp_path):
+    one, two = _weights(tmp_path / "one", 1.0), _weights(tmp_path / "two", 2.0)
+    kept = _kept(bench, tmp_path)
+    kept.put(kept.key("agent", one), {"rows": [1]})
+    kept.put(kept.key("opro"), {"rows": [2], "search": {"instruction": "x"}})
+    assert kept.get(kept.key("agent", one)) == {"rows": [1]}
+    assert kept.get(kept.key("opro"))["search"] == {"instruction": "x"}
+    assert kept.get(kept.key("agent", two)) is None  # other weights
+    assert kept.get(kept.key("agent", one, withheld=True)) is None
+    assert kept.get(kept.key("direct")) is None
+    _weights(tmp_path / "one", 3.0)  # the same folder, retrained
+    assert kept.get(kept.key("agent", one)) is None
+    _weights(tmp_path / "one", 1.0)
+    for change in ({"eval_seed": 8}, {"questions": 5}, {"turn_tokens": 64}, {"loop": {"max_turns": 2}}):
+        other = _kept(bench, tmp_path, **change)
+        assert other.get(other.key("agent", one)) is None, change
+    # The search budget decides OPRO's and GEPA's rows, not the others'.
+    kept.put(kept.key("direct"), {"rows": [3]})
+    cheaper = _kept(bench, tmp_path, budget=8)
+    assert cheaper.get(cheaper.key("opro")) is None and cheaper.get(cheaper.key("direct")) == {"rows": [3]}
+    assert not list(kept.folder.glob("*.part"))
+
+
+def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeypatch):
+    from prompt_r1.agents import local, model_server
+
+    calls = []
+
+    @contextlib.contextmanager
+    def server(model, seed):
+        yield types.SimpleNamespace(name="env", base_url="http://127.0.0.1:9/v1")
+
+    class Agent:
+        def __init__(self, config):
+            calls.append(("load", config.model))
+            self.model = config.model
+
+    async def env_method(client, questions, instruction=""):
+        calls.append(("env", instruction))
+        return [{"calls_needed": 1, "calls": 1, "em": 0.0, "f1": 0.1, "tokens": 9}]
+
+    async def search_instruction(method, client, budget, seed):
+        calls.append((method, budget))
+        return {"instruction": f"{method} says", "score": 0.1, "metric_calls": budget, "calls": budget}
+
+    async def agent_method(agent, client, questions, loop, withheld=False):
+        calls.append(("agent", agent.model, withheld))
+        em = 0.0 if withheld else 1.0
+        return [{"calls_needed": 2, "calls": 2, "em": em, "f1": em, "tokens": 99}]
+
+    monkeypatch.setattr(model_server, "model_server_in_thread", server)
+    monkeypatch.setattr(local, "TransformersAgent", Agent)
+    monkeypatch.setattr(bench, "env_method", env_method)
+    monkeypatch.setattr(bench, "search_instruction", search_instruction)
+    monkeypatch.setattr(bench, "agent_method", agent_method)
+    args = argparse.Namespace(questions=4, eval_seed=7, turn_tokens=48)
+    cold, trained = _weights(tmp_path / "cold", 1.0), _weights(tmp_path / "trained", 2.0)
+    agents = {"untrained": cold, "trained": trained}
+
+    first = asyncio.run(bench.compare(args, agents, 16, _kept(bench, tmp_path / "out")))
+    assert first["reused"] == []
+    assert len([c for c in calls if c[0] == "env"]) == 4 and ("opro", 16) in calls and ("gepa", 16) in calls
+    assert [c for c in calls if c[0] == "agent"] == [
+        ("agent", cold, False), ("agent", trained, False), ("agent", trained, True)
+    ]  # fmt: skip
+    calls.clear()
+    again = asyncio.run(bench.compare(args, agents, 16, _kept(bench, tmp_path / "out")))
+    assert calls == []  # nothing computed, no agent loaded
+    # (the tables through JSON: a kind with no question has NaN figures, which never compare equal)
+    assert again["rows"] == first["rows"] and json.dumps(again["table"]) == json.dumps(first["table"])
+    assert again["instructions"] == first["instructions"]
+    assert again["reused"] == [*bench.BASELINES, "untrained", "trained", "trained, notes withheld"]
+    # A second seed's agents: only their rows are computed.
+    more = {**agents, "untrained 2": _weights(tmp_path / "cold2", 3.0), "trained 2": trained}
+    third = asyncio.run(bench.compare(args, more, 16, _kept(bench, tmp_path / "out")))
+    assert calls == [("load", str(tmp_path / "cold2")), ("agent", str(tmp_path / "cold2"), False)]
+    assert third["rows"]["trained 2"] == first["rows"]["trained"]  # the same weights: the same row
+
+
+def test_a_finished_grpo_run_of_the_same_settings_is_reused(bench, tmp_path, monkeypatch):
+    from prompt_r1.tasks import notes_agent, notes_training
+
+    trained = []
+
+    class Trainer:
+        def __init__(self, config, rows):
+            self.config = config
+            self.state = types.SimpleNamespace(log_history=[{"step": 1, "reward": 0.5}])
+            self.processing_class = types.SimpleNamespace(save_pretrained=lambda path: None)
+            self.model = types.SimpleNamespace(
+                merge_and_unload=lambda: types.SimpleNamespace(save_pretrained=_save)
+            )
+
+        def train(self):
+            trained.append(self.config["max_steps"])
+
+    def _save(path):
+        _weights(path, float(len(trained)))
+
+    made = {
+        "steps": 16,
+        "ask_again": 0.5,
+        "kinds": True,
+        "plans": False,
+        "replies": "scripted",
+        "seconds": 60.0,
+    }
+    monkeypatch.setattr(bench, "cold_start_once", lambda seed, args, cold: dict(made))
+    monkeypatch.setattr(notes_training, "grpo_config", lambda run, model, seed, **settings: settings)
+    monkeypatch.setattr(notes_training, "notes_trainer", Trainer)
+    monkeypatch.setattr(notes_agent, "save_adapter", lambda model, path, facts: None)
+    args = argparse.Namespace(steps=2, generations=8, turn_tokens=64, async_grpo=False)
+
+    first = bench.train_seed(3, args, tmp_path)
+    assert trained == [2] and first["trained_model"] == str(tmp_path / "seed-3" / "grpo" / "model")
+    assert bench.train_seed(3, args, tmp_path) == json.loads(json.dumps(first, default=str))
+    assert trained == [2]  # reused
+    made["ask_again"] = 0.7  # another cold start: trained again
+    bench.train_seed(3, args, tmp_path)
+    assert trained == [2, 2]
+    bench.train_seed(3, argparse.Namespace(**{**vars(args), "steps": 3}), tmp_path)
+    assert trained == [2, 2, 3]
+    (tmp_path / "seed-3" / "grpo" / "model" / "config.json").unlink()  # the model gone: trained again
+    bench.train_seed(3, argparse.Namespace(**{**vars(args), "steps": 3}), tmp_path)
+    assert trained == [2, 2, 3, 3]
