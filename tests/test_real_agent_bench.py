@@ -160,3 +160,61 @@ def test_a_finished_grpo_run_of_the_same_settings_is_reused(bench, tmp_path, mon
     (tmp_path / "seed-3" / "grpo" / "model" / "config.json").unlink()  # the model gone: trained again
     bench.train_seed(3, argparse.Namespace(**{**vars(args), "steps": 3}), tmp_path)
     assert trained == [2, 2, 3, 3]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--seed-list", "3,x"], "seeds are whole numbers separated by commas, got '3,x'"),
+     (["--seed-list", "3,4,3"], "a seed is named twice in '3,4,3'"),
+     (["--seed-list", "3,4", "--seed0", "1"], "--seed-list names the seeds: give it without --seed0 and --seeds"),
+     (["--seed-list", "3,4", "--seeds", "2"], "--seed-list names the seeds: give it without --seed0 and --seeds"),
+     (["--eval-only", "--seed-list", "3"], "--seed-list: settings of training, which --eval-only does not do")],
+)  # fmt: skip
+def test_a_seed_list_is_refused_when_it_is_not_one(bench, flags, said, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(flags)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_seed_list_trains_those_seeds_and_each_is_held_to_its_own_cold_start(bench, tmp_path, monkeypatch):
+    trained = []
+
+    def train_seed(seed, args, out):
+        trained.append(seed)
+        series = {"step": [], **{key: [] for _, key in bench.CURVES}}
+        return {"seed": seed, "cold_model": f"c{seed}", "trained_model": f"t{seed}", "series": series}
+
+    def figures(em_2):
+        names = (
+            "em",
+            "f1",
+            "em_1",
+            "em_2",
+            "f1_1",
+            "f1_2",
+            "calls",
+            "calls_1",
+            "calls_2",
+            "tokens",
+            "at_once",
+        )
+        return {**dict.fromkeys(names, 0.0), "em": em_2, "em_2": em_2}
+
+    # Seed 9's cold start is far better than seed 4's: each trained agent is held to its own.
+    ems = {"untrained 4": 10.0, "trained 4": 30.0, "untrained 9": 40.0, "trained 9": 50.0}
+
+    async def compare(args, agents, budget, kept):
+        assert list(agents) == ["untrained 4", "trained 4", "untrained 9", "trained 9"]
+        names = [*bench.BASELINES, *agents, "trained 4, notes withheld", "trained 9, notes withheld"]
+        return {"table": {name: figures(ems.get(name, 0.0)) for name in names}}
+
+    said = []
+    monkeypatch.setattr(bench, "train_seed", train_seed)
+    monkeypatch.setattr(bench, "compare", compare)
+    monkeypatch.setattr(bench, "say", said.append)
+    assert bench.main(["--seed-list", "4,9", "--seed", "7", "--out", str(tmp_path)]) == 0
+    assert trained == [4, 9]
+    lines = [line for line in said if line.startswith("seed ")]
+    assert lines[0].startswith("seed 4: 2-call EM 30.0 vs best untrained 10.0 + 15 (met)")
+    assert lines[1].startswith("seed 9: 2-call EM 50.0 vs best untrained 40.0 + 15 (NOT met)")
+    assert json.loads((tmp_path / "real_agent.json").read_text())["seeds"] == [4, 9]

@@ -3,6 +3,7 @@ SmolLM2-135M-Instruct as agent and as environment, trained with GRPO, against di
 optimisers on held-out questions.
 
     python evals/bench/real_agent.py --seed0 S --seeds N [--async] [--out DIR]    # train N seeds, then compare
+    python evals/bench/real_agent.py --seed-list S1,S2,S3 [--out DIR]            # these seeds, then compare
     python evals/bench/real_agent.py --eval-only [--questions N] [--seed S]       # the shipped agent, no training
 
 Per seed: the cold start (LoRA on format demonstrations from the training pool: prompt_r1.tasks.notes_agent),
@@ -15,7 +16,7 @@ that name what the question asks for, with the turn cap at 64 tokens, `--turn-to
 cap the shipped agent was trained with), `--plan-thoughts` (thoughts after a reply that end with the choice made,
 "I ask where X was born." or "I answer X.", the cap at 80) and `--served-replies` (the built-in environment's replies in them, on
 training-pool sheets, in place of scripted ones); `--generations` sets the samples per question in a step (a GRPO group;
-the step keeps its 16 episodes). With `--eval-only`, the settings of training (`--seed0 --seeds --steps
+the step keeps its 16 episodes). With `--eval-only`, the settings of training (`--seed0 --seeds --seed-list --steps
 --cold-steps --ask-again --kind-thoughts --plan-thoughts --served-replies --generations --async`) are refused. Then one table on `--questions`
 held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and
 GEPA (their search budget in metric calls: as many as the episodes one seed trained on, with `--eval-only` the
@@ -87,8 +88,21 @@ TRAINING = {
     "--cold-steps": ("cold_steps", COLD_STEPS), "--ask-again": ("ask_again", ASK_AGAIN),
     "--kind-thoughts": ("kind_thoughts", False), "--generations": ("generations", GENERATIONS),
     "--async": ("async_grpo", False), "--served-replies": ("served_replies", False),
-    "--plan-thoughts": ("plan_thoughts", False),
+    "--plan-thoughts": ("plan_thoughts", False), "--seed-list": ("seed_list", None),
 }  # fmt: skip
+
+
+def seed_list(text: str) -> list[int]:
+    """`--seed-list`'s seeds: distinct whole numbers, comma-separated."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds are whole numbers separated by commas, got {text!r}"
+        ) from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"a seed is named twice in {text!r}")
+    return seeds
 
 
 def say(line: str) -> None:
@@ -270,15 +284,16 @@ def print_table(table: dict[str, dict]) -> None:
 
 
 def targets(table: dict[str, dict], seeds: list[int]) -> list[str]:
-    """The issue's targets, per seed: a line each, met or not, with the figures."""
+    """The issue's targets, per seed: a line each, met or not, with the figures. A seed's untrained baseline is its
+    own cold start, where its GRPO began (with several seeds, not the other seeds' cold starts)."""
     lines = []
-    untrained = [k for k in table if k.startswith("untrained")]
     for seed in seeds:
-        name = f"trained {seed}" if len(seeds) > 1 else "trained"
+        suffix = f" {seed}" if len(seeds) > 1 else ""
+        name = f"trained{suffix}"
         if name not in table:
             continue
         t = table[name]
-        baselines = [*BASELINES, *untrained]
+        baselines = [*BASELINES, *[k for k in (f"untrained{suffix}",) if k in table]]
         best_2 = max(table[b]["em_2"] for b in baselines)
         best = max(table[b]["em"] for b in baselines)
         lines.append(
@@ -311,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed0", type=int, help="first training seed (unset: drawn at run time)")
     parser.add_argument("--seeds", type=int, help=f"how many seeds, from --seed0 on ({SEEDS})")
+    parser.add_argument(
+        "--seed-list", type=seed_list, help="training seeds, comma-separated, in place of --seed0 and --seeds"
+    )
     parser.add_argument("--steps", type=int, help=f"GRPO steps per seed ({STEPS})")
     parser.add_argument("--cold-steps", type=int, help=f"cold-start fine-tuning steps ({COLD_STEPS})")
     parser.add_argument(
@@ -359,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     given = [flag for flag, (name, _) in TRAINING.items() if getattr(args, name) is not None]
     if args.eval_only and given:
         parser.error(f"{', '.join(given)}: settings of training, which --eval-only does not do")
+    if args.seed_list is not None and (args.seed0 is not None or args.seeds is not None):
+        parser.error("--seed-list names the seeds: give it without --seed0 and --seeds")
     for name, default in TRAINING.values():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -385,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         args.eval_seed = draw.randrange(10**6, 2 * 10**6)
     out = args.out or Path(tempfile.mkdtemp(prefix="prompt-r1-real-agent-"))
     out.mkdir(parents=True, exist_ok=True)
-    seeds = [] if args.eval_only else list(range(args.seed0, args.seed0 + args.seeds))
+    seeds = [] if args.eval_only else args.seed_list or list(range(args.seed0, args.seed0 + args.seeds))
     say(f"real agent: seeds {seeds or '(none: --eval-only)'}{', async GRPO' if args.async_grpo else ''}, "
         f"held-out draw {args.eval_seed}, {args.questions} questions, out {out}")  # fmt: skip
     runs = [train_seed(seed, args, out) for seed in seeds]
