@@ -290,7 +290,7 @@ def _real_agent_bench():
     [(["--seed0", "5", "--seeds", "1"], 48, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--kind-thoughts"], 64, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--kind-thoughts", "--turn-tokens", "80"], 80, 4, 20 * 16),
-     (["--seed0", "5", "--seeds", "1", "--kind-thoughts", "--plan-thoughts"], 80, 4, 20 * 16),
+     (["--seed0", "5", "--seeds", "1", "--plan-thoughts"], 80, 4, 20 * 16),
      (["--seed0", "5", "--seeds", "1", "--generations", "8", "--steps", "3"], 48, 8, 3 * 16),
      (["--eval-only"], "shipped", None, "shipped")],  # the shipped agent's own cap, and 16 episodes a step it trained
 )  # fmt: skip

@@ -31,31 +31,55 @@ def _weights(folder, value: float):
 
 
 def _kept(bench, out, **changes):
-    settings = dict(eval_seed=7, questions=4, turn_tokens=48, budget=16, loop={"max_turns": 3})
+    environment = out.parent / "environment"
+    if not environment.is_dir():
+        _weights(environment, 9.0)
+    settings = dict(eval_seed=7, questions=4, turn_tokens=48, budget=16, loop={"max_turns": 3},
+                    environment=str(environment))  # fmt: skip
     return bench.KeptRows(out, **{**settings, **changes})
+
+
+ROW = {"calls_needed": 1, "calls": 1, "em": 1.0, "f1": 1.0, "tokens": 9, "status": "answered"}
 
 
 def test_kept_rows_are_found_only_for_what_decides_them(bench, tmp_path):
     one, two = _weights(tmp_path / "one", 1.0), _weights(tmp_path / "two", 2.0)
     kept = _kept(bench, tmp_path)
-    kept.put(kept.key("agent", one), {"rows": [1]})
-    kept.put(kept.key("opro"), {"rows": [2], "search": {"instruction": "x"}})
-    assert kept.get(kept.key("agent", one)) == {"rows": [1]}
-    assert kept.get(kept.key("opro"))["search"] == {"instruction": "x"}
+    assert kept.put(kept.key("agent", one), {"rows": [ROW]})
+    assert kept.put(kept.key("opro"), {"rows": [ROW], "search": {"instruction": "x", "calls": {"failed": 0}}})
+    assert kept.get(kept.key("agent", one)) == {"rows": [ROW]}
+    assert kept.get(kept.key("opro"))["search"]["instruction"] == "x"
     assert kept.get(kept.key("agent", two)) is None  # other weights
     assert kept.get(kept.key("agent", one, withheld=True)) is None
     assert kept.get(kept.key("direct")) is None
     _weights(tmp_path / "one", 3.0)  # the same folder, retrained
     assert kept.get(kept.key("agent", one)) is None
     _weights(tmp_path / "one", 1.0)
-    for change in ({"eval_seed": 8}, {"questions": 5}, {"turn_tokens": 64}, {"loop": {"max_turns": 2}}):
+    (tmp_path / "one" / "chat_template.jinja").write_text("{{ messages }}")  # another template, same weights
+    assert kept.get(kept.key("agent", one)) is None
+    (tmp_path / "one" / "chat_template.jinja").unlink()
+    other_env = _weights(tmp_path / "other-environment", 8.0)
+    changes = ({"eval_seed": 8}, {"questions": 5}, {"turn_tokens": 64}, {"loop": {"max_turns": 2}},
+               {"environment": other_env})  # fmt: skip
+    for change in changes:
         other = _kept(bench, tmp_path, **change)
         assert other.get(other.key("agent", one)) is None, change
+    assert kept.get(kept.key("agent", one)) == {"rows": [ROW]}  # still there for the same
     # The search budget decides OPRO's and GEPA's rows, not the others'.
-    kept.put(kept.key("direct"), {"rows": [3]})
+    kept.put(kept.key("direct"), {"rows": [ROW]})
     cheaper = _kept(bench, tmp_path, budget=8)
-    assert cheaper.get(cheaper.key("opro")) is None and cheaper.get(cheaper.key("direct")) == {"rows": [3]}
+    assert cheaper.get(cheaper.key("opro")) is None and cheaper.get(cheaper.key("direct")) == {"rows": [ROW]}
     assert not list(kept.folder.glob("*.part"))
+    # Failures are not kept: the next run computes them again.
+    assert not kept.put(
+        kept.key("gepa"), {"rows": [ROW], "search": {"instruction": "y", "calls": {"failed": 2}}}
+    )
+    assert not kept.put(kept.key("agent", two), {"rows": [ROW, {**ROW, "status": "environment_error"}]})
+    assert kept.get(kept.key("gepa")) is None and kept.get(kept.key("agent", two)) is None
+    # A folder with no weights is no model to key rows by.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no model weights"):
+        kept.key("agent", str(tmp_path / "empty"))
 
 
 def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeypatch):
@@ -78,7 +102,7 @@ def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeyp
 
     async def search_instruction(method, client, budget, seed):
         calls.append((method, budget))
-        return {"instruction": f"{method} says", "score": 0.1, "metric_calls": budget, "calls": budget}
+        return {"instruction": f"{method} says", "score": 0.1, "metric_calls": budget, "calls": {"failed": 0}}
 
     async def agent_method(agent, client, questions, loop, withheld=False):
         calls.append(("agent", agent.model, withheld))
@@ -96,7 +120,9 @@ def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeyp
 
     first = asyncio.run(bench.compare(args, agents, 16, _kept(bench, tmp_path / "out")))
     assert first["reused"] == []
-    assert len([c for c in calls if c[0] == "env"]) == 4 and ("opro", 16) in calls and ("gepa", 16) in calls
+    envs = [c for c in calls if c[0] == "env"]
+    assert envs == [("env", ""), ("env", bench.INSTRUCTION), ("env", "opro says"), ("env", "gepa says")]
+    assert ("opro", 16) in calls and ("gepa", 16) in calls
     assert [c for c in calls if c[0] == "agent"] == [
         ("agent", cold, False), ("agent", trained, False), ("agent", trained, True)
     ]  # fmt: skip
@@ -115,7 +141,7 @@ def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeyp
 
 
 def test_a_finished_grpo_run_of_the_same_settings_is_reused(bench, tmp_path, monkeypatch):
-    from prompt_r1.tasks import notes_agent, notes_training
+    from prompt_r1.tasks import notes_agent, notes_async, notes_training
 
     trained = []
 
@@ -150,16 +176,46 @@ def test_a_finished_grpo_run_of_the_same_settings_is_reused(bench, tmp_path, mon
 
     first = bench.train_seed(3, args, tmp_path)
     assert trained == [2] and first["trained_model"] == str(tmp_path / "seed-3" / "grpo" / "model")
-    assert bench.train_seed(3, args, tmp_path) == json.loads(json.dumps(first, default=str))
-    assert trained == [2]  # reused
+    again = bench.train_seed(3, args, tmp_path)
+    assert trained == [2]  # reused: the record it kept, marked as reused
+    assert again == {**json.loads(json.dumps(first, default=str)), "reused": True}
+    # OUT moved: the reused run's folders are where they are now.
+    moved = tmp_path.parent / f"{tmp_path.name}-moved"
+    tmp_path.rename(moved)
+    assert bench.train_seed(3, args, moved)["cold_model"] == str(moved / "seed-3" / "cold" / "model")
+    assert trained == [2]
+    moved.rename(tmp_path)
     made["ask_again"] = 0.7  # another cold start: trained again
     bench.train_seed(3, args, tmp_path)
     assert trained == [2, 2]
-    bench.train_seed(3, argparse.Namespace(**{**vars(args), "steps": 3}), tmp_path)
-    assert trained == [2, 2, 3]
+    for change in ({"steps": 3}, {"generations": 4}, {"turn_tokens": 80}):  # each trains again
+        before = len(trained)
+        args = argparse.Namespace(**{**vars(args), **change})
+        bench.train_seed(3, args, tmp_path)
+        assert len(trained) == before + 1 and trained[-1] == args.steps, change
+    count = len(trained)
     (tmp_path / "seed-3" / "grpo" / "model" / "config.json").unlink()  # the model gone: trained again
-    bench.train_seed(3, argparse.Namespace(**{**vars(args), "steps": 3}), tmp_path)
-    assert trained == [2, 2, 3, 3]
+    bench.train_seed(3, args, tmp_path)
+    assert len(trained) == count + 1
+
+    # The asynchronous trainer's run is its own folder, reused alike, with its training minutes kept.
+    async_trained = []
+
+    def train_async(model, rows, run, seed, **settings):
+        async_trained.append(run.name)
+        return {"trainer": Trainer(settings, rows), "seconds": 120.0}
+
+    monkeypatch.setattr(notes_async, "train_async", train_async)
+    args = argparse.Namespace(**{**vars(args), "async_grpo": True})
+    first = bench.train_seed(3, args, tmp_path)
+    assert (
+        async_trained == ["grpo-async"]
+        and first["trainer"] == "async"
+        and first["minutes"]["training"] == 2.0
+    )
+    again = bench.train_seed(3, args, tmp_path)
+    assert async_trained == ["grpo-async"] and again["minutes"] == first["minutes"] and again["reused"]
+    assert len(trained) == count + 1  # the synchronous run untouched
 
 
 @pytest.mark.parametrize(
@@ -217,4 +273,10 @@ def test_a_seed_list_trains_those_seeds_and_each_is_held_to_its_own_cold_start(b
     lines = [line for line in said if line.startswith("seed ")]
     assert lines[0].startswith("seed 4: 2-call EM 30.0 vs best untrained 10.0 + 15 (met)")
     assert lines[1].startswith("seed 9: 2-call EM 50.0 vs best untrained 40.0 + 15 (NOT met)")
-    assert json.loads((tmp_path / "real_agent.json").read_text())["seeds"] == [4, 9]
+    # ... and the stricter reading beside it: against the best cold start of any seed.
+    assert lines[0].endswith(
+        "against every seed's cold start: 2-call 40.0 + 15 (NOT met), overall 40.0 (NOT met)"
+    )
+    figures_file = json.loads((tmp_path / "real_agent.json").read_text())
+    assert figures_file["seeds"] == [4, 9] and figures_file["seeds_from"] == "listed"
+    assert figures_file["eval_seed_from"] == "named" and figures_file["reused_runs"] == []

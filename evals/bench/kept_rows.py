@@ -1,8 +1,10 @@
 """The real-agent benchmark's table rows kept under OUT/rows, so that a rerun (a run cut short, or seeds added
-later) computes only the rows it lacks. A row is reused only where everything that decides it is the same: the
-method, the model's weights, the held-out draw, the loop's caps, the search budget and the notes task's code. Rows
-are greedy and so the same when computed again (the environment greedy, seeded by the draw). A change elsewhere
-(the loop's or the agent's code) is not seen: delete OUT/rows after one."""
+later) computes only the rows it lacks. A row is reused only where what decides it is the same: the method, the
+agent's model folder (weights, tokenizer, chat template: every file), the environment's, the held-out draw, the
+loop's caps, the search budget, and the code that plays and scores an episode (`CODE`). Rows are greedy and so the
+same when computed again (the environment greedy, seeded by the draw). Code outside `CODE` (transformers, torch,
+the server) is not seen: delete OUT/rows after changing it. A row with a failed episode, and a search with a failed
+call, are not kept: the next run computes them again."""
 
 from __future__ import annotations
 
@@ -10,28 +12,40 @@ import hashlib
 import json
 from pathlib import Path
 
+# The code that plays and scores a row: the task, its methods and searches, the episode loop, the agent and the
+# environment's client and server.
+CODE = (
+    "prompt_r1.tasks.notes", "prompt_r1.tasks.notes_eval", "prompt_r1.tasks.notes_training",
+    "prompt_r1.runs.episode", "prompt_r1.agents.local", "prompt_r1.agents.model_server",
+    "prompt_r1.clients.environment", "prompt_r1.evaluation.optimizers.search",
+)  # fmt: skip
 
-def weights_digest(model: str) -> str:
-    """What a model folder's weights are (a digest of its safetensors files), so that a row kept for a model is
-    reused only for those weights; a built-in name is resolved to its folder first."""
+
+def model_digest(model: str) -> str:
+    """What a model folder holds (a digest of every file in it, by name and content), so that a row kept for a model
+    is reused only for that model; a built-in name is resolved to its folder first."""
     from prompt_r1.agents.builtin import resolve_model
 
+    folder = Path(resolve_model(model))
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    if not any(path.suffix == ".safetensors" for path in files):
+        raise FileNotFoundError(f"no model weights (*.safetensors) in {folder}")
     digest = hashlib.sha256()
-    for file in sorted(Path(resolve_model(model)).glob("*.safetensors")):
+    for file in files:
+        digest.update(str(file.relative_to(folder)).encode())
         with file.open("rb") as handle:
             while chunk := handle.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()[:16]
 
 
-def task_code_digest() -> str:
-    """The notes task's code (its sheets, questions, environment, scoring and methods): a row kept by other code is
-    not reused."""
-    from prompt_r1.tasks import notes, notes_eval
+def code_digest() -> str:
+    """The code in `CODE`: a row kept by other code is not reused."""
+    import importlib
 
     digest = hashlib.sha256()
-    for module in (notes, notes_eval):
-        digest.update(Path(module.__file__).read_bytes())
+    for name in CODE:
+        digest.update(Path(importlib.import_module(name).__file__).read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -39,10 +53,19 @@ class KeptRows:
     """Table rows under OUT/rows, one file each, named by a digest of what decides them (`key`)."""
 
     def __init__(
-        self, out: Path, *, eval_seed: int, questions: int, turn_tokens: int, budget: int, loop: dict
+        self,
+        out: Path,
+        *,
+        eval_seed: int,
+        questions: int,
+        turn_tokens: int,
+        budget: int,
+        loop: dict,
+        environment: str,
     ) -> None:
         self.folder = out / "rows"
-        self.base = {"eval_seed": eval_seed, "questions": questions, "loop": loop, "code": task_code_digest()}
+        self.base = {"eval_seed": eval_seed, "questions": questions, "loop": loop, "code": code_digest(),
+                     "environment": model_digest(environment)}  # fmt: skip
         self.budget, self.turn_tokens = budget, turn_tokens
 
     def _file(self, key: dict) -> Path:
@@ -52,16 +75,24 @@ class KeptRows:
     def key(self, method: str, model: str | None = None, withheld: bool = False) -> dict:
         if model is None:  # the environment's methods; OPRO and GEPA also by their search budget
             return {"method": method, "budget": self.budget if method in ("opro", "gepa") else None}
-        return {"method": "agent", "weights": weights_digest(model), "turn_tokens": self.turn_tokens,
+        return {"method": "agent", "weights": model_digest(model), "turn_tokens": self.turn_tokens,
                 "withheld": withheld}  # fmt: skip
 
     def get(self, key: dict) -> dict | None:
         file = self._file(key)
         return json.loads(file.read_text()) if file.is_file() else None
 
-    def put(self, key: dict, value: dict) -> None:
+    def put(self, key: dict, value: dict) -> bool:
+        """Keep VALUE ({"rows": [...], "search": {...}?}) under KEY, unless an episode or a search call in it
+        failed; whether it was kept."""
+        from prompt_r1.runs.episode import FAILED_STATUSES
+
+        failed = any(row.get("status") in FAILED_STATUSES for row in value["rows"])
+        if failed or value.get("search", {}).get("calls", {}).get("failed"):
+            return False
         self.folder.mkdir(parents=True, exist_ok=True)
         file = self._file(key)
         part = file.with_suffix(".part")
         part.write_text(json.dumps(value) + "\n")
         part.replace(file)  # whole or absent: a run cut short leaves no half-written row
+        return True

@@ -157,8 +157,12 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
               "cold_start": {k: v for k, v in made.items() if k != "seconds"}}  # fmt: skip
     done = json.loads(record.read_text()) if record.is_file() else {}
     if done.get("recipe") == recipe and (run / "model" / "config.json").is_file():
-        say(f"seed {seed}: reusing the finished GRPO run in {run}")
-        return done["result"]
+        minutes = done["result"]["minutes"]
+        say(f"seed {seed}: reusing the finished GRPO run in {run} (it took: cold start {minutes['cold_start']:.1f} "
+            f"min, training {minutes['training']:.1f} min)")  # fmt: skip
+        # The folders where they are now (OUT may have moved since), and the run marked as reused.
+        return {**done["result"], "cold_model": str(cold / "model"), "trained_model": str(run / "model"),
+                "reused": True}  # fmt: skip
     record.unlink(missing_ok=True)
     rows = training_rows(training_questions(args.steps * EPISODES_PER_STEP // args.generations + 4, seed))
     # 16 episodes a step under either trainer: 16 / G questions (groups) x G samples.
@@ -228,8 +232,10 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int,
                 reused.append(name)
                 return value
             value = await work()
-            kept.put(key, value)
-            say(f"{name}: {time.monotonic() - started:.0f} s")
+            kept_now = kept.put(key, value)
+            say(
+                f"{name}: {time.monotonic() - started:.0f} s{'' if kept_now else ' (a failure in it: not kept)'}"
+            )
             return value
 
         async def instructed(method: str) -> dict:
@@ -237,7 +243,7 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int,
                 search = await search_instruction(method, client, budget=budget, seed=args.eval_seed)
                 return {"rows": await env_method(client, questions, search["instruction"]), "search": search}
             return {
-                "rows": await env_method(client, questions, INSTRUCTION if method == "instruction" else None)
+                "rows": await env_method(client, questions, INSTRUCTION if method == "instruction" else "")
             }
 
         for method in BASELINES:
@@ -285,7 +291,8 @@ def print_table(table: dict[str, dict]) -> None:
 
 def targets(table: dict[str, dict], seeds: list[int]) -> list[str]:
     """The issue's targets, per seed: a line each, met or not, with the figures. A seed's untrained baseline is its
-    own cold start, where its GRPO began (with several seeds, not the other seeds' cold starts)."""
+    own cold start, where its GRPO began; with several seeds the line also reads the targets against the best cold
+    start of any seed (the stricter reading of "the best untrained baseline")."""
     lines = []
     for seed in seeds:
         suffix = f" {seed}" if len(seeds) > 1 else ""
@@ -302,6 +309,15 @@ def targets(table: dict[str, dict], seeds: list[int]) -> list[str]:
             f"{best:.1f} ({'met' if t['em'] >= best else 'NOT met'}); notes withheld EM "
             f"{table[name + ', notes withheld']['em']:.1f} (target <= 5)"
         )
+        every = [k for k in table if k.startswith("untrained") and k != f"untrained{suffix}"]
+        if every:  # the stricter reading: the best cold start of any seed in the table
+            strict_2 = max(best_2, *(table[k]["em_2"] for k in every))
+            strict = max(best, *(table[k]["em"] for k in every))
+            lines[-1] += (
+                f"; against every seed's cold start: 2-call {strict_2:.1f} + {RISE} "
+                f"({'met' if t['em_2'] >= strict_2 + RISE else 'NOT met'}), overall {strict:.1f} "
+                f"({'met' if t['em'] >= strict else 'NOT met'})"
+            )
     return lines
 
 
@@ -399,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
             f"--turn-tokens must be from 1 to {TOTAL_TOKENS} (an episode's cap), got {args.turn_tokens}"
         )
     draw = random.SystemRandom()
+    # How the seeds came: drawn here, named by --seed0, or listed (a table's provenance, in real_agent.json).
+    seeds_from = "listed" if args.seed_list else "drawn" if args.seed0 is None else "named"
+    eval_seed_from = "drawn" if args.eval_seed is None else "named"
     if args.seed0 is None:
         args.seed0 = draw.randrange(1, 10**6)
     if args.eval_seed is None:
@@ -421,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.search_budget or (shipped_steps() if args.eval_only else args.steps) * EPISODES_PER_STEP
     loop = {"max_turns": MAX_TURNS, "reply_tokens": REPLY_TOKENS, "total_tokens": TOTAL_TOKENS}
     kept = KeptRows(out, eval_seed=args.eval_seed, questions=args.questions, turn_tokens=args.turn_tokens,
-                    budget=budget, loop=loop)  # fmt: skip
+                    budget=budget, loop=loop, environment=ENV_MODEL)  # fmt: skip
     result = asyncio.run(compare(args, agents, budget, kept))
     print_table(result["table"])
     for line in targets(result["table"], seeds or [0]):
@@ -437,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         say(f"curves: {curves}")
     summary_path = out / "real_agent.json"
-    summary_path.write_text(json.dumps({"seeds": seeds, "runs": runs, "search_budget": budget,
+    provenance = {"seeds_from": seeds_from, "eval_seed_from": eval_seed_from,
+                  "reused_runs": [run["seed"] for run in runs if run.get("reused")]}  # fmt: skip
+    summary_path.write_text(json.dumps({"seeds": seeds, **provenance, "runs": runs, "search_budget": budget,
                                         "turn_tokens": args.turn_tokens, **result},
                                        indent=1, default=str) + "\n")  # fmt: skip
     say(f"figures: {summary_path}")
