@@ -26,8 +26,11 @@ Agents decode greedily; the environment is greedy.
 Work already done under OUT is reused, so that a run cut short, or seeds added later (`--seeds 3` after `--seeds
 1`, the same `--seed0`, `--eval-seed` and settings), redo only what is missing: a seed's cold start and its GRPO run
 of the same settings (their records, cold_start.json and run.json, are written last), and each table row, kept
-under OUT/rows by what decides it (the method, the model's weights, the held-out draw, the turn cap, the search
-budget, the task's code). A line says what was reused.
+under OUT/rows by what decides it (evals/bench/kept_rows.py: the method, the agent's and the environment's model
+folders, the held-out draw, the loop's caps, the search budget, the code that plays and scores an episode; code
+outside it is not seen). A line says what was reused; real_agent.json, which GRPO runs were, and whether the seeds
+were drawn, named or listed. Each seed's targets are read against its own cold start and, with several seeds,
+against the best cold start of any.
 The trained row evaluates the float32 merge of a run; the shipped agent (`--eval-only`) is its float16 adapters.
 Seeds not given are drawn at run time and printed. Figures go to OUT/real_agent.json, curves to
 OUT/curves.png; OUT defaults to a folder under the system's temporary directory, outside the checkout.
