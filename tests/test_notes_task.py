@@ -434,6 +434,10 @@ def test_served_demonstrations_keep_the_kinds_and_the_choices_share_when_replies
         shares[kind] = sum(len(script) == 5 for script in scripts) / len(scripts)
     assert all(abs(share - 0.5) < 0.08 for share in shares.values()), shares
     assert all("I cannot say." not in script for _, script in episodes)
+    # Without plan thoughts no thought states the choice it makes.
+    assert not any(
+        " I ask where " in turn or " I answer " in turn for _, script in episodes for turn in script
+    )
     # Plan thoughts change the thoughts alone: the same episodes, the replies and the choices drawn alike.
     planned = served_demonstrations(60, 4, replies, ask_again=0.5, plans=True)
     assert [(q, s[1::2]) for q, s in planned] == [

@@ -202,7 +202,7 @@ def served_demonstrations(
         short = missing()
         if not short:
             break
-        plans = []
+        drawn = []
         for kind, count in short.items():
             for _ in range(2 * count):  # about half the 2-call episodes miss (docs/benchmarks.md)
                 sheet = draw_sheets(1, rng, "train")[0]
@@ -210,15 +210,15 @@ def served_demonstrations(
                 asked = question_about(kind, sheet, i)
                 first_half = kind == "builder_birthplace" and rng.random() < 0.5
                 prompt = f"Who built the {sheet.things[i]}?" if first_half else asked.question
-                plans.append((asked, i, prompt, rng.random()))  # the choice's draw, made whatever the replies
-        first = replies([(asked.sheet, [], prompt) for asked, _, prompt, _ in plans])
+                drawn.append((asked, i, prompt, rng.random()))  # the choice's draw, made whatever the replies
+        first = replies([(asked.sheet, [], prompt) for asked, _, prompt, _ in drawn])
         again = {}
-        for j, ((asked, i, prompt, _), reply) in enumerate(zip(plans, first, strict=True)):
+        for j, ((asked, i, prompt, _), reply) in enumerate(zip(drawn, first, strict=True)):
             person, place = asked.sheet.people[i], asked.sheet.places[i]
             if asked.kind != "birthplace" and mentions(reply, person) and not mentions(reply, place):
                 again[j] = (asked.sheet, [(prompt, reply)], f"Where was {person} born?")
         second = dict(zip(again, replies(list(again.values())), strict=True))
-        for j, ((asked, i, prompt, draw), reply) in enumerate(zip(plans, first, strict=True)):
+        for j, ((asked, i, prompt, draw), reply) in enumerate(zip(drawn, first, strict=True)):
             person, place = asked.sheet.people[i], asked.sheet.places[i]
             asks = _asks_for(asked.kind, kinds)
             script = [_first_turn(asks, prompt), reply]
@@ -353,8 +353,11 @@ def cold_start(
         if say is not None:
             say(f"cold start: step {step + 1}/{steps}, loss {loss:.3f}")
     facts = {"stage": "cold start", "seed": seed, "steps": steps}
-    facts |= {"replies": replies} if replies != "scripted" else {}
-    save_adapter(model, out / "adapter", facts | ({"plans": True} if plans else {}))
+    if replies != "scripted":
+        facts["replies"] = replies
+    if plans:
+        facts["plans"] = True
+    save_adapter(model, out / "adapter", facts)
     merged = model.merge_and_unload()
     merged.save_pretrained(out / "model")
     tok.save_pretrained(out / "model")
