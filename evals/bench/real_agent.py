@@ -264,9 +264,10 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int,
                                                           max_new_tokens=args.turn_tokens))  # fmt: skip
                 return {"rows": await agent_method(agent, client, questions, loop, withheld=withheld)}
 
+            weights = kept.key("agent", model)  # the folder read once for both of its rows
             for withheld in (False, True) if name.startswith("trained") else (False,):
                 row_name = f"{name}, notes withheld" if withheld else name
-                key = kept.key("agent", model, withheld)
+                key = {**weights, "withheld": withheld}
                 rows[row_name] = (await method_rows(row_name, key, lambda w=withheld: played(w)))["rows"]
     if reused:
         say(f"reused from {kept.folder}: {', '.join(reused)}")
