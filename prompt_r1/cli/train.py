@@ -172,10 +172,8 @@ def _from_recipe(train_data: str, recipe: Path) -> str:
 
 def _config_class(argv: list[str]) -> type:
     """The config class of the trainer `argv` asks for: its --async flag (`--async`, `--async false`,
-    `--async=true`), else its recipe's `async` (or `async_grpo`) key, else the synchronous trainer's."""
-    from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
-    from prompt_r1.training.sync.config import PromptR1GRPOConfig
-
+    `--async=true`), else its recipe's `async` (or `async_grpo`) key, else the synchronous trainer's. Only that
+    one is imported: the async trainer's config brings TRL's async trainer and vLLM (seconds a process)."""
     wanted: bool | None = None
     for index, arg in enumerate(argv):
         name, _, value = arg.partition("=")
@@ -193,7 +191,13 @@ def _config_class(argv: list[str]) -> type:
             recipe = None  # TRL's parser reports it, as before
         if isinstance(recipe, dict):
             wanted = bool(recipe.get("async", recipe.get("async_grpo", False)))
-    return PromptR1AsyncGRPOConfig if wanted else PromptR1GRPOConfig
+    if wanted:
+        from prompt_r1.training.asynchronous.config import PromptR1AsyncGRPOConfig
+
+        return PromptR1AsyncGRPOConfig
+    from prompt_r1.training.sync.config import PromptR1GRPOConfig
+
+    return PromptR1GRPOConfig
 
 
 def cmd_train(argv: list[str]) -> int:
