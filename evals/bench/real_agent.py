@@ -234,6 +234,7 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int,
             if value is not None:
                 reused.append(name)
                 return value
+            say(f"{name}: {len(questions)} questions...")  # an agent's row takes minutes on 2 cores
             value = await work()
             kept_now = kept.put(key, value)
             say(
