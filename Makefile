@@ -7,9 +7,9 @@ setup:
 run: setup
 	.venv/bin/prompt-r1 run "$(Q)"
 test: setup
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n 2
 test-all: setup  # the slow tests too (GPU and paid-API tests still need their markers)
-	.venv/bin/python -m pytest -m "not gpu and not llm_call"
+	.venv/bin/python -m pytest -n 2 -m "not gpu and not llm_call"
 lint:
 	.venv/bin/ruff check prompt_r1 tests graphs && .venv/bin/ruff format --check prompt_r1 tests graphs && .venv/bin/lint-imports
 format:
