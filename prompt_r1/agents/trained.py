@@ -40,7 +40,7 @@ TRAINED_AGENTS: dict[str, TrainedAgent] = {
         adapters=("cold", "grpo"),
         description="the built-in model trained with GRPO to prompt an environment that holds notes "
         "(docs/notes-agent.md)",
-        turn_tokens=48,
+        turn_tokens=64,
     ),
 }
 
