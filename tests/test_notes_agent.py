@@ -91,7 +91,7 @@ def test_two_grpo_steps_of_the_notes_task_on_the_builtin_models(builtin_cache, t
 
     config = grpo_config(
         tmp_path / "run", AGENT, max_steps=2, per_device_train_batch_size=2, num_generations=2,
-        max_turn_tokens=TRAINED_AGENTS[AGENT].turn_tokens, seed=5, data_seed=5,
+        seed=5, data_seed=5,
     )  # fmt: skip
     rows = training_rows(training_questions(4, seed=5))
     trainer = train(config, build=lambda c: notes_trainer(c, rows))  # trains, then saves the adapter
@@ -119,7 +119,7 @@ def test_the_same_seed_gives_the_same_step_lines(builtin_cache, tmp_path):
     def run(where: str) -> list[str]:
         config = grpo_config(
             tmp_path / where, resolve_model(AGENT), max_steps=2, per_device_train_batch_size=2,
-            num_generations=2, max_turn_tokens=TRAINED_AGENTS[AGENT].turn_tokens, seed=9, data_seed=9,
+            num_generations=2, seed=9, data_seed=9,
         )  # fmt: skip
         trainer = notes_trainer(config, training_rows(training_questions(4, seed=9)))
         trainer.train()

@@ -5,6 +5,7 @@ training pool only. On the real built-in models: tests/test_notes_agent.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import re
@@ -12,6 +13,7 @@ import re
 import pytest
 from helpers import pool_words
 
+from prompt_r1.core.config import AgentConfig
 from prompt_r1.tasks.notes import (
     EMPTY,
     FACTS,
@@ -404,6 +406,46 @@ def test_the_notes_task_takes_groups_of_8_in_a_step_of_16(tmp_path):
     config = grpo_config(tmp_path, "smollm2-135m", num_generations=8, per_device_train_batch_size=4,
                          gradient_accumulation_steps=4, seed=1)  # fmt: skip
     assert (config.num_generations, config.generation_batch_size) == (8, 16)
+
+
+def test_the_shipped_agent_brings_the_turn_cap_it_was_trained_with(tmp_path):
+    """Named by its name (a config, the command line, the task's GRPO settings) or by the folder made from it (the
+    task's GRPO settings, which the trainers are given resolved), the shipped agent's turns are capped where it
+    was trained and measured, unless a cap is named; other models keep theirs."""
+    from prompt_r1.agents.builtin import MANIFEST
+    from prompt_r1.agents.trained import TRAINED_AGENTS
+    from prompt_r1.cli.flags import configs_from_args
+    from prompt_r1.cli.main import build_parser
+
+    cap = TRAINED_AGENTS["smollm2-135m-notes"].turn_tokens
+    assert cap == 64 and AgentConfig(model="smollm2-135m-notes").max_new_tokens == cap
+    assert AgentConfig(model="smollm2-135m-notes", max_new_tokens=300).max_new_tokens == 300
+    assert AgentConfig().max_new_tokens == AgentConfig(model="smollm2-135m").max_new_tokens == 1024
+    parser = build_parser()
+
+    def agent_of(*flags: str) -> AgentConfig:
+        return configs_from_args(parser.parse_args(["run", "q", *flags]))[0]
+
+    assert agent_of("--agent-model", "smollm2-135m-notes").max_new_tokens == cap
+    assert (
+        agent_of("--agent-model", "smollm2-135m-notes", "--agent-max-new-tokens", "1024").max_new_tokens
+        == 1024
+    )
+    assert agent_of("--agent-model", "./my-agent").max_new_tokens == 1024
+    pytest.importorskip("trl")
+    from prompt_r1.tasks.notes_training import TURN_TOKENS, grpo_config
+
+    made = tmp_path / "made"  # a folder as resolve_model makes it: its manifest names what it was made from
+    made.mkdir()
+    (made / MANIFEST).write_text(json.dumps({"name": "smollm2-135m-notes"}))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / MANIFEST).write_text("not json")
+    assert grpo_config(tmp_path / "a", "smollm2-135m-notes").max_turn_tokens == cap
+    assert grpo_config(tmp_path / "b", made).max_turn_tokens == cap
+    assert grpo_config(tmp_path / "c", made, max_turn_tokens=40).max_turn_tokens == 40
+    assert grpo_config(tmp_path / "d", other).max_turn_tokens == TURN_TOKENS
+    assert grpo_config(tmp_path / "e", "smollm2-135m").max_turn_tokens == TURN_TOKENS
 
 
 def test_served_demonstrations_keep_the_kinds_and_the_choices_share_when_replies_miss():

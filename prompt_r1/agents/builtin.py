@@ -47,6 +47,7 @@ __all__ = [
     "cache_root",
     "check_builtin",
     "is_builtin",
+    "made_from",
     "resolve_model",
 ]
 
@@ -114,6 +115,18 @@ def cache_root() -> Path:
 def resolve_model(name: str, *, progress: Callable[[str], None] | None = None) -> str:
     """The folder of a built-in model (made on first use), or `name` itself for anything else."""
     return str(builtin_folder(name, progress=progress)) if is_builtin(name) else name
+
+
+def made_from(name_or_folder: str | Path) -> str | None:
+    """The built-in model a name or a folder is: the name itself, or the name in the manifest of a folder made
+    here (`resolve_model`'s answer); None for anything else."""
+    if str(name_or_folder) in BUILTIN_MODEL_NAMES:
+        return str(name_or_folder)
+    try:
+        name = json.loads((Path(name_or_folder) / MANIFEST).read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if name in BUILTIN_MODEL_NAMES else None
 
 
 def _stderr_line(text: str) -> None:

@@ -16,6 +16,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from prompt_r1.core.config import TRAINED_TURN_TOKENS
+
 __all__ = ["TRAINED_AGENTS", "TrainedAgent", "adapter_folders", "folder_name", "merge_into", "missing"]
 
 SHIPPED = Path(__file__).resolve().parent / "shipped"
@@ -40,7 +42,7 @@ TRAINED_AGENTS: dict[str, TrainedAgent] = {
         adapters=("cold", "grpo"),
         description="the built-in model trained with GRPO to prompt an environment that holds notes "
         "(docs/notes-agent.md)",
-        turn_tokens=64,
+        turn_tokens=TRAINED_TURN_TOKENS["smollm2-135m-notes"],
     ),
 }
 

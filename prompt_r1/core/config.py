@@ -34,6 +34,7 @@ __all__ = [
     "PROTOCOL_RULES",
     "ProtocolRules",
     "RATE_STORE_PASSWORD_ENV",
+    "TRAINED_TURN_TOKENS",
     "configs_from_env",
     "load_config_file",
     "rate_store_password",
@@ -47,6 +48,12 @@ __all__ = [
 # loaded locally with transformers) prompting the paper's closed-source environment (GPT-4o-mini).
 DEFAULT_AGENT_MODEL = "Qwen/Qwen3-4B"
 DEFAULT_ENV_MODEL = "gpt-4o-mini"
+# The cap on an agent turn that the paper trains and measures with, and the one each built-in trained agent was
+# trained and measured with (agents/trained.py reads it from here): under another cap a trained agent is not the
+# agent its model card measured (a shorter one cuts its prompts, a longer one lets a turn that should have been
+# cut run on), so naming one brings its cap with it unless a cap is named too.
+PAPER_TURN_TOKENS = 1024
+TRAINED_TURN_TOKENS = {"smollm2-135m-notes": 64}
 
 
 @dataclass(frozen=True)
@@ -186,8 +193,11 @@ class AgentConfig:
         default=1.0,
         check={"above": 0, "maximum": 1},
     )
-    max_new_tokens: int = _help(
-        "Most tokens the agent may write in one turn (paper: 1,024).", default=1024, check=AT_LEAST_1
+    max_new_tokens: int | None = _help(
+        "Most tokens the agent may write in one turn; unset: 1,024 (the paper's), or the cap a built-in trained "
+        "agent was trained with (smollm2-135m-notes: 64).",
+        default=None,
+        check=AT_LEAST_1,
     )
     device: str | None = _help(
         "Device for a local agent (cuda, cpu); unset: cuda when available.", default=None
@@ -228,6 +238,8 @@ class AgentConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.max_new_tokens is None:  # frozen, so set through object
+            object.__setattr__(self, "max_new_tokens", TRAINED_TURN_TOKENS.get(self.model, PAPER_TURN_TOKENS))
         _check_types(self)
         if self.token_exact not in {"auto", "on", "off"}:
             raise ConfigError(f"agent token_exact must be auto, on or off, got {self.token_exact!r}")
