@@ -122,6 +122,8 @@ def made_from(name_or_folder: str | Path) -> str | None:
     here (`resolve_model`'s answer); None for anything else."""
     if str(name_or_folder) in BUILTIN_MODEL_NAMES:
         return str(name_or_folder)
+    if not str(name_or_folder):
+        return None
     try:
         name = json.loads((Path(name_or_folder) / MANIFEST).read_text()).get("name")
     except (OSError, ValueError, AttributeError):

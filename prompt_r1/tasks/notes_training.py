@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from prompt_r1.agents.batching import derive_seed
-from prompt_r1.agents.builtin import made_from
-from prompt_r1.core.config import TRAINED_TURN_TOKENS
 from prompt_r1.runs.episode import Episode
 from prompt_r1.scoring.metrics import exact_match, f1
 from prompt_r1.tasks.notes import NotesEnvironment, NotesQuestion, NotesWorld
@@ -113,8 +111,7 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
     needs); the double-constrained reward with the release's coefficients (`release`: one well-formed prompt and
     an answer pass its gate; the paper's coefficients need two prompts before an answer counts, which would reward
     a needless second call on every 1-call question and never a 1-call answer); the agent sampled at 0.7; LoRA on
-    the attention projections, as the cold start's; turns capped at TURN_TOKENS, or at the cap a built-in trained
-    agent (named, or its folder) was trained with."""
+    the attention projections, as the cold start's."""
     from prompt_r1.tasks.notes_agent import LORA
 
     defaults: dict[str, Any] = dict(
@@ -126,7 +123,7 @@ def grpo_config(output_dir: str | Path, model: str | Path, **settings: Any) -> A
         per_device_train_batch_size=16,
         num_generations=4,
         max_turns=3,
-        max_turn_tokens=TRAINED_TURN_TOKENS.get(made_from(model) or "", TURN_TOKENS),
+        max_turn_tokens=TURN_TOKENS,
         max_total_tokens=TOTAL_TOKENS,
         # One GRPO step stopped every second call of a cold-started agent (asked again after 11 of 12 builder
         # replies, then 0 of 8, at 5e-4; 14 of 27, then 0 of 26, at 1e-4 with 32 episodes a step): Adam's first

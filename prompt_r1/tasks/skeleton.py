@@ -38,10 +38,18 @@ RUN_DEFAULTS: dict[str, Any] = dict(
 
 def task_config(defaults: dict[str, Any], settings: dict[str, Any]) -> Any:
     """A task's trainer config: `RUN_DEFAULTS`, then the task's `defaults`, then the caller's `settings`
-    (`async_grpo=True` among them: the async trainer's config)."""
+    (`async_grpo=True` among them: the async trainer's config). A built-in trained agent as the policy (named, or
+    the folder made from it) brings the cap on a turn it was trained with in place of the task's, unless the
+    caller names one."""
+    from prompt_r1.agents.builtin import made_from
+    from prompt_r1.core.config import TRAINED_TURN_TOKENS
     from prompt_r1.training.run import trainer_config
 
-    return trainer_config(**{**RUN_DEFAULTS, **defaults, **settings})
+    merged = {**RUN_DEFAULTS, **defaults, **settings}
+    cap = TRAINED_TURN_TOKENS.get(made_from(merged.get("model_name_or_path", "")) or "")
+    if cap is not None and "max_turn_tokens" not in settings:
+        merged["max_turn_tokens"] = cap
+    return trainer_config(**merged)
 
 
 def log_means(trainer: Any, names: Sequence[str], figures: Sequence[dict[str, float | None]]) -> None:
