@@ -5,6 +5,7 @@ SmolLM2-135M-Instruct, the environment served over HTTP with each episode's note
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -63,10 +64,15 @@ def test_the_shipped_agent_follows_the_protocol_on_held_out_questions(builtin_ca
         agent = TransformersAgent(AgentConfig(model=folder, temperature=0.0, seed=0, max_new_tokens=cap))
         loop = LoopConfig(max_turns=3, max_turn_tokens=cap, max_total_tokens=256)
         rows = asyncio.run(agent_method(agent, client, questions, loop))
+        # The benchmark's control "answering at once": its first turn guided into the answer's tags.
+        guided = TransformersAgent(dataclasses.replace(agent.config, guide_calls=0))
+        at_once = asyncio.run(agent_method(guided, client, questions[:2], loop))
     for row in rows:
         assert row["status"] == "answered", row
         assert 1 <= row["calls"] <= 3 and row["prediction"].strip(), row
         assert parse(row["question"])[1].lower() in row["prompts"][0].lower(), row
+    assert [(row["calls"], row["status"]) for row in at_once] == [(0, "answered")] * 2, at_once
+    assert all(row["prediction"].strip() for row in at_once), at_once
 
 
 def test_run_takes_the_shipped_agent_by_name_offline(builtin_cache, monkeypatch):

@@ -322,7 +322,12 @@ def test_the_benchmarks_turn_cap_reaches_training_and_the_table_and_is_recorded(
         names = [
             *bench.BASELINES,
             *agents,
-            *(f"{a}, notes withheld" for a in agents if a.startswith("trained")),
+            *(
+                f"{a}, {control}"
+                for a in agents
+                if a.startswith("trained")
+                for control in ("notes withheld", "answering at once")
+            ),
         ]
         return {"table": {name: dict(figures) for name in names}}
 

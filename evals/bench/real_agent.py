@@ -21,7 +21,8 @@ the step keeps its 16 episodes). With `--eval-only`, the settings of training (`
 held-out questions (evaluation pool, drawn from `--eval-seed`, half of them 2-call): direct, instruction, OPRO and
 GEPA (their search budget in metric calls: as many as the episodes one seed trained on, with `--eval-only` the
 shipped agent's, read from its adapter's record; `--search-budget`), each seed's cold-started and trained agent,
-and the controls (the trained agent with the notes withheld; answered at once).
+and the controls (the trained agent with the notes withheld; answering at once: its first turn guided into the
+answer's tags, `--agent-guide-calls 0`, so that it answers from what it knows).
 Agents decode greedily; the environment is greedy.
 Work already done under OUT is reused, so that a run cut short, or seeds added later (`--seeds 3` after `--seeds
 1`, the same `--seed0`, `--eval-seed` and settings), redo only what is missing: a seed's cold start and its GRPO run
@@ -122,13 +123,8 @@ def cold_start_once(seed: int, args: argparse.Namespace, cold: Path) -> dict:
     marker = cold / "cold_start.json"
     made = json.loads(marker.read_text()) if marker.is_file() else {}
     replies = "served" if args.served_replies else "scripted"
-    recipe = {
-        "steps": args.cold_steps,
-        "ask_again": args.ask_again,
-        "kinds": args.kind_thoughts,
-        "plans": args.plan_thoughts,
-        "replies": replies,
-    }
+    recipe = {"steps": args.cold_steps, "ask_again": args.ask_again, "kinds": args.kind_thoughts,
+              "plans": args.plan_thoughts, "replies": replies}  # fmt: skip
     # A marker from before a setting existed: scripted replies, no plan thoughts.
     made = {"replies": "scripted", "plans": False} | made
     if {k: made.get(k) for k in recipe} != recipe:
@@ -193,16 +189,10 @@ def train_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
     say(f"seed {seed}: cold start {cold_s / 60:.1f} min, GRPO ({kind}) {args.steps} steps {grpo_s / 60:.1f} min "
         f"(training {training_s / 60:.1f} min)")  # fmt: skip
     result = {
-        "seed": seed,
-        "trainer": kind,
-        "cold_model": str(cold / "model"),
-        "trained_model": str(run / "model"),
-        "cold_start": made,
-        "turn_tokens": args.turn_tokens,
-        "generations": args.generations,
-        "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60, "training": training_s / 60},
-        "series": series,
-    }
+        "seed": seed, "trainer": kind, "cold_model": str(cold / "model"), "trained_model": str(run / "model"),
+        "cold_start": made, "turn_tokens": args.turn_tokens, "generations": args.generations,
+        "minutes": {"cold_start": cold_s / 60, "grpo": grpo_s / 60, "training": training_s / 60}, "series": series,
+    }  # fmt: skip
     record.write_text(json.dumps({"recipe": recipe, "result": result}, default=str) + "\n")
     return result
 
@@ -256,20 +246,24 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int,
             if "search" in value:
                 searched[method] = value["search"]
         for name, model in agents.items():
-            agent = None
+            loaded: dict[bool, TransformersAgent] = {}  # an agent is loaded only when a row of it is not kept
 
-            async def played(withheld: bool, model: str = model) -> dict:
-                nonlocal agent
-                if agent is None:  # loaded only when a row of it is not kept
-                    agent = TransformersAgent(AgentConfig(model=model, temperature=0.0, seed=args.eval_seed,
-                                                          max_new_tokens=args.turn_tokens))  # fmt: skip
-                return {"rows": await agent_method(agent, client, questions, loop, withheld=withheld)}
+            async def played(withheld: bool, at_once: bool = False, model=model, loaded=loaded) -> dict:
+                if at_once not in loaded:  # at once: its first turn guided into the answer's tags (guide.py)
+                    loaded[at_once] = TransformersAgent(AgentConfig(
+                        model=model, temperature=0.0, seed=args.eval_seed, max_new_tokens=args.turn_tokens,
+                        guide_calls=0 if at_once else None))  # fmt: skip
+                played_rows = await agent_method(loaded[at_once], client, questions, loop, withheld=withheld)
+                return {"rows": played_rows}
 
-            weights = kept.key("agent", model)  # the folder read once for both of its rows
-            for withheld in (False, True) if name.startswith("trained") else (False,):
-                row_name = f"{name}, notes withheld" if withheld else name
-                key = {**weights, "withheld": withheld}
-                rows[row_name] = (await method_rows(row_name, key, lambda w=withheld: played(w)))["rows"]
+            weights = kept.key("agent", model)  # the folder read once for all of its rows
+            plays_of = {name: {"withheld": False}}
+            if name.startswith("trained"):  # the controls: no notes to ask about; no call made
+                plays_of |= {f"{name}, notes withheld": {"withheld": True},
+                             f"{name}, answering at once": {"withheld": False, "at_once": True}}  # fmt: skip
+            for row_name, play in plays_of.items():
+                work = lambda play=play: played(**play)  # noqa: E731
+                rows[row_name] = (await method_rows(row_name, {**weights, **play}, work))["rows"]
     if reused:
         say(f"reused from {kept.folder}: {', '.join(reused)}")
     return {
@@ -312,7 +306,8 @@ def targets(table: dict[str, dict], seeds: list[int]) -> list[str]:
             f"seed {seed}: 2-call EM {t['em_2']:.1f} vs best untrained {best_2:.1f} + {RISE} "
             f"({'met' if t['em_2'] >= best_2 + RISE else 'NOT met'}); overall EM {t['em']:.1f} vs best baseline "
             f"{best:.1f} ({'met' if t['em'] >= best else 'NOT met'}); notes withheld EM "
-            f"{table[name + ', notes withheld']['em']:.1f} (target <= 5)"
+            f"{table[name + ', notes withheld']['em']:.1f} (target <= 5); answering at once EM "
+            f"{table[name + ', answering at once']['em']:.1f}"
         )
         every = [k for k in table if k.startswith("untrained") and k != f"untrained{suffix}"]
         if every:  # the stricter reading: the best cold start of any seed in the table
@@ -328,7 +323,7 @@ def targets(table: dict[str, dict], seeds: list[int]) -> list[str]:
 
 def comparison_line(table: dict[str, dict]) -> str:
     def mean_of(prefix: str) -> tuple[float, float] | None:
-        names = [k for k in table if k.startswith(prefix) and "withheld" not in k]
+        names = [k for k in table if k.startswith(prefix) and "," not in k]  # the controls' rows aside
         if not names:
             return None
         return tuple(statistics.fmean(table[k][f"em_{c}"] for k in names) for c in (1, 2))  # type: ignore[return-value]
