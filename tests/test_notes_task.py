@@ -451,6 +451,16 @@ def test_the_shipped_agent_brings_the_turn_cap_it_was_trained_with(tmp_path):
     assert grpo_config(tmp_path / "c", made, max_turn_tokens=40).max_turn_tokens == 40
     assert grpo_config(tmp_path / "d", other).max_turn_tokens == TURN_TOKENS
     assert grpo_config(tmp_path / "e", "smollm2-135m").max_turn_tokens == TURN_TOKENS
+    # `prompt-r1 train`'s config, outside any task: the paper's 1,024 unless the policy is a trained agent.
+    from prompt_r1.training.run import trainer_config
+
+    def trained_cap(model, **given) -> int:
+        settings = dict(output_dir=str(tmp_path / "f"), use_cpu=True, bf16=False, report_to=[])
+        return trainer_config(model_name_or_path=str(model), **settings, **given).max_turn_tokens
+
+    assert trained_cap("smollm2-135m-notes") == trained_cap(made) == cap
+    assert trained_cap(made, max_turn_tokens=100) == 100
+    assert trained_cap(other) == trained_cap("smollm2-135m") == 1024
 
 
 def test_served_demonstrations_keep_the_kinds_and_the_choices_share_when_replies_miss():

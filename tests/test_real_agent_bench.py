@@ -92,9 +92,9 @@ def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeyp
         yield types.SimpleNamespace(name="env", base_url="http://127.0.0.1:9/v1")
 
     class Agent:
-        def __init__(self, config):
-            calls.append(("load", config.model))
-            self.model = config.model
+        def __init__(self, config, model=None, tokenizer=None):
+            calls.append(("load", config.model, config.guide_calls, model))  # model: weights loaded before
+            self.model, self.tokenizer, self.guide_calls = config.model, None, config.guide_calls
 
     async def env_method(client, questions, instruction=""):
         calls.append(("env", instruction))
@@ -105,7 +105,7 @@ def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeyp
         return {"instruction": f"{method} says", "score": 0.1, "metric_calls": budget, "calls": {"failed": 0}}
 
     async def agent_method(agent, client, questions, loop, withheld=False):
-        calls.append(("agent", agent.model, withheld))
+        calls.append(("agent", agent.model, withheld, agent.guide_calls))
         em = 0.0 if withheld else 1.0
         return [{"calls_needed": 2, "calls": 2, "em": em, "f1": em, "tokens": 99}]
 
@@ -124,20 +124,41 @@ def test_a_second_table_computes_only_the_rows_it_lacks(bench, tmp_path, monkeyp
     assert envs == [("env", ""), ("env", bench.INSTRUCTION), ("env", "opro says"), ("env", "gepa says")]
     assert ("opro", 16) in calls and ("gepa", 16) in calls
     assert [c for c in calls if c[0] == "agent"] == [
-        ("agent", cold, False), ("agent", trained, False), ("agent", trained, True)
+        ("agent", cold, False, None), ("agent", trained, False, None), ("agent", trained, True, None),
+        ("agent", trained, False, 0),  # answering at once: its first turn guided into the answer's tags
     ]  # fmt: skip
+    # Each agent's weights are loaded once: the guided one shares the trained one's.
+    assert [c for c in calls if c[0] == "load"] == [("load", cold, None, None), ("load", trained, None, None),
+                                                    ("load", trained, 0, trained)]  # fmt: skip
     calls.clear()
     again = asyncio.run(bench.compare(args, agents, 16, _kept(bench, tmp_path / "out")))
     assert calls == []  # nothing computed, no agent loaded
     # (the tables through JSON: a kind with no question has NaN figures, which never compare equal)
     assert again["rows"] == first["rows"] and json.dumps(again["table"]) == json.dumps(first["table"])
     assert again["instructions"] == first["instructions"]
-    assert again["reused"] == [*bench.BASELINES, "untrained", "trained", "trained, notes withheld"]
+    assert again["reused"] == [
+        *bench.BASELINES, "untrained", "trained", "trained, notes withheld", "trained, answering at once"
+    ]  # fmt: skip
     # A second seed's agents: only their rows are computed.
     more = {**agents, "untrained 2": _weights(tmp_path / "cold2", 3.0), "trained 2": trained}
     third = asyncio.run(bench.compare(args, more, 16, _kept(bench, tmp_path / "out")))
-    assert calls == [("load", str(tmp_path / "cold2")), ("agent", str(tmp_path / "cold2"), False)]
+    assert calls == [
+        ("load", str(tmp_path / "cold2"), None, None),
+        ("agent", str(tmp_path / "cold2"), False, None),
+    ]
     assert third["rows"]["trained 2"] == first["rows"]["trained"]  # the same weights: the same row
+    # Rows kept before the control answering at once existed (keyed by weights and withheld alone) are reused: only
+    # the new row is computed.
+    calls.clear()
+    earlier = _kept(bench, tmp_path / "earlier")
+    for model, withheld in ((cold, False), (trained, False), (trained, True)):
+        earlier.put({"method": "agent", "weights": bench.model_digest(model), "turn_tokens": 48, "withheld": withheld},
+                    {"rows": [ROW]})  # fmt: skip
+    for method in bench.BASELINES:
+        search = {"instruction": "x", "score": 0.1, "metric_calls": 16, "calls": {"failed": 0}}
+        earlier.put(earlier.key(method), {"rows": [ROW], "search": search})
+    asyncio.run(bench.compare(args, agents, 16, earlier))
+    assert calls == [("load", trained, 0, None), ("agent", trained, False, 0)]
 
 
 def test_a_finished_grpo_run_of_the_same_settings_is_reused(bench, tmp_path, monkeypatch):
@@ -261,7 +282,10 @@ def test_a_seed_list_trains_those_seeds_and_each_is_held_to_its_own_cold_start(b
 
     async def compare(args, agents, budget, kept):
         assert list(agents) == ["untrained 4", "trained 4", "untrained 9", "trained 9"]
-        names = [*bench.BASELINES, *agents, "trained 4, notes withheld", "trained 9, notes withheld"]
+        controls = [
+            f"trained {seed}, {c}" for seed in (4, 9) for c in ("notes withheld", "answering at once")
+        ]
+        names = [*bench.BASELINES, *agents, *controls]
         return {"table": {name: figures(ems.get(name, 0.0)) for name in names}}
 
     said = []

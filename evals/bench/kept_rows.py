@@ -39,12 +39,12 @@ def model_digest(model: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def code_digest() -> str:
-    """The code in `CODE`: a row kept by other code is not reused."""
+def code_digest(modules: tuple[str, ...] = CODE) -> str:
+    """The code of `modules` (`CODE`): a row kept by other code is not reused."""
     import importlib
 
     digest = hashlib.sha256()
-    for name in CODE:
+    for name in modules:
         digest.update(Path(importlib.import_module(name).__file__).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -72,11 +72,16 @@ class KeptRows:
         name = hashlib.sha256(json.dumps({**self.base, **key}, sort_keys=True).encode()).hexdigest()[:20]
         return self.folder / f"{name}.json"
 
-    def key(self, method: str, model: str | None = None, withheld: bool = False) -> dict:
-        if model is None:  # the environment's methods; OPRO and GEPA also by their search budget
+    def key(self, method: str, model: str | None = None, withheld: bool = False, at_once: bool = False,
+            weights: str | None = None) -> dict:  # fmt: skip
+        """What decides a row: an environment's method by its name (OPRO and GEPA by their search budget too), an
+        agent's by its weights (`weights`: their digest, already taken), the notes withheld or not, and the
+        control that answers at once by the guide that writes its tags too (code outside `CODE`)."""
+        if model is None:
             return {"method": method, "budget": self.budget if method in ("opro", "gepa") else None}
-        return {"method": "agent", "weights": model_digest(model), "turn_tokens": self.turn_tokens,
-                "withheld": withheld}  # fmt: skip
+        key = {"method": "agent", "weights": weights or model_digest(model), "turn_tokens": self.turn_tokens,
+               "withheld": withheld}  # fmt: skip
+        return key | {"at_once": True, "guide": code_digest(("prompt_r1.agents.guide",))} if at_once else key
 
     def get(self, key: dict) -> dict | None:
         file = self._file(key)

@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's own modules beside it
 
-from kept_rows import KeptRows  # noqa: E402
+from kept_rows import KeptRows, model_digest  # noqa: E402
 
 from prompt_r1.agents.trained import TRAINED_AGENTS, adapter_folders  # noqa: E402
 from prompt_r1.tasks.notes_agent import ASK_AGAIN, COLD_STEPS  # noqa: E402
@@ -248,22 +248,30 @@ async def compare(args: argparse.Namespace, agents: dict[str, str], budget: int,
         for name, model in agents.items():
             loaded: dict[bool, TransformersAgent] = {}  # an agent is loaded only when a row of it is not kept
 
-            async def played(withheld: bool, at_once: bool = False, model=model, loaded=loaded) -> dict:
+            async def played(withheld=False, at_once=False, model=model, loaded=loaded) -> dict:
                 if at_once not in loaded:  # at once: its first turn guided into the answer's tags (guide.py)
-                    loaded[at_once] = TransformersAgent(AgentConfig(
-                        model=model, temperature=0.0, seed=args.eval_seed, max_new_tokens=args.turn_tokens,
-                        guide_calls=0 if at_once else None))  # fmt: skip
+                    shared = next(iter(loaded.values()), None)  # the weights, loaded once
+                    config = AgentConfig(
+                        model=model,
+                        temperature=0.0,
+                        seed=args.eval_seed,
+                        max_new_tokens=args.turn_tokens,
+                        guide_calls=0 if at_once else None,
+                    )
+                    given = {} if shared is None else {"model": shared.model, "tokenizer": shared.tokenizer}
+                    loaded[at_once] = TransformersAgent(config, **given)  # fmt: skip
                 played_rows = await agent_method(loaded[at_once], client, questions, loop, withheld=withheld)
                 return {"rows": played_rows}
 
-            weights = kept.key("agent", model)  # the folder read once for all of its rows
-            plays_of = {name: {"withheld": False}}
+            weights = model_digest(model)  # the folder read once for all of its rows
+            plays_of = {name: {}}
             if name.startswith("trained"):  # the controls: no notes to ask about; no call made
                 plays_of |= {f"{name}, notes withheld": {"withheld": True},
-                             f"{name}, answering at once": {"withheld": False, "at_once": True}}  # fmt: skip
+                             f"{name}, answering at once": {"at_once": True}}  # fmt: skip
             for row_name, play in plays_of.items():
+                key = kept.key("agent", model, weights=weights, **play)
                 work = lambda play=play: played(**play)  # noqa: E731
-                rows[row_name] = (await method_rows(row_name, {**weights, **play}, work))["rows"]
+                rows[row_name] = (await method_rows(row_name, key, work))["rows"]
     if reused:
         say(f"reused from {kept.folder}: {', '.join(reused)}")
     return {
@@ -428,14 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     say(f"real agent: seeds {seeds or '(none: --eval-only)'}{', async GRPO' if args.async_grpo else ''}, "
         f"held-out draw {args.eval_seed}, {args.questions} questions, out {out}")  # fmt: skip
     runs = [train_seed(seed, args, out) for seed in seeds]
-    if args.eval_only:
-        agents = _shipped_agents(out)
-    else:
-        agents = {}
-        for run in runs:
-            suffix = f" {run['seed']}" if len(runs) > 1 else ""
-            agents[f"untrained{suffix}"] = run["cold_model"]
-            agents[f"trained{suffix}"] = run["trained_model"]
+    agents = _shipped_agents(out) if args.eval_only else {}
+    for run in runs:
+        suffix = f" {run['seed']}" if len(runs) > 1 else ""
+        agents |= {f"untrained{suffix}": run["cold_model"], f"trained{suffix}": run["trained_model"]}
     # Cost-matched: as many metric calls as the episodes one seed trains on (--eval-only: the shipped agent did).
     budget = args.search_budget or (shipped_steps() if args.eval_only else args.steps) * EPISODES_PER_STEP
     loop = {"max_turns": MAX_TURNS, "reply_tokens": REPLY_TOKENS, "total_tokens": TOTAL_TOKENS}

@@ -46,6 +46,8 @@ TRAINED_AGENTS: dict[str, TrainedAgent] = {
     ),
 }
 
+assert set(TRAINED_AGENTS) == set(TRAINED_TURN_TOKENS), "core.config knows each trained agent's turn cap"
+
 
 def adapter_folders(agent: TrainedAgent) -> list[Path]:
     return [SHIPPED / agent.name / part for part in agent.adapters]

@@ -30,6 +30,7 @@ __all__ = [
     "AgentConfig",
     "EnvironmentConfig",
     "LoopConfig",
+    "PAPER_TURN_TOKENS",
     "PROTOCOLS",
     "PROTOCOL_RULES",
     "ProtocolRules",
@@ -195,7 +196,7 @@ class AgentConfig:
     )
     max_new_tokens: int | None = _help(
         "Most tokens the agent may write in one turn; unset: 1,024 (the paper's), or the cap a built-in trained "
-        "agent was trained with (smollm2-135m-notes: 64).",
+        f"agent was trained with ({', '.join(f'{name}: {cap}' for name, cap in TRAINED_TURN_TOKENS.items())}).",
         default=None,
         check=AT_LEAST_1,
     )
@@ -239,7 +240,8 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is None:  # frozen, so set through object
-            object.__setattr__(self, "max_new_tokens", TRAINED_TURN_TOKENS.get(self.model, PAPER_TURN_TOKENS))
+            trained = TRAINED_TURN_TOKENS.get(self.model) if isinstance(self.model, str) else None
+            object.__setattr__(self, "max_new_tokens", trained or PAPER_TURN_TOKENS)
         _check_types(self)
         if self.token_exact not in {"auto", "on", "off"}:
             raise ConfigError(f"agent token_exact must be auto, on or off, got {self.token_exact!r}")

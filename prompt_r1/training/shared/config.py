@@ -17,7 +17,14 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
-from prompt_r1.core.config import DEFAULT_AGENT_MODEL, PROTOCOLS, EnvironmentConfig, LoopConfig
+from prompt_r1.core.config import (
+    DEFAULT_AGENT_MODEL,
+    PAPER_TURN_TOKENS,
+    PROTOCOLS,
+    TRAINED_TURN_TOKENS,
+    EnvironmentConfig,
+    LoopConfig,
+)
 from prompt_r1.core.errors import ConfigError
 from prompt_r1.core.urls import is_shared_store
 from prompt_r1.loop.protocols import protocol_for
@@ -116,8 +123,10 @@ class PromptR1Fields(EnvironmentFields):
     max_turns: int = field_help(
         "Most environment calls per episode (paper: 5); under protocol release, most agent turns.", default=5
     )
-    max_turn_tokens: int = field_help(
-        "Most tokens the agent writes in one turn (paper: 1,024).", default=1024
+    max_turn_tokens: int | None = field_help(
+        "Most tokens the agent writes in one turn; unset: 1,024 (the paper's), or, for a built-in trained agent "
+        "as the policy (named, or the folder made from it), the cap it was trained with.",
+        default=None,
     )
     max_total_tokens: int = field_help(
         "Token budget of a whole trajectory after the first prompt (paper: 8,192); under protocol release, the "
@@ -176,6 +185,11 @@ class PromptR1Fields(EnvironmentFields):
             )
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
+        if self.max_turn_tokens is None:
+            from prompt_r1.agents.builtin import made_from
+
+            trained = TRAINED_TURN_TOKENS.get(made_from(self.model_name_or_path) or "")
+            self.max_turn_tokens = trained or PAPER_TURN_TOKENS
         if self.max_turn_tokens < 1 or self.max_total_tokens < self.max_turn_tokens:
             raise ConfigError(
                 f"need 1 <= max_turn_tokens <= max_total_tokens, got {self.max_turn_tokens} and {self.max_total_tokens}"
