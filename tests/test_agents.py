@@ -509,3 +509,39 @@ async def test_each_generate_calls_seconds_are_shared_among_the_turns_it_served(
     split = backend.generate_turn_s
     assert split[0] == pytest.approx(2 * split[1]) and split[1] == pytest.approx(split[None]) and split[1] > 0
     assert sum(split.values()) == pytest.approx(backend.generate_total_s)
+
+
+def test_a_grouped_query_models_padded_batch_decodes_the_same_with_its_groups_uncopied(
+    tiny_model_path, tmp_path
+):
+    """On CPU the loader gives a grouped-query model (the tiny model: 4 query heads over 2 key/value heads) the
+    attention that hands the kernel its groups together with the padding mask (agents/attention.py): rows of
+    different lengths decode greedily to the same tokens and scores as under transformers' SDPA attention, which
+    copies the groups first. A model without groups is left as it is."""
+    import torch
+
+    from prompt_r1.agents.attention import NAME, use_grouped_attention
+    from prompt_r1.testing.tiny_models import build_tiny_model
+
+    agent = TransformersAgent(AgentConfig(model=str(tiny_model_path), temperature=0.0, device="cpu"))
+    model, tokenizer = agent.model, agent.tokenizer
+    assert model.config._attn_implementation == NAME
+    tokenizer.padding_side = "left"
+    texts = ["a", "where was the builder of the bridge born?", "who built it " * 9, "tell me " * 20]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    assert not batch["attention_mask"].all()  # padded: the mask the copies were made for
+
+    def decoded():
+        out = model.generate(**batch, max_new_tokens=12, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        return out.sequences, torch.stack(out.scores)
+
+    grouped = decoded()
+    model.set_attn_implementation("sdpa")
+    plain = decoded()
+    assert torch.equal(grouped[0], plain[0]) and torch.equal(grouped[1], plain[1])
+    assert use_grouped_attention(model) and model.config._attn_implementation == NAME
+    ungrouped = TransformersAgent(
+        AgentConfig(model=str(build_tiny_model(tmp_path / "mha", kv_heads=4)), temperature=0.0, device="cpu")
+    )
+    assert ungrouped.model.config._attn_implementation == "sdpa"

@@ -24,6 +24,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StopStringCriteria
 
 from prompt_r1.agents import compiled_decoding
+from prompt_r1.agents.attention import use_grouped_attention
 from prompt_r1.agents.base import AgentOutput
 from prompt_r1.agents.batching import BatchingBackend, PendingRequest
 from prompt_r1.agents.model_source import check_model_source
@@ -91,6 +92,7 @@ def load_transformers_model(name_or_path: str, *, device: str | None = None, dty
         raise ConfigError(
             f"cannot place the agent model on device {device!r}: {exc}; try --agent-device cpu"
         ) from exc
+    use_grouped_attention(model)  # on CPU, a padded batch's grouped heads uncopied (agents/attention.py)
     return model, tokenizer
 
 
