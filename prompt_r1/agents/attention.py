@@ -15,7 +15,9 @@ the slow math kernel), so there the model is left as it is.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["NAME", "grouped_sdpa_attention", "use_grouped_attention"]
+__all__ = ["NAME", "grouped_attention_while", "grouped_sdpa_attention", "use_grouped_attention"]
 
 NAME = "sdpa_grouped"
 _registered = threading.Lock()
@@ -68,3 +70,17 @@ def use_grouped_attention(model: Any) -> bool:
             AttentionInterface.register(NAME, grouped_sdpa_attention)
     model.set_attn_implementation(NAME)
     return True
+
+
+@contextlib.contextmanager
+def grouped_attention_while(model: Any) -> Iterator[None]:
+    """The grouped form for the block only, the model's own attention after it: a policy generating its rollouts
+    between training steps (the forward is the same to the bit; the backward sums the groups' gradients in another
+    order, so the training step keeps the attention its figures were measured with)."""
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    switched = use_grouped_attention(model)
+    try:
+        yield
+    finally:
+        if switched:
+            model.set_attn_implementation(before)

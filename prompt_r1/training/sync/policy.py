@@ -256,6 +256,7 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
 
     from trl.models import unwrap_model_for_generation
 
+    from prompt_r1.agents.attention import grouped_attention_while
     from prompt_r1.agents.local import TransformersAgent
 
     summon = getattr(getattr(trainer, "_dist", None), "summon_full_params", None)
@@ -267,6 +268,9 @@ def trainer_policy(trainer: Any, *, max_new_tokens: int) -> Iterator[BatchingBac
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         ) as model,
         summon(trainer.model_wrapped, recurse=False) if summon else contextlib.nullcontext(),
+        grouped_attention_while(
+            model
+        ),  # on CPU, the rollout's padded batches without copied key/value groups
     ):
         drop_orphan_input_grad_hooks(model)
         config = AgentConfig(
