@@ -512,7 +512,7 @@ async def test_each_generate_calls_seconds_are_shared_among_the_turns_it_served(
 
 
 def test_a_grouped_query_models_padded_batch_decodes_the_same_with_its_groups_uncopied(
-    tiny_model_path, tmp_path
+    tiny_model_path, tmp_path, monkeypatch
 ):
     """On CPU the loader gives a grouped-query model (the tiny model: 4 query heads over 2 key/value heads) the
     attention that hands the kernel its groups together with the padding mask (agents/attention.py): rows of
@@ -531,17 +531,50 @@ def test_a_grouped_query_models_padded_batch_decodes_the_same_with_its_groups_un
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     assert not batch["attention_mask"].all()  # padded: the mask the copies were made for
 
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    calls = []
+
+    def spied(*args, **kwargs):  # the kernel's calls: with their groups uncopied, and with a mask
+        calls.append((kwargs.get("enable_gqa", False), kwargs.get("attn_mask") is not None, args[1].shape[1]))
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spied)
+
     def decoded():
+        calls.clear()
         out = model.generate(**batch, max_new_tokens=12, do_sample=False, output_scores=True,
                              return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-        return out.sequences, torch.stack(out.scores)
+        return out.sequences, torch.stack(out.scores), list(calls)
 
     grouped = decoded()
     model.set_attn_implementation("sdpa")
     plain = decoded()
     assert torch.equal(grouped[0], plain[0]) and torch.equal(grouped[1], plain[1])
+    # Every call of the grouped form passed the 2 key/value heads and the mask; transformers' copied them to 4.
+    assert grouped[2] and set(grouped[2]) == {(True, True, 2)}
+    assert plain[2] and set(plain[2]) == {(False, True, 4)}
     assert use_grouped_attention(model) and model.config._attn_implementation == NAME
     ungrouped = TransformersAgent(
         AgentConfig(model=str(build_tiny_model(tmp_path / "mha", kv_heads=4)), temperature=0.0, device="cpu")
     )
     assert ungrouped.model.config._attn_implementation == "sdpa"
+
+
+def test_the_grouped_attention_is_the_rollouts_only(tiny_model_path):
+    """A policy generates its rollouts with the grouped attention and trains with its own: the block switches it
+    and switches it back, also when the block fails."""
+    from transformers import AutoModelForCausalLM
+
+    from prompt_r1.agents.attention import NAME, grouped_attention_while
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert model.config._attn_implementation == "sdpa"
+    with grouped_attention_while(model):
+        assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="a failed rollout"), grouped_attention_while(model):
+        raise RuntimeError("a failed rollout")
+    assert model.config._attn_implementation == "sdpa"
+    model.set_attn_implementation("eager")  # not SDPA: left as it is
+    with grouped_attention_while(model):
+        assert model.config._attn_implementation == "eager"

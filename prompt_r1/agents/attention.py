@@ -5,8 +5,8 @@
 A grouped-query model (SmolLM2-135M: 9 query heads sharing 3 key/value heads) hands its keys and values to
 transformers' SDPA attention, which passes them to torch's kernel as they are (`enable_gqa`) only where no mask is
 given. A padded batch, what every batched `generate` of episodes is, has a mask, so each layer first copies its
-keys and values once per query head of a group (`repeat_kv`): at 50 rows of 400 tokens, about 2.8 GB a decoding
-step for SmolLM2-135M, several times the step's arithmetic. torch's CPU kernel takes the mask and the groups
+keys and values once per query head of a group (`repeat_kv`): at 32 rows of 400 tokens (the most one call holds on
+CPU by default), about 1.8 GB a decoding step for SmolLM2-135M. torch's CPU kernel takes the mask and the groups
 together and gives the same result to the bit (tests/test_agents.py), so on CPU the model's attention is
 registered anew under `NAME`: SDPA with the groups passed through wherever there is a mask, transformers' own
 SDPA attention elsewhere. On CUDA the fused kernels do not take a mask with groups (the call would fall back to
@@ -28,7 +28,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 __all__ = ["NAME", "grouped_attention_while", "grouped_sdpa_attention", "use_grouped_attention"]
 
 NAME = "sdpa_grouped"
-_registered = threading.Lock()
+_lock = threading.Lock()
+_registered: list[str] = []  # NAME, once registered
+# `enable_gqa` came with torch 2.5; an older torch keeps transformers' attention.
+_TORCH_HAS_GROUPS = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def grouped_sdpa_attention(
@@ -59,15 +62,18 @@ def grouped_sdpa_attention(
 def use_grouped_attention(model: Any) -> bool:
     """Give a model on CPU whose attention is SDPA the grouped form (module doc); whether it was given it."""
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
+    if not _TORCH_HAS_GROUPS or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    if model.device.type != "cpu":
         return False
     heads = getattr(config, "num_attention_heads", None)
     if not heads or (getattr(config, "num_key_value_heads", None) or heads) == heads:
         return False  # no groups: nothing is copied
-    with _registered:
-        if NAME not in AttentionInterface._global_mapping:
+    with _lock:
+        if not _registered:
             AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks SDPA takes
             AttentionInterface.register(NAME, grouped_sdpa_attention)
+            _registered.append(NAME)
     model.set_attn_implementation(NAME)
     return True
 
