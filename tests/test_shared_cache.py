@@ -171,5 +171,8 @@ def test_processes_opening_one_new_cache_at_the_same_instant_keep_every_reply(tm
             for i in range(processes)]  # fmt: skip
     results = [(run.wait(timeout=120), *run.communicate()) for run in runs]
     assert all(code == 0 and out.strip() == "25" for code, out, _ in results), results
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqlite"]  # no temporary, no -wal left
+    # No temporary left. SQLite's own -wal and -shm may outlive processes that close at the same instant (each
+    # sees the other's connection and leaves the clean-up to it; the next open uses them): they are not ours.
+    companions = {"c.sqlite-wal", "c.sqlite-shm"}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name not in companions) == ["c.sqlite"]
     assert _replies(cache) == 25 * processes
