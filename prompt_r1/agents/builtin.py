@@ -49,6 +49,7 @@ __all__ = [
     "is_builtin",
     "made_from",
     "resolve_model",
+    "trained_turn_tokens",
 ]
 
 MANIFEST = "prompt-r1-model.json"
@@ -129,6 +130,13 @@ def made_from(name_or_folder: str | Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return name if name in BUILTIN_MODEL_NAMES else None
+
+
+def trained_turn_tokens(name_or_folder: str | Path) -> int | None:
+    """The cap on a turn a built-in trained agent was trained with, the agent named or the folder made from it;
+    None for any other model."""
+    agent = TRAINED_AGENTS.get(made_from(name_or_folder) or "")
+    return agent.turn_tokens if agent is not None else None
 
 
 def _stderr_line(text: str) -> None:

@@ -41,12 +41,11 @@ def task_config(defaults: dict[str, Any], settings: dict[str, Any]) -> Any:
     (`async_grpo=True` among them: the async trainer's config). A built-in trained agent as the policy (named, or
     the folder made from it) brings the cap on a turn it was trained with in place of the task's, unless the
     caller names one."""
-    from prompt_r1.agents.builtin import made_from
-    from prompt_r1.core.config import TRAINED_TURN_TOKENS
+    from prompt_r1.agents.builtin import trained_turn_tokens
     from prompt_r1.training.run import trainer_config
 
     merged = {**RUN_DEFAULTS, **defaults, **settings}
-    cap = TRAINED_TURN_TOKENS.get(made_from(merged.get("model_name_or_path", "")) or "")
+    cap = trained_turn_tokens(merged.get("model_name_or_path", ""))
     if cap is not None and "max_turn_tokens" not in settings:
         merged["max_turn_tokens"] = cap
     return trainer_config(**merged)

@@ -21,7 +21,6 @@ from prompt_r1.core.config import (
     DEFAULT_AGENT_MODEL,
     PAPER_TURN_TOKENS,
     PROTOCOLS,
-    TRAINED_TURN_TOKENS,
     EnvironmentConfig,
     LoopConfig,
 )
@@ -186,10 +185,9 @@ class PromptR1Fields(EnvironmentFields):
         if self.max_turns < 0:
             raise ConfigError(f"max_turns must be >= 0, got {self.max_turns}")
         if self.max_turn_tokens is None:
-            from prompt_r1.agents.builtin import made_from
+            from prompt_r1.agents.builtin import trained_turn_tokens
 
-            trained = TRAINED_TURN_TOKENS.get(made_from(self.model_name_or_path) or "")
-            self.max_turn_tokens = trained or PAPER_TURN_TOKENS
+            self.max_turn_tokens = trained_turn_tokens(self.model_name_or_path) or PAPER_TURN_TOKENS
         if self.max_turn_tokens < 1 or self.max_total_tokens < self.max_turn_tokens:
             raise ConfigError(
                 f"need 1 <= max_turn_tokens <= max_total_tokens, got {self.max_turn_tokens} and {self.max_total_tokens}"
